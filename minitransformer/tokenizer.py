@@ -1,0 +1,333 @@
+"""Byte-level BPE tokenizer, read from the GGUF file: text -> token ids -> text.
+
+Why it is here: the model never sees text, only integers. This is the first stage of the serving loop
+(`tokenize -> schedule -> prefill -> ...`) and the last one in reverse (ids -> text, see detokenizer.py). The tokenizer
+lesson runs it piece by piece: pre-tokens, merges, ids.
+
+The algorithm is GPT-2's byte-level BPE, and llama.cpp is our reference for the exact token ids:
+
+1. Control tokens (`<|im_start|>`, `<|im_end|>`, ...) are cut out of the text whole -- only when `special=True`.
+   With `special=False` a user typing "<|im_end|>" gets ordinary text tokens and cannot end the turn.
+2. The pre-tokenizer splits the rest into words with regexes. SmolLM2's ("smollm") first isolates every digit,
+   then applies GPT-2's regex to each piece: so "2024" is 4 tokens and "x  1" is "x", "  ", "1".
+3. Each word's UTF-8 bytes are written as printable characters (GPT-2's byte map: space -> 'Ġ'), then BPE merges
+   adjacent symbols, always the pair that comes first in the merges list, until no listed pair is left.
+4. Each final symbol is a vocabulary entry: its index is the token id. No BOS is added.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+
+import jinja2
+import regex
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from minitransformer.errors import InputError, ModelFileError
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # tokenizer.ggml.token_type values (llama_token_type)
+
+# GPT-2's pre-tokenizer: contractions, letters, numbers, other symbols (each with one optional leading space),
+# then whitespace. `\s+(?!\S)` leaves the last space of a run to start the next word: "a   b" -> "a", "  ", " b".
+GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# tokenizer.ggml.pre -> the regexes llama.cpp applies, one after the other (llama-vocab.cpp).
+PRE_TOKENIZERS = {
+    "gpt2": [GPT2_REGEX],
+    "smollm": [r"\p{N}", GPT2_REGEX],
+    "starcoder": [r"\p{N}", GPT2_REGEX],
+}
+
+# llama.cpp's character tables are Unicode 15.1; the `regex` module's are newer. Letters and digits added since
+# (Unicode 16 and 17: Garay, Egyptian hieroglyphs ext. A, CJK ext. J, ...) are unassigned, i.e. symbols, to llama.cpp,
+# so we take them out of \p{L} and \p{N}. Found by tokenizing every code point with both (rare in real text).
+NEWER_THAN_LLAMACPP = (
+    r"\u0558\u058B-\u058C\u088F\u0C5C\u0CDC\u1C89-\u1C8A\u208F\u209D-\u209F\uA7CB-\uA7CF\uA7D2\uA7D4\uA7DA-\uA7F1"
+    r"\uAB6C-\uAB6D\U000105C0-\U000105F3\U000107BB-\U000107BF\U00010940-\U00010959\U00010D40-\U00010D85"
+    r"\U00010EC2-\U00010EEE\U00011380-\U000113D3\U000116D0-\U000116E3\U00011B0A-\U00011BF9\U00011DB0-\U00011DF1"
+    r"\U0001246F-\U0001247F\U00012550-\U00012686\U00013460-\U000143FA\U00016100-\U00016139\U00016D40-\U00016D79"
+    r"\U00016EA0-\U00016ED3\U00016FF2-\U00016FF6\U000187F8-\U000187FF\U00018CD6-\U00018CFF\U00018D09-\U000191D2"
+    r"\U0001B123-\U0001B128\U0001B168\U0001CCF0-\U0001CCF9\U0001D6A6\U0001DF1F-\U0001DF24\U0001DF2B-\U0001DFFF"
+    r"\U0001E5D0-\U0001E6FF\U0002B73A-\U0002B73F\U0002B81E\U0002CEA2-\U0002CEAD\U000323B0-\U0003FC3F"
+)
+
+CACHE_LIMIT = 50_000  # merged words remembered; cleared when full (prompts repeat words a lot)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from the 256 byte values to 256 printable characters.
+
+    BPE works on strings, and a vocabulary full of raw control bytes and spaces would be unreadable. So the 188
+    printable bytes stand for themselves and the other 68 are moved to chr(256), chr(257), ... in byte order:
+    space 0x20 becomes 'Ġ' (U+0120), newline 0x0A becomes 'Ċ' (U+010A).
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, moved = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + moved)
+            moved += 1
+    return table
+
+
+BYTE_TO_CHAR = bytes_to_unicode()
+CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+
+
+def compile_like_llamacpp(pattern: str) -> regex.Pattern:
+    """Compile a pre-tokenizer regex with llama.cpp's (Unicode 15.1) idea of what a letter and a number are."""
+    for cls in (r"\p{L}", r"\p{N}"):
+        pattern = pattern.replace(cls, f"[{cls}--[{NEWER_THAN_LLAMACPP}]]")  # `--`: set difference (regex.V1)
+    return regex.compile(pattern, regex.V1)
+
+
+def split_by(pattern: regex.Pattern, pieces: list[str]) -> list[str]:
+    """Split every piece into the regex's matches *and* the gaps between them (llama.cpp keeps both)."""
+    out = []
+    for piece in pieces:
+        start = 0
+        for m in pattern.finditer(piece):
+            if m.start() > start:
+                out.append(piece[start : m.start()])
+            out.append(m.group())
+            start = m.end()
+        if start < len(piece):
+            out.append(piece[start:])
+    return out
+
+
+def pre_tokenize(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
+    """Text -> words. Each regex splits the pieces the previous one left, so no word crosses a digit."""
+    pieces = [text]
+    for pattern in patterns:
+        pieces = split_by(pattern, pieces)
+    return pieces
+
+
+def bpe(symbols: list[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
+    """Merge adjacent symbols of one word, always the pair ranked first in the merges list, until none is listed.
+
+    All occurrences of the chosen pair merge in one pass, left to right ("a a" on "aaa" gives "aa", "a").
+    """
+    while len(symbols) > 1:
+        pairs = set(zip(symbols, symbols[1:]))
+        best = min(pairs, key=lambda pair: ranks.get(pair, len(ranks)))
+        if best not in ranks:
+            break
+        first, second = best
+        merged, i = [], 0
+        while i < len(symbols):
+            if i + 1 < len(symbols) and symbols[i] == first and symbols[i + 1] == second:
+                merged.append(first + second)
+                i += 2
+            else:
+                merged.append(symbols[i])
+                i += 1
+        symbols = merged
+    return symbols
+
+
+class Tokenizer:
+    """Byte-level BPE with control tokens and a chat template, as stored in a GGUF file."""
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int], merges: Iterable[str], *,
+                 pre: str = "smollm", bos_id: int | None = None, eos_id: int | None = None,
+                 chat_template: str | None = None):
+        if pre not in PRE_TOKENIZERS:
+            raise ModelFileError(f"tokenizer pre-tokenizer {pre!r} is not supported (we run {sorted(PRE_TOKENIZERS)})")
+        self.tokens = list(tokens)
+        self.token_types = list(token_types)
+        self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
+        self.ranks = {}
+        for rank, merge in enumerate(merges):
+            cut = merge.find(" ", 1)  # a symbol never contains a space (it is 'Ġ'), so this is the separator
+            self.ranks[(merge[:cut], merge[cut + 1 :])] = rank
+        self.pre = pre
+        self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]]
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.chat_template = chat_template
+        self.control_ids = frozenset(i for i, t in enumerate(self.token_types) if t == CONTROL)
+        # Tokens whose text is matched whole in the input (as llama.cpp: control and unknown ones only with
+        # special=True, user-defined ones always) and whose text is stored as is, not through the byte map.
+        self._raw_text_ids = {i for i, t in enumerate(self.token_types) if t in (CONTROL, UNKNOWN, USER_DEFINED)}
+        user_defined = [i for i in self._raw_text_ids if self.token_types[i] == USER_DEFINED]
+        self._special_regex = {True: self._alternation(self._raw_text_ids), False: self._alternation(user_defined)}
+        self._cache: dict[str, list[int]] = {}
+        self._template = None
+
+    def _alternation(self, ids: Iterable[int]) -> regex.Pattern | None:
+        """One regex matching any of these tokens' texts, longest first (a longer token wins over its prefix)."""
+        texts = sorted({self.tokens[i] for i in ids if self.tokens[i]}, key=len, reverse=True)
+        return regex.compile("|".join(regex.escape(t) for t in texts)) if texts else None
+
+    @classmethod
+    def from_gguf(cls, reader) -> Tokenizer:
+        """Read the tokenizer.ggml.* fields of an open `gguf.GGUFReader`."""
+
+        def field(key, default=KeyError):
+            if key in reader.fields:
+                return reader.fields[key].contents()
+            if default is KeyError:
+                raise ModelFileError(f"model file has no {key!r} field: it carries no tokenizer we can use")
+            return default
+
+        model = field("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ModelFileError(f"tokenizer model {model!r} is not supported: we run byte-level BPE ('gpt2') only")
+        pre = field("tokenizer.ggml.pre", "default")  # llama.cpp's name for "not given"; checked in __init__
+        tokens = field("tokenizer.ggml.tokens")
+        return cls(tokens, field("tokenizer.ggml.token_type", [NORMAL] * len(tokens)),
+                   field("tokenizer.ggml.merges"), pre=pre, bos_id=field("tokenizer.ggml.bos_token_id", None),
+                   eos_id=field("tokenizer.ggml.eos_token_id", None),
+                   chat_template=field("tokenizer.chat_template", None))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    # ---- text -> ids
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """Text -> token ids. `special=True` turns control-token text such as "<|im_end|>" into its single id."""
+        if not isinstance(text, str):
+            raise InputError(f"text to tokenize must be a str, got {type(text).__name__}")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InputError(f"text has a lone surrogate {text[e.start]!r} at position {e.start}") from None
+        ids: list[int] = []
+        for piece, special_id in self._split_special(text, special):
+            if special_id is not None:
+                ids.append(special_id)
+                continue
+            for word in pre_tokenize(piece, self.patterns):
+                ids.extend(self._encode_word(word))
+        return ids
+
+    def _split_special(self, text: str, special: bool) -> list[tuple[str, int | None]]:
+        """Cut special-token text out whole: [(text, None) for plain pieces, (token text, its id) for specials]."""
+        pattern = self._special_regex[special]
+        if pattern is None:
+            return [(text, None)]
+        out, start = [], 0
+        for m in pattern.finditer(text):
+            if m.start() > start:
+                out.append((text[start : m.start()], None))
+            out.append((m.group(), self.token_to_id[m.group()]))
+            start = m.end()
+        if start < len(text):
+            out.append((text[start:], None))
+        return out
+
+    def _encode_word(self, word: str) -> list[int]:
+        """One pre-token -> ids, via its bytes as GPT-2 characters and BPE; remembered in a bounded cache."""
+        ids = self._cache.get(word)
+        if ids is None:
+            symbols = bpe([BYTE_TO_CHAR[b] for b in word.encode("utf-8")], self.ranks)
+            ids = []
+            for symbol in symbols:
+                if symbol in self.token_to_id:
+                    ids.append(self.token_to_id[symbol])
+                else:  # fall back to one token per byte; bytes without a token are dropped, as llama.cpp does
+                    ids.extend(self.token_to_id[c] for c in symbol if c in self.token_to_id)
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[word] = ids
+        return ids
+
+    # ---- ids -> text
+
+    def _check_id(self, token_id) -> int:
+        try:
+            i = operator.index(token_id)
+        except TypeError:
+            raise InputError(f"token id {token_id!r} is not an integer") from None
+        if not 0 <= i < len(self.tokens):
+            n = len(self.tokens)
+            raise InputError(f"token id {i} is out of range for vocab size {n} (valid ids: 0..{n - 1})")
+        return i
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (control tokens: their text, e.g. b"<|im_end|>")."""
+        i = self._check_id(token_id)
+        piece = self.tokens[i]
+        if i in self._raw_text_ids or not all(c in CHAR_TO_BYTE for c in piece):
+            return piece.encode("utf-8")
+        return bytes(CHAR_TO_BYTE[c] for c in piece)
+
+    def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
+        """Ids -> raw bytes; may end inside a UTF-8 character (the streaming detokenizer handles that)."""
+        ids = [self._check_id(i) for i in ids]
+        return b"".join(self.token_bytes(i) for i in ids if not (skip_special and i in self.control_ids))
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Ids -> text. Bytes that do not form valid UTF-8 (a cut-off character) become U+FFFD."""
+        return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary string of one token, as stored (a space shows as 'Ġ', a newline as 'Ċ')."""
+        return self.tokens[self._check_id(token_id)]
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.id_to_piece(i) for i in ids]
+
+    # ---- chat
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """Messages [{"role", "content"}, ...] -> prompt text, with the model's own jinja template (as HF renders it).
+
+        The result contains control-token text: encode it with `special=True`.
+        """
+        _check_messages(messages)
+        if self._template is None:
+            if not self.chat_template:
+                raise ModelFileError("model file has no tokenizer.chat_template: use a plain prompt (chat=False)")
+
+            def raise_exception(message):
+                raise InputError(f"chat template refused the messages: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            try:
+                self._template = env.from_string(self.chat_template)
+            except jinja2.TemplateError as e:
+                raise ModelFileError(f"model file's chat template does not parse: {e}") from None
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                bos_token=self._special_text(self.bos_id), eos_token=self._special_text(self.eos_id))
+        except jinja2.TemplateError as e:
+            raise InputError(f"chat template could not render these messages: {e}") from None
+
+    def _special_text(self, token_id: int | None) -> str:
+        return self.tokens[token_id] if token_id is not None and 0 <= token_id < len(self.tokens) else ""
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.ranks)}, pre={self.pre!r})"
+
+
+def _check_messages(messages) -> None:
+    """One clear line for the usual mistakes: not a list, no role, content not a string."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise InputError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
+    if not messages:
+        raise InputError("messages is empty: give at least one {'role': 'user', 'content': ...}")
+    for n, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InputError(f"messages[{n}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not role:
+            raise InputError(f"messages[{n}] needs a non-empty string 'role' (system, user or assistant), got {role!r}")
+        if not isinstance(content, str):
+            raise InputError(f"messages[{n}] ({role}) needs a string 'content', got {type(content).__name__}")
+
+
+def load_tokenizer(path=None) -> Tokenizer:
+    """The tokenizer of a GGUF model file (default: the default model, fetched if missing)."""
+    from minitransformer.weights import open_gguf, resolve_model_path  # lazy: weights imports heavier things
+
+    return Tokenizer.from_gguf(open_gguf(resolve_model_path(path)))
