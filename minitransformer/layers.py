@@ -1,0 +1,99 @@
+"""The transformer's building blocks as pure functions over arrays (NumPy or CuPy, float32).
+
+Each takes arrays and returns arrays; the shapes in and out are in the docstring. `model.py` wires them into a
+decoder layer; notebook 01 calls them one by one on the real model to show the intermediate tensors.
+
+Shape letters: B batch, T new tokens, S tokens attended to (cache + new), D d_model, H query heads,
+K KV heads, G = H // K query heads per KV head, d head_dim, F FFN hidden size, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .backend import DTYPE, array_module
+
+
+def rms_norm(x, weight, eps: float):
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight.   x (..., D), weight (D,) -> (..., D)."""
+    xp = array_module(x)
+    mean_square = (x * x).mean(axis=-1, keepdims=True)           # (..., 1)
+    return x / xp.sqrt(mean_square + eps) * weight               # eps is a Python float: stays float32
+
+
+def rope_table(max_positions: int, head_dim: int, base: float):
+    """cos and sin of every rotation angle, computed once at load time: two (max_positions, d/2) float32 arrays.
+
+    Pair i of a head rotates by angle position * base^(-2i/d). The angles are computed in float64 on the host
+    (position * frequency loses ~3 digits in float32 at position 8192) and stored as float32, so the forward pass
+    only gathers rows: no float64 inside the model.
+    """
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)      # (d/2,)
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, d/2)
+    return np.cos(angles).astype(DTYPE), np.sin(angles).astype(DTYPE)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate adjacent pairs (x[2i], x[2i+1]) by their angle.   x (B, heads, T, d); cos, sin (B, T, d/2).
+
+    Why adjacent pairs: llama.cpp's GGUF converter permutes the rows of the Q and K weights so that each rotated
+    pair sits side by side (HF's checkpoints instead pair dimension i with i + d/2, "rotate half"). Pairing
+    (i, i + d/2) on GGUF weights still answers " Paris" but its logits are off by up to 6: test logits, not words.
+    """
+    xp = array_module(x)
+    B, n_heads, T, d = x.shape
+    pairs = x.reshape(B, n_heads, T, d // 2, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]                     # (B, heads, T, d/2) each
+    cos, sin = cos[:, None], sin[:, None]                        # (B, 1, T, d/2): same angle for every head
+    rotated = xp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)   # (B, heads, T, d/2, 2)
+    return rotated.reshape(B, n_heads, T, d)
+
+
+def softmax(x, axis: int = -1):
+    """Numerically stable softmax along `axis` (subtract the max; an all -inf row is not expected here)."""
+    xp = array_module(x)
+    shifted = xp.exp(x - x.max(axis=axis, keepdims=True))
+    return shifted / shifted.sum(axis=axis, keepdims=True)
+
+
+def attention_probs(q, k, q_positions, k_positions):
+    """Causal grouped-query attention weights.
+
+    q (B, H, T, d), k (B, K, S, d), q_positions (B, T), k_positions (B, S) -> probs (B, K, G, T, S).
+    Query head h reads KV head h // G (G = H // K), so the G query heads of a group are stacked as rows of one
+    matmul against their shared keys: the KV cache stores K heads, not H — the whole point of GQA.
+    A query at position p sees the keys at positions <= p (the causal mask, from positions, not from indices,
+    so the same code serves a prompt, one decode step, or a chunk continuing a cache).
+    """
+    xp = array_module(q)
+    B, H, T, d = q.shape
+    K, S = k.shape[1], k.shape[2]
+    G = H // K
+    q_grouped = q.reshape(B, K, G * T, d)                                   # rows ordered (g, t)
+    scores = q_grouped @ k.transpose(0, 1, 3, 2)                            # (B, K, G*T, S)
+    scores = scores.reshape(B, K, G, T, S) * (1.0 / math.sqrt(d))           # Python float: no float64 promotion
+    visible = k_positions[:, None, :] <= q_positions[:, :, None]            # (B, T, S)
+    scores = xp.where(visible[:, None, None], scores, -xp.inf)
+    return softmax(scores, axis=-1)
+
+
+def attention(q, k, v, q_positions, k_positions):
+    """softmax(q k^T / sqrt(d) + causal mask) v.   q (B, H, T, d), k and v (B, K, S, d) -> (B, H, T, d)."""
+    B, H, T, d = q.shape
+    K, S = k.shape[1], k.shape[2]
+    probs = attention_probs(q, k, q_positions, k_positions)                 # (B, K, G, T, S)
+    out = probs.reshape(B, K, (H // K) * T, S) @ v                          # (B, K, G*T, d)
+    return out.reshape(B, H, T, d)
+
+
+def silu(x):
+    """x * sigmoid(x), written with tanh so that large negative x cannot overflow exp()."""
+    xp = array_module(x)
+    return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    """The llama feed-forward: down(silu(x @ gate) * (x @ up)).   x (N, D), w_gate/w_up (D, F), w_down (F, D)."""
+    return (silu(x @ w_gate) * (x @ w_up)) @ w_down

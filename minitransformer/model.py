@@ -1,0 +1,176 @@
+"""The decoder-only transformer (llama architecture) and `load_model`.
+
+    token ids -> embedding -> n_layers x [RMSNorm -> attention (RoPE, GQA, causal) -> + residual
+                                          RMSNorm -> SwiGLU feed-forward         -> + residual]
+              -> RMSNorm -> lm_head (tied to the embedding) -> logits
+
+Every activation is float32 and every matmul is 2-D: `(B, T, D) @ (D, O)` would make NumPy loop over the batch rows
+(DESIGN.md "matmul pitfall"), so hidden states live as (B*T, D) and are viewed as heads only inside attention.
+Weights are dequantized once at load time and stored once, in the (in, out) layout that `x @ w` wants.
+
+The KV cache is passed in (`kv`), never owned here: prefill.py and decode.py (and the serving engine) decide what
+to keep; the model only asks the cache for the keys and values to attend to. Any object with
+`update(layer, k_new, v_new, positions) -> (k, v, key_positions)` works: k_new, v_new (B, K, T, d) are this call's
+keys/values, k, v (B, K, S, d) everything to attend to, key_positions (B, S) their positions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .backend import DTYPE, INDEX_DTYPE, get_xp
+from .config import ModelConfig
+from .errors import InputError, ModelFileError
+from .layers import apply_rope, attention, rms_norm, rope_table, swiglu
+from .weights import dequantize, open_gguf, resolve_model_path
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's weights, each in the layout its matmul wants."""
+    attn_norm: object   # (D,)
+    wq: object          # (D, H*d)
+    wk: object          # (D, K*d)
+    wv: object          # (D, K*d)
+    wo: object          # (H*d, D)
+    ffn_norm: object    # (D,)
+    w_gate: object      # (D, F)
+    w_up: object        # (D, F)
+    w_down: object      # (F, D)
+
+
+class Transformer:
+    """A loaded model: config, tokenizer, float32 weights on one device, and `forward`."""
+
+    def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
+                 lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.embedding = embedding          # (V, D): row i is token i's vector
+        self.layers = layers
+        self.final_norm = final_norm        # (D,)
+        self.lm_head = lm_head              # (D, V): embedding.T (a view, no copy) when the embeddings are tied
+        self.xp = xp
+        self.device = device
+        self.path = path
+        self.load_seconds = load_seconds
+        cos, sin = rope_table(config.context_length, config.head_dim, config.rope_base)
+        self.rope_cos, self.rope_sin = xp.asarray(cos), xp.asarray(sin)   # (context, d/2) each
+
+    # ------------------------------------------------------------------ the forward pass, in reading order
+
+    def forward(self, token_ids, positions, kv=None, last_only: bool = False):
+        """token_ids (B, T), positions (B, T) -> logits (B, T, V), or (B, V) for the last position if last_only.
+
+        With kv=None the T tokens attend only to each other (a whole prompt, or the no-cache baseline).
+        """
+        xp = self.xp
+        token_ids = xp.asarray(token_ids, dtype=INDEX_DTYPE)
+        positions = xp.asarray(positions, dtype=INDEX_DTYPE)
+        self._check_inputs(token_ids, positions)
+        B, T = token_ids.shape
+        h = self.embedding[token_ids.reshape(-1)]                          # (B*T, D)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]      # (B, T, d/2) each
+        for index, layer in enumerate(self.layers):
+            h = h + self.attention_block(index, layer, rms_norm(h, layer.attn_norm, self.config.norm_eps),
+                                         positions, cos, sin, kv)
+            h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate, layer.w_up,
+                           layer.w_down)
+        if last_only:
+            h = h.reshape(B, T, -1)[:, -1]                                 # (B, D): only the next token's logits
+            return rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head       # (B, V)
+        logits = rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head         # (B*T, V)
+        return logits.reshape(B, T, -1)
+
+    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, kv):
+        """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
+        cfg = self.config
+        B, T = positions.shape
+        q = (x @ layer.wq).reshape(B, T, cfg.n_heads, cfg.head_dim).transpose(0, 2, 1, 3)      # (B, H, T, d)
+        k = (x @ layer.wk).reshape(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, K, T, d)
+        v = (x @ layer.wv).reshape(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, K, T, d)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is None:
+            k_all, v_all, key_positions = k, v, positions
+        else:
+            k_all, v_all, key_positions = kv.update(index, k, v, positions)        # (B, K, S, d), (B, S)
+        out = attention(q, k_all, v_all, positions, key_positions)                 # (B, H, T, d)
+        return out.transpose(0, 2, 1, 3).reshape(B * T, cfg.q_dim) @ layer.wo      # (B*T, D)
+
+    def _check_inputs(self, token_ids, positions) -> None:
+        if token_ids.ndim != 2 or positions.shape != token_ids.shape:
+            raise InputError(f"forward expects token_ids and positions of the same shape (B, T); got "
+                             f"{tuple(token_ids.shape)} and {tuple(positions.shape)}")
+        if token_ids.size == 0:
+            raise InputError("forward needs at least one token")
+        low, high = int(token_ids.min()), int(token_ids.max())
+        if low < 0 or high >= self.config.vocab_size:
+            raise InputError(f"token id {low if low < 0 else high} is outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
+        if int(positions.min()) < 0 or int(positions.max()) >= self.config.context_length:
+            raise InputError(f"position {int(positions.max())} is outside the context window "
+                             f"[0, {self.config.context_length})")
+
+    # ------------------------------------------------------------------ sizes, for lessons and the memory estimator
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights as stored (the tied lm_head is a view and is not counted twice)."""
+        arrays = [self.embedding, self.final_norm] + [getattr(layer, f.name) for layer in self.layers
+                                                      for f in fields(LayerWeights)]
+        if not self.config.tied_embeddings:
+            arrays.append(self.lm_head)
+        return sum(int(a.nbytes) for a in arrays)
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+def load_model(path: str | Path | None = None, device: str = "cpu") -> Transformer:
+    """Load a llama-architecture GGUF (the default SmolLM2-135M-Instruct when `path` is None, fetched on first
+    use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32."""
+    from .tokenizer import Tokenizer
+
+    start = time.perf_counter()
+    xp = get_xp(device)
+    path = resolve_model_path(path)
+    reader = open_gguf(path)
+    config = ModelConfig.from_gguf(reader)
+    tokenizer = Tokenizer.from_gguf(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def load(name: str, shape: tuple, transpose: bool = False):
+        """Dequantize one tensor, check its shape, lay it out as (in, out) if asked, move it to the device."""
+        if name not in tensors:
+            raise ModelFileError(f"{path}: tensor {name} is missing; not a complete llama-architecture model")
+        array = dequantize(tensors[name])                      # (out, in) for matrices
+        if transpose:
+            array = np.ascontiguousarray(array.T)              # (in, out); the (out, in) copy is dropped here
+        if array.shape != shape:
+            raise ModelFileError(f"{path}: tensor {name} has shape {array.shape}, expected {shape} from the "
+                                 "metadata")
+        return xp.asarray(array, dtype=DTYPE)
+
+    D, F, V = config.d_model, config.ffn_dim, config.vocab_size
+    layers = []
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        layers.append(LayerWeights(
+            attn_norm=load(p + "attn_norm.weight", (D,)),
+            wq=load(p + "attn_q.weight", (D, config.q_dim), transpose=True),
+            wk=load(p + "attn_k.weight", (D, config.kv_dim), transpose=True),
+            wv=load(p + "attn_v.weight", (D, config.kv_dim), transpose=True),
+            wo=load(p + "attn_output.weight", (config.q_dim, D), transpose=True),
+            ffn_norm=load(p + "ffn_norm.weight", (D,)),
+            w_gate=load(p + "ffn_gate.weight", (D, F), transpose=True),
+            w_up=load(p + "ffn_up.weight", (D, F), transpose=True),
+            w_down=load(p + "ffn_down.weight", (F, D), transpose=True),
+        ))
+    embedding = load("token_embd.weight", (V, D))
+    lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
+    final_norm = load("output_norm.weight", (D,))
+    return Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
+                       load_seconds=time.perf_counter() - start)

@@ -1,0 +1,37 @@
+"""Shared fixtures: the tiny random-weight GGUF model (fast unit tests) and the real default model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny_model import write_tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A tiny llama GGUF (F32, Q8_0 and Q4_1 tensors) written once per test session."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_path):
+    from minitransformer import load_model
+    return load_model(tiny_model_path)
+
+
+@pytest.fixture(scope="session")
+def real_model_path():
+    """The default SmolLM2-135M-Instruct GGUF (fetched on first use, as a user would get it)."""
+    from minitransformer.weights import resolve_model_path
+    return resolve_model_path(None)
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_path):
+    from minitransformer import load_model
+    return load_model(real_model_path)
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_model):
+    return real_model.tokenizer
