@@ -50,7 +50,11 @@ class ModelConfig:
             raise ModelFileError(f"unsupported model architecture {arch!r}; minitransformer runs: "
                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+        n_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
         d_model = int(_field(reader, f"{arch}.embedding_length"))
+        if n_heads < 1 or n_kv_heads < 1:
+            raise ModelFileError(f"GGUF metadata gives {n_heads} attention heads and {n_kv_heads} KV heads; "
+                                 "both must be at least 1")
         head_dim = int(_field(reader, f"{arch}.rope.dimension_count", d_model // n_heads))
         tensor_names = {t.name for t in reader.tensors}
         embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
@@ -62,7 +66,7 @@ class ModelConfig:
             n_layers=int(_field(reader, f"{arch}.block_count")),
             d_model=d_model,
             n_heads=n_heads,
-            n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+            n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             ffn_dim=int(_field(reader, f"{arch}.feed_forward_length")),
             norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),

