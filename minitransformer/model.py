@@ -68,10 +68,7 @@ class Transformer:
 
         With kv=None the T tokens attend only to each other (a whole prompt, or the no-cache baseline).
         """
-        xp = self.xp
-        token_ids = xp.asarray(token_ids, dtype=INDEX_DTYPE)
-        positions = xp.asarray(positions, dtype=INDEX_DTYPE)
-        self._check_inputs(token_ids, positions)
+        token_ids, positions = self._check_inputs(token_ids, positions)
         B, T = token_ids.shape
         h = self.embedding[token_ids.reshape(-1)]                          # (B*T, D)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]      # (B, T, d/2) each
@@ -101,19 +98,30 @@ class Transformer:
         out = attention(q, k_all, v_all, positions, key_positions)                 # (B, H, T, d)
         return out.transpose(0, 2, 1, 3).reshape(B * T, cfg.q_dim) @ layer.wo      # (B*T, D)
 
-    def _check_inputs(self, token_ids, positions) -> None:
-        if token_ids.ndim != 2 or positions.shape != token_ids.shape:
-            raise InputError(f"forward expects token_ids and positions of the same shape (B, T); got "
-                             f"{tuple(token_ids.shape)} and {tuple(positions.shape)}")
-        if token_ids.size == 0:
-            raise InputError("forward needs at least one token")
-        low, high = int(token_ids.min()), int(token_ids.max())
-        if low < 0 or high >= self.config.vocab_size:
-            raise InputError(f"token id {low if low < 0 else high} is outside the vocabulary "
-                             f"[0, {self.config.vocab_size})")
-        if int(positions.min()) < 0 or int(positions.max()) >= self.config.context_length:
-            raise InputError(f"position {int(positions.max())} is outside the context window "
-                             f"[0, {self.config.context_length})")
+    def _check_inputs(self, token_ids, positions):
+        """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong."""
+        xp = self.xp
+        checked = []
+        for name, values, limit, what in (("token_ids", token_ids, self.config.vocab_size, "the vocabulary"),
+                                          ("positions", positions, self.config.context_length,
+                                           "the context window")):
+            try:
+                array = xp.asarray(values)
+            except ValueError:                                   # ragged nested lists
+                raise InputError(f"{name} must be a rectangular (B, T) array of integers") from None
+            if array.ndim != 2 or array.size == 0:
+                raise InputError(f"{name} must have shape (B, T) with at least one token; got {tuple(array.shape)}")
+            if array.dtype.kind not in "iu":
+                raise InputError(f"{name} must be integers, got dtype {array.dtype}")
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= limit:
+                raise InputError(f"{name[:-1].replace('_id', ' id')} {low if low < 0 else high} is outside "
+                                 f"{what} [0, {limit})")
+            checked.append(array.astype(INDEX_DTYPE, copy=False))
+        if checked[0].shape != checked[1].shape:
+            raise InputError(f"token_ids {tuple(checked[0].shape)} and positions {tuple(checked[1].shape)} must "
+                             "have the same shape (B, T)")
+        return checked
 
     # ------------------------------------------------------------------ sizes, for lessons and the memory estimator
 

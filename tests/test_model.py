@@ -6,8 +6,8 @@ import pytest
 import minitransformer.model as model_module
 from minitransformer import load_model
 from minitransformer.errors import InputError
-from minitransformer.weights import dequantize, open_gguf
-from tiny_model import DIMS, write_tiny_llama
+from minitransformer.weights import open_gguf
+from tiny_model import DIMS, tiny_tensors, write_tiny_llama
 
 
 def test_config_is_read_from_metadata(tiny_model):
@@ -32,13 +32,23 @@ def test_weights_stored_once_as_float32_in_matmul_layout(tiny_model):
     assert tiny_model.weight_bytes == 4 * n_params
 
 
-def test_quantized_tensors_are_dequantized_like_gguf(tiny_model):
+def test_loaded_weights_are_the_values_written(tiny_model):
+    """Against the float values the writer started from, so a transposition or a wrong dequantization shows:
+    F32 exactly, Q8_0 within half a step (absmax/127 per block), Q4_1 within a step ((max-min)/15 per block)."""
     reader = open_gguf(tiny_model.path)
     kinds = {t.name: t.tensor_type.name for t in reader.tensors}
     assert {kinds["token_embd.weight"], kinds["blk.0.attn_q.weight"], kinds["blk.0.attn_v.weight"]} == \
         {"Q8_0", "Q4_1", "F32"}
-    q = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
-    np.testing.assert_array_equal(tiny_model.layers[0].wq, dequantize(q).T)
+    written = tiny_tensors(tiny_model.config.vocab_size)
+    layer = tiny_model.layers[1]
+    np.testing.assert_array_equal(layer.wv, written["blk.1.attn_v.weight"].T)          # F32: (D, K*d)
+    embd = written["token_embd.weight"]
+    assert np.abs(tiny_model.embedding - embd).max() <= np.abs(embd).max() / 127
+    for name, loaded in (("blk.1.attn_q.weight", layer.wq), ("blk.1.ffn_down.weight", layer.w_down)):
+        original = written[name]                                                        # (out, in)
+        blocks = original.reshape(original.shape[0], -1, 32)
+        step = (blocks.max(-1) - blocks.min(-1)).max() / 15
+        assert np.abs(loaded.T - original).max() <= step
 
 
 def naive_forward(model, ids):
@@ -163,8 +173,12 @@ def test_untied_output_weight_is_used(tmp_path):
     ([[1, 2]], [[0]], "same shape"),
     ([[1, 10_000]], [[0, 1]], "outside the vocabulary"),
     ([[-1]], [[0]], "outside the vocabulary"),
-    ([[1]], [[500]], "outside the context window"),
+    ([[1]], [[500]], "position 500 is outside the context window"),
+    ([[1, 2]], [[-1, 0]], "position -1 is outside the context window"),
+    ([1, 2], [0, 1], r"shape \(B, T\)"),
+    ([[1.5]], [[0]], "must be integers"),
+    ([[1, 2], [3]], [[0, 1], [0]], "rectangular"),
 ])
 def test_forward_rejects_bad_input(tiny_model, ids, positions, message):
     with pytest.raises(InputError, match=message):
-        tiny_model.forward(np.array(ids), np.array(positions))
+        tiny_model.forward(ids, positions)                # plain lists, as a user may pass them

@@ -40,15 +40,45 @@ def vocabulary() -> tuple[list[str], list[int]]:
     return tokens, types
 
 
+def tiny_tensors(vocab: int, seed: int = 0, tied: bool = True) -> dict[str, np.ndarray]:
+    """The float32 values of every tensor, in NumPy's (out, in) order, before any quantization."""
+    d = DIMS
+    rng = np.random.default_rng(seed)
+    D, F, H, K, hd = d["d_model"], d["ffn_dim"], d["n_heads"], d["n_kv_heads"], d["head_dim"]
+
+    def normal(*shape, scale=0.1):
+        return rng.normal(0, scale, shape).astype(np.float32)
+
+    def near_one(n):
+        return (1.0 + rng.normal(0, 0.05, n)).astype(np.float32)
+
+    tensors = {"token_embd.weight": normal(vocab, D, scale=1.0)}
+    for i in range(d["n_layers"]):
+        p = f"blk.{i}."
+        tensors.update({
+            p + "attn_norm.weight": near_one(D),
+            p + "attn_q.weight": normal(H * hd, D),
+            p + "attn_k.weight": normal(K * hd, D),
+            p + "attn_v.weight": normal(K * hd, D),
+            p + "attn_output.weight": normal(D, H * hd),
+            p + "ffn_norm.weight": near_one(D),
+            p + "ffn_gate.weight": normal(F, D),
+            p + "ffn_up.weight": normal(F, D),
+            p + "ffn_down.weight": normal(D, F),
+        })
+    tensors["output_norm.weight"] = near_one(D)
+    if not tied:
+        tensors["output.weight"] = normal(vocab, D)
+    return tensors
+
+
 def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied: bool = True,
                      types: dict | None = None) -> Path:
     """Write the tiny model to `path` and return it. `types` overrides the storage type of tensors by suffix
     (e.g. {"attn_v.weight": Q.Q8_1}) to produce files the loader must refuse."""
     path = Path(path)
     d = DIMS
-    rng = np.random.default_rng(seed)
     tokens, token_types = vocabulary()
-    vocab = len(tokens)
     kinds = {**DEFAULT_TYPES, **(types or {})}
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -62,7 +92,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied:
     writer.add_rope_dimension_count(d["head_dim"])
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(vocab)
+    writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(tokens)
@@ -72,34 +102,16 @@ def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied:
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    def add(name: str, shape: tuple, scale: float = 0.1, ones: bool = False):
-        values = (np.ones(shape) + rng.normal(0, 0.05, shape) if ones else rng.normal(0, scale, shape))
-        values = values.astype(np.float32)
+    for name, values in tiny_tensors(len(tokens), seed, tied).items():
         kind = next((k for suffix, k in kinds.items() if name.endswith(suffix)), Q.F32)
         if kind == Q.F32:
             writer.add_tensor(name, values)
         elif kind == Q.Q8_1:          # gguf cannot quantize to Q8_1: write zero blocks of the right byte size
             block, size = gguf.GGML_QUANT_SIZES[kind]
-            raw = np.zeros((shape[0], shape[1] // block * size), dtype=np.uint8)
+            raw = np.zeros((values.shape[0], values.shape[1] // block * size), dtype=np.uint8)
             writer.add_tensor(name, raw, raw_dtype=kind)
         else:
             writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
-
-    D, F, H, K, hd = d["d_model"], d["ffn_dim"], d["n_heads"], d["n_kv_heads"], d["head_dim"]
-    add("token_embd.weight", (vocab, D), scale=1.0)
-    for i in range(d["n_layers"]):
-        add(f"blk.{i}.attn_norm.weight", (D,), ones=True)
-        add(f"blk.{i}.attn_q.weight", (H * hd, D))
-        add(f"blk.{i}.attn_k.weight", (K * hd, D))
-        add(f"blk.{i}.attn_v.weight", (K * hd, D))
-        add(f"blk.{i}.attn_output.weight", (D, H * hd))
-        add(f"blk.{i}.ffn_norm.weight", (D,), ones=True)
-        add(f"blk.{i}.ffn_gate.weight", (F, D))
-        add(f"blk.{i}.ffn_up.weight", (F, D))
-        add(f"blk.{i}.ffn_down.weight", (D, F))
-    add("output_norm.weight", (D,), ones=True)
-    if not tied:
-        add("output.weight", (vocab, D))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
