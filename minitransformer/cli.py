@@ -109,7 +109,7 @@ def cmd_tokenize(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{len(ids)} tokens", title_justify="left")
+    table = Table(title=f"{len(ids)} token{'s' if len(ids) != 1 else ''}", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("id", justify="right")
     table.add_column("piece (vocab string)")

@@ -1,8 +1,8 @@
 """The baseline with no KV cache: every step runs the whole sequence (prompt + everything generated) again.
 
-It is correct — each step's last-position logits are exactly what a cached decode computes — but step n costs a
-forward over n tokens, so generating N tokens does O(N^2) token-passes where the cache needs O(N). Lesson
-`04_cache_vs_no_cache` times both; the tests prove they produce identical greedy tokens.
+It is correct — each step's last-position logits are what a cached decode computes (tests/test_model.py checks the
+model's cache hook against recomputation) — but step n costs a forward over n tokens, so generating N tokens does
+O(N^2) token-passes where a KV cache needs O(N). Until the cached loop exists, `minitransformer generate` uses this.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import jinja2
 import regex
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from minitransformer.errors import InputError, ModelFileError
+from .errors import InputError, ModelFileError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # tokenizer.ggml.token_type values (llama_token_type)
 
@@ -111,6 +111,8 @@ def bpe(symbols: list[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
     """Merge adjacent symbols of one word, always the pair ranked first in the merges list, until none is listed.
 
     All occurrences of the chosen pair merge in one pass, left to right ("a a" on "aaa" gives "aa", "a").
+    Written for clarity, not speed: each pass rescans the word, so a word of n symbols costs O(n^2). Real words
+    are short and the tokenizer caches them; a 20,000-letter run without spaces takes seconds.
     """
     while len(symbols) > 1:
         pairs = set(zip(symbols, symbols[1:]))
@@ -143,8 +145,10 @@ class Tokenizer:
         self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
         self.ranks = {}
         for rank, merge in enumerate(merges):
-            cut = merge.find(" ", 1)  # a symbol never contains a space (it is 'Ġ'), so this is the separator
-            self.ranks[(merge[:cut], merge[cut + 1 :])] = rank
+            pair = merge.split(" ")  # a symbol never contains a space (a space byte is written 'Ġ')
+            if len(pair) != 2 or not all(pair):
+                raise ModelFileError(f"tokenizer merge {rank} is {merge!r}; expected two symbols separated by a space")
+            self.ranks[tuple(pair)] = rank
         self.pre = pre
         self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]]
         self.bos_id, self.eos_id = bos_id, eos_id
@@ -328,6 +332,6 @@ def _check_messages(messages) -> None:
 
 def load_tokenizer(path=None) -> Tokenizer:
     """The tokenizer of a GGUF model file (default: the default model, fetched if missing)."""
-    from minitransformer.weights import open_gguf, resolve_model_path  # lazy: weights imports heavier things
+    from .weights import open_gguf, resolve_model_path  # lazy: weights imports heavier things
 
     return Tokenizer.from_gguf(open_gguf(resolve_model_path(path)))

@@ -5,8 +5,10 @@ import subprocess
 import sys
 
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from minitransformer.cli import main
+from tiny_model import write_tiny_llama
 
 
 def run_cli(*args, env=None):
@@ -15,10 +17,17 @@ def run_cli(*args, env=None):
                           env=env, timeout=300)
 
 
-def test_generate_on_the_tiny_model(tiny_model_path):
+def test_generate_prints_the_text_on_stdout_and_stats_on_stderr(tiny_model_path):
+    from minitransformer import load_model
+    from minitransformer.no_cache import greedy_tokens_no_cache
+
+    model = load_model(tiny_model_path)
+    expected = list(greedy_tokens_no_cache(model, model.tokenizer.encode("the cat"), 5))
+    expected = [t for t in expected if t != model.tokenizer.eos_id]
     result = run_cli("generate", "the cat", "--max-tokens", "5", "--model", str(tiny_model_path))
     assert result.returncode == 0, result.stderr
-    assert "new tokens" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == model.tokenizer.decode(expected) + "\n"
+    assert f"{len(expected)} new tokens" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_tokenize_json(tiny_model_path, capsys):
@@ -29,16 +38,25 @@ def test_tokenize_json(tiny_model_path, capsys):
 
 
 def test_tokenize_table(tiny_model_path, capsys):
-    assert main(["tokenize", "the", "--model", str(tiny_model_path)]) == 0
-    assert "tokens" in capsys.readouterr().out
+    assert main(["tokenize", " the", "--model", str(tiny_model_path)]) == 0     # merges to one token, "Ġthe"
+    out = capsys.readouterr().out
+    assert "1 token" in out and "Ġthe" in out and "1 tokens" not in out
+
+
+def truncated(tmp, source):
+    (tmp / "cut.gguf").write_bytes(source.read_bytes()[:5000])
+    return tmp / "cut.gguf"
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda tmp: tmp / "missing.gguf", "model file not found"),
-    (lambda tmp: (tmp / "x.gguf").write_text("hello") and tmp / "x.gguf", "not a GGUF file"),
+    (lambda tmp, tiny: tmp / "missing.gguf", "model file not found"),
+    (lambda tmp, tiny: (tmp / "x.gguf").write_text("hello") and tmp / "x.gguf", "not a GGUF file"),
+    (truncated, "truncated or corrupt"),
+    (lambda tmp, tiny: write_tiny_llama(tmp / "m.gguf", arch="mamba"), "unsupported model architecture"),
+    (lambda tmp, tiny: write_tiny_llama(tmp / "q.gguf", types={"attn_v.weight": Q.Q8_1}), "Q8_1"),
 ])
-def test_bad_model_path_is_one_line_exit_2(tmp_path, make, message):
-    result = run_cli("generate", "hi", "--model", str(make(tmp_path)))
+def test_bad_model_file_is_one_line_exit_2(tmp_path, tiny_model_path, make, message):
+    result = run_cli("generate", "hi", "--model", str(make(tmp_path, tiny_model_path)))
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""
