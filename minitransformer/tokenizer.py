@@ -20,10 +20,9 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 
-import jinja2
 import regex
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .chat_template import ChatTemplate
 from .errors import InputError, ModelFileError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # tokenizer.ggml.token_type values (llama_token_type)
@@ -160,7 +159,7 @@ class Tokenizer:
         user_defined = [i for i in self._raw_text_ids if self.token_types[i] == USER_DEFINED]
         self._special_regex = {True: self._alternation(self._raw_text_ids), False: self._alternation(user_defined)}
         self._cache: dict[str, list[int]] = {}
-        self._template = None
+        self._chat = None                      # the ChatTemplate, compiled on first use
 
     def _alternation(self, ids: Iterable[int]) -> regex.Pattern | None:
         """One regex matching any of these tokens' texts, longest first (a longer token wins over its prefix)."""
@@ -282,52 +281,20 @@ class Tokenizer:
     # ---- chat
 
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """Messages [{"role", "content"}, ...] -> prompt text, with the model's own jinja template (as HF renders it).
+        """Messages [{"role", "content"}, ...] -> prompt text, with the model's own template (chat_template.py).
 
         The result contains control-token text: encode it with `special=True`.
         """
-        _check_messages(messages)
-        if self._template is None:
+        if self._chat is None:
             if not self.chat_template:
                 raise ModelFileError("model file has no tokenizer.chat_template: use a plain prompt (chat=False)")
-
-            def raise_exception(message):
-                raise InputError(f"chat template refused the messages: {message}")
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = raise_exception
-            try:
-                self._template = env.from_string(self.chat_template)
-            except jinja2.TemplateError as e:
-                raise ModelFileError(f"model file's chat template does not parse: {e}") from None
-        try:
-            return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                bos_token=self._special_text(self.bos_id), eos_token=self._special_text(self.eos_id))
-        except jinja2.TemplateError as e:
-            raise InputError(f"chat template could not render these messages: {e}") from None
-
-    def _special_text(self, token_id: int | None) -> str:
-        return self.tokens[token_id] if token_id is not None and 0 <= token_id < len(self.tokens) else ""
+            special = lambda i: self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""  # noqa: E731
+            self._chat = ChatTemplate(self.chat_template, bos_token=special(self.bos_id),
+                                      eos_token=special(self.eos_id))
+        return self._chat.render(messages, add_generation_prompt)
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.ranks)}, pre={self.pre!r})"
-
-
-def _check_messages(messages) -> None:
-    """One clear line for the usual mistakes: not a list, no role, content not a string."""
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise InputError(f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}")
-    if not messages:
-        raise InputError("messages is empty: give at least one {'role': 'user', 'content': ...}")
-    for n, m in enumerate(messages):
-        if not isinstance(m, Mapping):
-            raise InputError(f"messages[{n}] must be a dict with 'role' and 'content', got {type(m).__name__}")
-        role, content = m.get("role"), m.get("content")
-        if not isinstance(role, str) or not role:
-            raise InputError(f"messages[{n}] needs a non-empty string 'role' (system, user or assistant), got {role!r}")
-        if not isinstance(content, str):
-            raise InputError(f"messages[{n}] ({role}) needs a string 'content', got {type(content).__name__}")
 
 
 def load_tokenizer(path=None) -> Tokenizer:
