@@ -1,0 +1,365 @@
+"""Stage: logits -> next token. SamplingParams, penalties, temperature, min_p, top_k, top_p and the draw.
+
+The order is vLLM v1's sampler (vllm/v1/sample/sampler.py), so every knob means what it means there:
+
+    penalties -> greedy argmax kept aside -> temperature -> min_p -> top_k -> top_p -> draw
+
+Everything is batched over rows, each row with its own SamplingParams and its own random generator: generate.py
+calls it with one row, the serving engine with many. A seeded request must give the same tokens whatever it is
+batched with, so each row's math only ever looks at that row, and each sampled row takes exactly one number from its
+own generator per step (greedy rows take none). The arrays stay on the model's device (`xp` is NumPy or CuPy);
+only small host values cross: the per-row settings going in, one uniform per row, and the (B,) token ids coming out.
+
+Curriculum F5 (sample the first token) and H2 (the decode loop in miniature) show this stage; `filtered_probs`
+exists so a lesson can print the distribution each filter leaves.
+Shapes: B rows (requests), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .backend import INDEX_DTYPE, array_module, to_host
+from .errors import InputError
+from .layers import softmax
+
+# vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
+GREEDY_TEMPERATURE = 1e-5
+# top_p without top_k first sorts only this many of the largest logits, and the whole row only if they fall short.
+TOP_P_PREFIX = 1024
+
+
+# --- the request's settings -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """vLLM's sampling settings (names, defaults and ranges), validated once when the request is made.
+
+    Invariants after construction: numbers are plain Python ints / floats (a NumPy float64 scalar would silently
+    promote float32 logits to float64), `stop` and `stop_token_ids` are tuples, min_tokens <= max_tokens.
+    """
+    max_tokens: int = 16              # vLLM's default
+    min_tokens: int = 0
+    temperature: float = 1.0          # 0 (below 1e-5) = greedy
+    top_p: float = 1.0                # (0, 1]; 1 = off
+    top_k: int = 0                    # 0 or -1 = off, else >= 1
+    min_p: float = 0.0                # [0, 1]; 0 = off
+    repetition_penalty: float = 1.0   # > 0; prompt + output tokens: logit > 0 ? l / r : l * r
+    presence_penalty: float = 0.0     # [-2, 2], output tokens only, once per distinct token
+    frequency_penalty: float = 0.0    # [-2, 2], output tokens only, times the token's count
+    seed: int | None = None
+    stop: tuple[str, ...] = ()        # a list or a single str is accepted too
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None       # number of top log-probs per generated token
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)    # noqa: E731 (frozen dataclass)
+        set_("max_tokens", _integer("max_tokens", self.max_tokens))
+        if self.max_tokens < 1:
+            raise InputError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        set_("min_tokens", _integer("min_tokens", self.min_tokens))
+        if self.min_tokens < 0:
+            raise InputError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            raise InputError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+
+        temperature = _real("temperature", self.temperature)
+        if not temperature >= 0:
+            raise InputError(f"temperature must be >= 0, got {_show(self.temperature)}")
+        top_p = _real("top_p", self.top_p)
+        if not 0 < top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {_show(self.top_p)}")
+        top_k = _integer("top_k", self.top_k)
+        if top_k < -1:
+            raise InputError(f"top_k must be -1, 0 or >= 1, got {top_k}")
+        min_p = _real("min_p", self.min_p)
+        if not 0 <= min_p <= 1:
+            raise InputError(f"min_p must be in [0, 1], got {_show(self.min_p)}")
+        repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
+        if not repetition_penalty > 0:
+            raise InputError(f"repetition_penalty must be > 0, got {_show(self.repetition_penalty)}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _real(name, getattr(self, name))
+            if not -2 <= value <= 2:
+                raise InputError(f"{name} must be in [-2, 2], got {_show(getattr(self, name))}")
+            set_(name, value)
+        set_("temperature", temperature)
+        set_("top_p", top_p)
+        set_("top_k", top_k)
+        set_("min_p", min_p)
+        set_("repetition_penalty", repetition_penalty)
+
+        if self.seed is not None:
+            seed = _integer("seed", self.seed)
+            if seed < 0:
+                raise InputError(f"seed must be a non-negative integer, got {seed}")
+            set_("seed", seed)
+
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if any(s == "" for s in stop):
+            raise InputError("stop strings must not be empty")
+        set_("stop", tuple(stop))
+
+        ids = (self.stop_token_ids,) if _is_int(self.stop_token_ids) else self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
+            raise InputError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        set_("stop_token_ids", tuple(int(i) for i in ids))
+
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            set_(name, bool(getattr(self, name)))
+
+        if self.logprobs is not None:
+            if not _is_int(self.logprobs) or self.logprobs < 0:
+                raise InputError(f"logprobs must be None or an integer >= 0, got {_show(self.logprobs)}")
+            set_("logprobs", int(self.logprobs))
+
+    @property
+    def greedy(self) -> bool:
+        """Take the argmax instead of drawing (temperature 0; vLLM also treats temperature < 1e-5 so)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _show(value) -> str:
+    """A value as the user wrote it: 0 stays "0", a string keeps its quotes."""
+    return str(value) if isinstance(value, numbers.Number) else repr(value)
+
+
+def _integer(name: str, value) -> int:
+    if not _is_int(value):
+        raise InputError(f"{name} must be an integer, got {_show(value)}")
+    return int(value)
+
+
+def _real(name: str, value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name} must be a number, got {_show(value)}")
+    if math.isinf(value):
+        raise InputError(f"{name} must be finite, got {_show(value)}")
+    return float(value)         # NaN passes here and fails the range check that follows (NaN compares False)
+
+
+def make_generator(seed: int | None) -> np.random.Generator:
+    """One request's own random stream: seeded -> reproducible, and no other request ever draws from it."""
+    return np.random.default_rng(seed)
+
+
+# --- the stage --------------------------------------------------------------------------------------------------
+
+def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator | None],
+           prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """Pick the next token of every row.   logits (B, V) float32 on the device -> (B,) int64 token ids on the host.
+
+    Row b uses params[b] and generators[b] (None is allowed for a greedy row: it draws nothing), and its penalties
+    count prompt_ids[b] and output_ids[b] (the tokens generated so far).
+    """
+    xp = array_module(logits)
+    if logits.ndim != 2:
+        raise ValueError(f"sample() takes logits of shape (B, V), got {logits.shape}")
+    B, V = logits.shape
+    if not len(params) == len(generators) == len(prompt_ids) == len(output_ids) == B:
+        raise ValueError(f"sample(): {B} rows of logits but {len(params)} params, {len(generators)} generators, "
+                         f"{len(prompt_ids)} prompts and {len(output_ids)} outputs")
+    logits = apply_penalties(logits, params, prompt_ids, output_ids)            # (B, V)
+
+    tokens = np.empty(B, dtype=INDEX_DTYPE)                                      # (B,) on the host
+    greedy = [b for b in range(B) if params[b].greedy]
+    drawn = [b for b in range(B) if not params[b].greedy]
+    if greedy:      # argmax returns the first maximum: ties go to the lowest token id
+        tokens[greedy] = to_host(xp.argmax(logits[greedy], axis=-1))
+    if drawn:       # only the sampled rows go through the filters: a greedy neighbour changes nothing
+        for b in drawn:
+            if generators[b] is None:
+                raise ValueError(f"sample(): row {b} samples (temperature {params[b].temperature}) "
+                                 "but has no generator")
+        probs = filtered_probs(logits[drawn], [params[b] for b in drawn])        # (S, V)
+        uniforms = [generators[b].random() for b in drawn]                       # exactly one draw per sampled row
+        tokens[drawn] = _inverse_cdf(probs, uniforms)
+    return tokens
+
+
+def apply_penalties(logits, params: Sequence[SamplingParams], prompt_ids: Sequence[Sequence[int]],
+                    output_ids: Sequence[Sequence[int]]):
+    """Repetition, frequency and presence penalties, as vLLM applies them.   (B, V) -> new (B, V), same dtype.
+
+    repetition (HF / CTRL paper): every distinct token of prompt + output has its logit pushed toward "less likely"
+    (divided by r when positive, multiplied by r when not). frequency and presence (OpenAI's definitions) look at the
+    output only: subtract frequency_penalty * count and presence_penalty once per distinct token.
+    The token sets are built on the host (they are short lists) and scattered into (B, V) arrays on the device.
+    Rows whose penalties are neutral are left bit-for-bit unchanged.
+    """
+    xp = array_module(logits)
+    B, V = logits.shape
+    logits = logits.copy()
+    repeat_rows = [b for b in range(B) if params[b].repetition_penalty != 1.0]
+    if repeat_rows:
+        seen = xp.zeros((B, V), dtype=bool)                                      # (B, V) in prompt or output
+        rows, ids = _scatter_indices(repeat_rows, [list(prompt_ids[b]) + list(output_ids[b]) for b in repeat_rows], V)
+        seen[xp.asarray(rows), xp.asarray(ids)] = True
+        r = xp.asarray([p.repetition_penalty for p in params], dtype=logits.dtype)[:, None]       # (B, 1)
+        penalised = xp.where(logits > 0, logits / r, logits * r)
+        logits = xp.where(seen, penalised, logits)
+    count_rows = [b for b in range(B) if params[b].frequency_penalty != 0.0 or params[b].presence_penalty != 0.0]
+    if count_rows:
+        counts = xp.zeros((B, V), dtype=logits.dtype)                            # (B, V) occurrences in output
+        rows, ids, n = _scatter_indices(count_rows, [output_ids[b] for b in count_rows], V, with_counts=True)
+        counts[xp.asarray(rows), xp.asarray(ids)] = xp.asarray(n, dtype=logits.dtype)
+        frequency = xp.asarray([p.frequency_penalty for p in params], dtype=logits.dtype)[:, None]  # (B, 1)
+        presence = xp.asarray([p.presence_penalty for p in params], dtype=logits.dtype)[:, None]    # (B, 1)
+        logits = logits - frequency * counts - presence * (counts > 0)
+    return logits
+
+
+def _scatter_indices(rows: list[int], token_lists, V: int, with_counts: bool = False):
+    """(row, distinct token id[, count]) for each row's token list, as flat host arrays ready for fancy indexing."""
+    all_rows, all_ids, all_counts = [], [], []
+    for b, tokens in zip(rows, token_lists):
+        ids, counts = np.unique(np.asarray(tokens, dtype=INDEX_DTYPE), return_counts=True)
+        if ids.size and (ids[0] < 0 or ids[-1] >= V):
+            raise ValueError(f"row {b}: token ids must be in [0, {V}), got {ids[0] if ids[0] < 0 else ids[-1]}")
+        all_rows.append(np.full(ids.size, b, dtype=INDEX_DTYPE))
+        all_ids.append(ids)
+        all_counts.append(counts)
+    flat = (np.concatenate(all_rows), np.concatenate(all_ids))
+    return flat + (np.concatenate(all_counts),) if with_counts else flat
+
+
+def filtered_probs(logits, params: Sequence[SamplingParams]):
+    """The distribution each row is drawn from.   penalised logits (B, V) -> probabilities (B, V), rows sum to 1.
+
+    temperature -> min_p -> top_k -> top_p, then a softmax over the tokens that survived (renormalised).
+    A greedy row gets a one-hot at its argmax: the point mass sample() takes.
+    """
+    xp = array_module(logits)
+    B, V = logits.shape
+    temperature = xp.asarray([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)[:, None]
+    # A float32 (B, 1) column: the same float32 division as by a Python float (both round the temperature to
+    # float32 first), never a float64 one (DESIGN.md "float32 pitfall").
+    scaled = logits / temperature                                                # (B, V)
+    keep = None                                                                  # (B, V) bool once a filter runs
+
+    if any(p.min_p > 0 for p in params):
+        # min_p: keep tokens at least min_p times as likely as the most likely one, after temperature.
+        probs = softmax(scaled)                                                  # (B, V)
+        min_p = xp.asarray([p.min_p for p in params], dtype=logits.dtype)[:, None]
+        keep = probs >= min_p * probs.max(axis=-1, keepdims=True)
+
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        masked = scaled if keep is None else xp.where(keep, scaled, -xp.inf)     # (B, V) min_p's removals -inf
+        top = _top_k_top_p_mask(masked, params)
+        keep = top if keep is None else keep & top
+
+    probs = softmax(scaled if keep is None else xp.where(keep, scaled, -xp.inf))  # (B, V) renormalised
+    greedy = [b for b in range(B) if params[b].greedy]
+    if greedy:
+        one_hot = xp.zeros((len(greedy), V), dtype=probs.dtype)
+        one_hot[xp.arange(len(greedy)), xp.argmax(logits[greedy], axis=-1)] = 1.0
+        probs[greedy] = one_hot
+    return probs
+
+
+def _top_k_top_p_mask(masked, params: Sequence[SamplingParams], width: int | None = None):
+    """top_k then top_p on logits where removed tokens are -inf.   (B, V) -> keep (B, V) bool.
+
+    Both filters come out as a threshold on the logit ("keep logit >= t"), so one descending sort serves both:
+    - top_k: t = the k-th largest logit, so every token tied with the k-th is kept (vLLM / HF do the same).
+    - top_p: over what top_k kept, renormalised, walk the tokens from most to least probable and keep each one whose
+      preceding mass is still < top_p: the smallest set whose mass reaches top_p. The first token always stays
+      (preceding mass 0). Ties at the boundary: the boundary token's logit becomes the threshold, so every token
+      tied with it is kept too (the set can exceed the smallest one by those ties). vLLM and HF leave this to an
+      unstable sort; keeping the whole tie makes the result independent of token numbering, like top_k.
+    Only the largest logits can pass, so the sort covers a prefix, the W largest logits found by an O(V) partition,
+    instead of all V (sorting 49,152 logits costs ~2 ms a row on the CPU): W = the largest top_k, or at least
+    TOP_P_PREFIX when a row has top_p without top_k; if those W tokens do not reach such a row's top_p, sort all V.
+    Every number a row's decision uses is the same whatever W is, so the result does not depend on the neighbours.
+    """
+    xp = array_module(masked)
+    B, V = masked.shape
+    top_k_on = xp.asarray([p.top_k > 0 for p in params])[:, None]                             # (B, 1)
+    top_p_on = xp.asarray([p.top_p < 1 for p in params])[:, None]                             # (B, 1)
+    top_p = xp.asarray([p.top_p for p in params], dtype=masked.dtype)[:, None]                # (B, 1)
+    ks = [min(p.top_k, V) if p.top_k > 0 else V for p in params]
+    top_p_only = [p.top_p < 1 and p.top_k <= 0 for p in params]
+    if width is None:
+        width = min(V, max([k for k, p in zip(ks, params) if p.top_k > 0] + [TOP_P_PREFIX * any(top_p_only)]))
+    top = masked if width == V else -xp.partition(-masked, width - 1, axis=-1)[:, :width]    # (B, W) unordered
+    descending = xp.sort(top, axis=-1)[:, ::-1]                                  # (B, W) the W largest, largest first
+
+    k = xp.asarray([min(k, width) for k in ks], dtype=INDEX_DTYPE)[:, None]                  # (B, 1)
+    kth = xp.where(top_k_on, xp.take_along_axis(descending, k - 1, axis=-1), -xp.inf)       # (B, 1) top_k threshold
+    descending = xp.where(descending >= kth, descending, -xp.inf)                # top_k kept a prefix of it
+    # top_p's probabilities, renormalised over what top_k kept. The normaliser is summed over the whole row in token
+    # order, so it is the same number whatever width the batch needed: a row never depends on its neighbours.
+    row_max = descending[:, :1]                                                  # (B, 1)
+    total = xp.where(masked >= kth, xp.exp(masked - row_max), 0).sum(axis=-1, keepdims=True)   # (B, 1)
+    probs = xp.exp(descending - row_max) / total                                 # (B, W)
+    cumulative = xp.cumsum(probs, axis=-1)
+    if width < V and any(top_p_only):
+        short = xp.asarray(top_p_only)[:, None] & (cumulative[:, -1:] < top_p)  # (B, 1) prefix misses top_p
+        if bool(short.any()):
+            return _top_k_top_p_mask(masked, params, width=V)
+    before = xp.concatenate([xp.zeros((B, 1), dtype=probs.dtype), cumulative[:, :-1]], axis=-1)  # mass ahead
+    last = (before < top_p).sum(axis=-1, keepdims=True) - 1                      # (B, 1) last position top_p keeps
+    boundary = xp.where(top_p_on, xp.take_along_axis(descending, last, axis=-1), -xp.inf)  # (B, 1) top_p threshold
+    # max(): when float32 rounding leaves the kept mass a hair under top_p, `boundary` is a removed (-inf) slot
+    # and top_p keeps everything; the top_k threshold must still hold then.
+    return masked >= xp.maximum(kth, boundary)
+
+
+def _inverse_cdf(probs, uniforms: Sequence[float]) -> np.ndarray:
+    """Draw one token per row: the first token id whose cumulative probability exceeds u * total.
+
+    probs (S, V), uniforms S floats in [0, 1) -> (S,) int64 on the host. Token j is returned for u in
+    [cdf[j-1], cdf[j]) / total, an interval of width probs[j] / total, so the draw is exact up to float32 rounding
+    of the cumulative sum; a token of probability 0 has an empty interval and is never returned.
+    """
+    xp = array_module(probs)
+    cdf = xp.cumsum(probs, axis=-1)                                              # (S, V) in token-id order
+    total = cdf[:, -1:]                                                          # (S, 1) ~1
+    target = xp.asarray(uniforms, dtype=probs.dtype)[:, None] * total            # (S, 1)
+    token = (cdf <= target).sum(axis=-1)                                         # (S,) first cdf above target
+    # u rounded up to 1.0 in float32 would point past the end: clamp to the last token that adds mass.
+    last = (cdf < total).sum(axis=-1)                                            # (S,)
+    return to_host(xp.minimum(token, last)).astype(INDEX_DTYPE)
+
+
+# --- log-probabilities ------------------------------------------------------------------------------------------
+
+def compute_logprobs(logits, token_ids, k: int) -> list[dict]:
+    """vLLM's default logprobs: log-softmax of the RAW logits (before penalties and temperature).
+
+    logits (B, V), token_ids (B,) the tokens chosen -> one dict per row: {"token_id": int, "logprob": float,
+    "top": [[id, logprob], ...]} with the k most probable tokens, most probable first, ties by lower id.
+    """
+    xp = array_module(logits)
+    B, V = logits.shape
+    token_ids = np.asarray(token_ids if isinstance(token_ids, (list, tuple, np.ndarray)) else to_host(token_ids),
+                           dtype=INDEX_DTYPE).reshape(B)                        # (B,) on the host
+    shifted = logits - logits.max(axis=-1, keepdims=True)                        # (B, V)
+    logprobs = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))     # (B, V) log-softmax
+    chosen = to_host(logprobs[xp.arange(B), xp.asarray(token_ids)])              # (B,)
+    k = min(int(k), V)
+    tops = [[] for _ in range(B)]
+    if k > 0:
+        kth = -xp.partition(-logprobs, k - 1, axis=-1)[:, k - 1:k]              # (B, 1) k-th largest log-prob
+        for b in range(B):
+            # the candidates: every token at least as probable as the k-th (ties included), usually exactly k
+            candidates = xp.nonzero(logprobs[b] >= kth[b])[0]                    # ascending ids
+            ids, values = to_host(candidates), to_host(logprobs[b][candidates])
+            order = np.argsort(-values, kind="stable")[:k]                      # most probable first, ties: lower id
+            tops[b] = [[int(ids[i]), float(values[i])] for i in order]
+    return [{"token_id": int(token_ids[b]), "logprob": float(chosen[b]), "top": tops[b]} for b in range(B)]
