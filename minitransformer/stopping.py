@@ -1,0 +1,114 @@
+"""The stop rules, all in one place: after each new token, is this request finished, and why?
+
+Why it is here: "when do we stop" looks trivial and is where servers disagree most. Keeping every rule in one
+function, in one fixed order, makes finish_reason / stop_reason a single decision that lessons and tests can read.
+The order is vLLM v1's (DESIGN.md section 5), checked after each new token, once it has been detokenized:
+
+1. min_tokens not reached       -> no stop at all (the sampler also masks EOS and the stop ids: tokens_to_suppress)
+2. EOS, unless ignore_eos       -> "stop", stop_reason "eos"
+3. a stop_token_ids token       -> "stop", stop_reason = that id (its text is cut, as EOS's would be)
+4. a stop string in the text    -> "stop", stop_reason = that string; the text is cut at its start
+                                   (or after its end with include_stop_str_in_output)
+5. max_tokens or context full   -> "length", stop_reason None
+
+A stop string is searched in the *detokenized* text, because tokens and strings do not line up: "France is" is
+two tokens, " France" and " is", and no single token contains it. Only the window the new characters can complete
+is searched: from len(text) - new_chars - len(stop) + 1. Earlier text was searched at earlier tokens, so each
+occurrence is found exactly once, at the token that completes it, and the cost per token does not grow with the
+output. Before each step the loop also calls check_abort (timeout, cancel -> "abort").
+Lengths are counted in token ids (len(output_ids)), never by re-encoding the text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .detokenizer import IncrementalDetokenizer
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """Why a request finished.
+
+    finish_reason  stop_reason
+    "stop"         "eos"            the model produced its end-of-sequence token
+    "stop"         int              a token of params.stop_token_ids (the id)
+    "stop"         str              a string of params.stop (the string)
+    "length"       None             max_tokens reached, or the context window is full
+    "abort"        "timeout" | "cancelled"
+
+    vLLM leaves stop_reason None for EOS; we say "eos" so a learner reading a result sees what happened.
+    truncate_to: cut the text to this many characters (the caller calls detok.truncate), or None to keep it.
+    """
+    finish_reason: str
+    stop_reason: object
+    truncate_to: int | None = None
+
+
+def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int], new_chars: int, eos_id: int | None,
+               prompt_len: int, context_length: int) -> StopDecision | None:
+    """Apply the stop rules after one new token (already in output_ids and in detok.text; it added new_chars).
+
+    Reads params.min_tokens, ignore_eos, stop_token_ids, stop, include_stop_str_in_output, max_tokens.
+    """
+    num_output = len(output_ids)
+    if num_output < (params.min_tokens or 0):
+        return None                       # vLLM v1 (scheduler check_stop): no stop check at all before min_tokens
+    last = output_ids[-1]
+    text_len = len(detok.text)
+    # The stop token's own text is cut too, unless include_stop_str_in_output: vLLM v0's StopChecker removes the
+    # last new_char_count characters, v1's detokenizer skips the token (vllm/v1/engine/detokenizer.py). EOS adds
+    # none when special tokens are skipped. If the token completed a character begun earlier, that goes as well.
+    cut_token = None if params.include_stop_str_in_output or new_chars == 0 else text_len - new_chars
+    if not params.ignore_eos and eos_id is not None and last == eos_id:
+        return StopDecision("stop", "eos", cut_token)
+    if last in (params.stop_token_ids or ()):
+        return StopDecision("stop", last, cut_token)
+    found = find_stop_string(detok.text, new_chars, params.stop or ())
+    if found is not None:
+        start, stop = found
+        return StopDecision("stop", stop, start + len(stop) if params.include_stop_str_in_output else start)
+    max_tokens = params.max_tokens if params.max_tokens is not None else context_length   # None: up to the context
+    if num_output >= max_tokens or prompt_len + num_output >= context_length:
+        return StopDecision("length", None)
+    return None
+
+
+def find_stop_string(text: str, new_chars: int, stops: Sequence[str]) -> tuple[int, str] | None:
+    """The first stop string that the last new_chars characters of text complete: (its start, the string), or None.
+
+    Each stop is searched only where it could end inside the new characters. When several match, the one that
+    starts earliest in the text wins (then the shorter one, whose end the text reached first; then list order).
+    vLLM instead takes the first in list order; "earliest in the text" is what a reader of the text sees.
+    """
+    best = None
+    for order, stop in enumerate(stops):
+        if not stop:
+            continue                      # SamplingParams rejects empty stop strings; never match one here
+        start = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+        if start != -1 and (best is None or (start, len(stop), order) < best[:3]):
+            best = (start, len(stop), order, stop)
+    return None if best is None else (best[0], best[3])
+
+
+def tokens_to_suppress(params, num_output: int, eos_id: int | None) -> tuple[int, ...]:
+    """Token ids the sampler must not draw next (set their logits to -inf): EOS and the stop ids before min_tokens.
+
+    vLLM's MinTokensLogitsProcessor masks all stop token ids -- EOS too, unless ignore_eos -- while fewer than
+    min_tokens tokens have been produced, so the first min_tokens tokens can never be a stop token.
+    """
+    if num_output >= (params.min_tokens or 0):
+        return ()
+    eos = () if params.ignore_eos or eos_id is None else (eos_id,)
+    return tuple(dict.fromkeys((*eos, *(params.stop_token_ids or ()))))   # no duplicates, order kept
+
+
+def check_abort(deadline: float | None, cancelled) -> StopDecision | None:
+    """Before each step: past the deadline (a time.monotonic() value) -> timeout; cancel.is_set() -> cancelled."""
+    if deadline is not None and time.monotonic() >= deadline:
+        return StopDecision("abort", "timeout")
+    if cancelled is not None and cancelled.is_set():
+        return StopDecision("abort", "cancelled")
+    return None
