@@ -1,29 +1,36 @@
 """The baseline with no KV cache: every step runs the whole sequence (prompt + everything generated) again.
 
-It is correct — each step's last-position logits are what a cached decode computes (tests/test_model.py checks the
-model's cache hook against recomputation) — but step n costs a forward over n tokens, so generating N tokens does
-O(N^2) token-passes where a KV cache needs O(N). Until the cached loop exists, `minitransformer generate` uses this.
+It gives the same tokens as the cached loop (tests/test_generate.py checks it on the real model) — each step's
+last-position logits are exactly what a cached decode computes — but step n costs a forward pass over n tokens, so
+generating N tokens after a P-token prompt does about N*P + N^2/2 token-passes where the cache needs P + N.
+Lesson 04_cache_vs_no_cache times both; `minitransformer generate --no-cache` and `generate(..., use_cache=False)`
+run it through the same loop (generate.py) with every other stage unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
-import numpy as np
+class RecomputeRunner:
+    """Stands where generate.py's CachedRunner stands, but keeps token ids instead of keys and values."""
 
+    def __init__(self, model, prompt_ids: list[int]):
+        self.model = model
+        self.ids = list(prompt_ids)              # the whole sequence so far
 
-def greedy_tokens_no_cache(model, prompt_ids: list[int], max_tokens: int,
-                           stop_ids: tuple[int, ...] | None = None) -> Iterator[int]:
-    """Yield up to `max_tokens` greedy tokens, recomputing the full sequence each step; stops after a stop id
-    (default: the tokenizer's EOS), which is yielded. Ties go to the lowest token id (argmax's first maximum)."""
-    if stop_ids is None:
-        stop_ids = (model.tokenizer.eos_id,)
-    ids = list(prompt_ids)
-    for _ in range(max_tokens):
-        positions = np.arange(len(ids))[None]                                  # (1, n)
-        logits = model.forward(np.asarray(ids)[None], positions, last_only=True)   # (1, V): only the last row
-        token = int(model.xp.argmax(logits[0]))
-        yield token
-        if token in stop_ids:
-            return
-        ids.append(token)
+    def first_logits(self):
+        return self._last_logits()               # (1, V)
+
+    def next_logits(self, token: int):
+        self.ids.append(token)
+        return self._last_logits()               # (1, V): a forward over all len(ids) tokens, every step
+
+    def _last_logits(self):
+        xp = self.model.xp
+        n = len(self.ids)
+        return self.model.forward(xp.asarray(self.ids)[None], xp.arange(n)[None], last_only=True)
+
+    kv_tokens = 0                                # nothing is cached
+    kv_bytes = 0
+
+    def release(self) -> None:
+        pass

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer.no_cache import greedy_tokens_no_cache
+from minitransformer import SamplingParams, generate
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "hf_reference.json").read_text())
 CASES = FIXTURE["cases"]
@@ -39,8 +39,9 @@ def test_logits_match_hf_float32(real_model, case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_greedy_tokens_match_hf(real_model, case):
-    ours = list(greedy_tokens_no_cache(real_model, case["ids"], len(case["greedy"]), stop_ids=()))
-    assert ours == case["greedy"]
+    """Through the whole cached loop (prefill, KV cache, decode, greedy sampling), past EOS like HF's fixture."""
+    params = SamplingParams(max_tokens=len(case["greedy"]), temperature=0.0, ignore_eos=True)
+    assert generate(real_model, case["ids"], params).token_ids == case["greedy"]
 
 
 def test_prompt_ids_match_our_tokenizer(real_tokenizer):

@@ -1,0 +1,209 @@
+"""The loop that wires the stages: one request from prompt to finished text.
+
+    tokenize + check -> prefill (fills the KV cache) -> sample -> [detokenize -> stop check -> stream the new text
+                     -> decode one token with the cache -> sample] ... -> finalize (usage, metrics, free the cache)
+
+Each stage lives in the file with its name (prefill.py, decode.py, sampling.py, stopping.py, detokenizer.py,
+metrics.py); this file only calls them in order, so the whole request flow reads top to bottom in `_run`.
+`stream()` yields the text as it is produced; `generate()` runs the same loop to the end. With use_cache=False the
+same loop runs on no_cache.py's recompute-everything baseline (lesson 04_cache_vs_no_cache compares them).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decode import decode_step
+from .detokenizer import IncrementalDetokenizer
+from .errors import InputError
+from .kv_cache import KVCache
+from .metrics import RequestMetrics, Usage, now
+from .prefill import prefill
+from .sampling import SamplingParams, compute_logprobs, make_generator, sample
+from .stopping import StopDecision, check_abort, check_stop, tokens_to_suppress
+
+_request_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    """What the loop works on: the prompt as the model sees it, its token ids, and how to sample."""
+    request_id: str
+    prompt: str | None               # the text after the chat template; None when token ids were given
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+
+
+@dataclass
+class Result:
+    """A finished request: the contract of DESIGN.md section 4 (`to_dict` is the `--json` object)."""
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str               # "stop" | "length" | "abort"
+    stop_reason: object              # "eos" | stop token id | stop string | "timeout" | "cancelled" | None
+    usage: Usage
+    metrics: RequestMetrics
+    logprobs: list[dict] | None
+    kv_cache_tokens: int             # tokens whose keys/values were held when the request finished
+    kv_cache_bytes: int
+
+    def to_dict(self) -> dict:
+        out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+               "stop_reason": self.stop_reason, "usage": self.usage.to_dict(), "metrics": self.metrics.to_dict(),
+               "kv_cache": {"tokens": self.kv_cache_tokens, "bytes": self.kv_cache_bytes}}
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
+
+@dataclass
+class Delta:
+    """One piece of a streamed reply. The last delta has finish_reason and the whole Result."""
+    text: str
+    token_ids: list[int]             # tokens produced since the previous delta
+    finish_reason: str | None = None
+    result: Result | None = None
+
+
+# ---------------------------------------------------------------------------------------------------- public API
+
+def generate(model, prompt, params: SamplingParams | None = None, chat: bool = False, **options) -> Result:
+    """Run one request to the end and return its Result (options as for `stream`)."""
+    delta = None
+    for delta in stream(model, prompt, params, chat, **options):
+        pass
+    return delta.result
+
+
+def stream(model, prompt, params: SamplingParams | None = None, chat: bool = False, *, use_cache: bool = True,
+           timeout: float | None = None, cancel=None) -> Iterator[Delta]:
+    """Yield Deltas as tokens are produced. The input is checked here, before any model work, so bad input raises
+    InputError at the call; the loop itself starts when iteration does.
+
+    prompt: text, token ids, or (with chat=True) a list of {"role", "content"} messages or one user message.
+    timeout: seconds from now after which the request is aborted (finish_reason "abort", stop_reason "timeout").
+    cancel: anything with is_set() (a threading.Event); when set, the reply stops with stop_reason "cancelled".
+    """
+    arrival = now()
+    if timeout is not None and not timeout > 0:
+        raise InputError(f"timeout must be > 0 seconds, got {timeout}")
+    params = params if params is not None else SamplingParams()
+    request = make_request(model, prompt, params, chat, arrival)
+    deadline = None if timeout is None else arrival + timeout
+    return _run(model, request, use_cache, deadline, cancel)
+
+
+def make_request(model, prompt, params: SamplingParams, chat: bool = False, arrival: float | None = None) -> Request:
+    """Tokenize (through the chat template when chat) and check the request against the model's limits."""
+    tokenizer, context = model.tokenizer, model.config.context_length
+    text = None
+    if chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if isinstance(prompt, str) and not prompt:
+            raise InputError("the prompt is empty; give at least one character")
+        text = tokenizer.render_chat(messages)
+        ids = tokenizer.encode(text, special=True)
+    elif isinstance(prompt, str):
+        if not prompt:
+            raise InputError("the prompt is empty; give at least one character")
+        text = prompt
+        ids = tokenizer.encode(text)
+    else:
+        ids = [int(i) for i in prompt]
+        bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
+        if bad:
+            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
+    if not ids:
+        raise InputError("the prompt has no tokens; give at least one")
+    if len(ids) + params.max_tokens > context:
+        raise InputError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                         f"{len(ids) + params.max_tokens} exceeds the context length of {context} tokens")
+    return Request(f"req-{next(_request_ids)}", text, ids, params, arrival if arrival is not None else now())
+
+
+class CachedRunner:
+    """Where the model's logits come from in the normal loop: prefill once, then one token per step via the cache."""
+
+    def __init__(self, model, prompt_ids: list[int], max_tokens: int):
+        self.model, self.prompt_ids = model, prompt_ids
+        self.cache = KVCache(model.config, len(prompt_ids) + max_tokens, xp=model.xp)
+
+    def first_logits(self):
+        return prefill(self.model, self.prompt_ids, self.cache)             # (1, V)
+
+    def next_logits(self, token: int):
+        return decode_step(self.model, [token], self.cache)                 # (1, V)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.cache.length
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.cache.bytes_used
+
+    def release(self) -> None:
+        self.cache.release()
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+
+def _run(model, request: Request, use_cache: bool, deadline: float | None, cancel) -> Iterator[Delta]:
+    params, tokenizer = request.params, model.tokenizer
+    if use_cache:
+        runner = CachedRunner(model, request.prompt_token_ids, params.max_tokens)
+    else:
+        from .no_cache import RecomputeRunner
+        runner = RecomputeRunner(model, request.prompt_token_ids)
+    metrics = RequestMetrics(arrival_time=request.arrival_time)
+    detokenizer = IncrementalDetokenizer(tokenizer, params.stop)
+    generator = make_generator(params.seed)                 # this request's own random stream
+    output_ids: list[int] = []
+    logprobs = [] if params.logprobs is not None else None
+    decision: StopDecision | None = None
+    kv_tokens = kv_bytes = 0
+    try:
+        metrics.mark_scheduled()
+        decision = check_abort(deadline, cancel)
+        logits = runner.first_logits() if decision is None else None          # prefill: (1, V)
+        while decision is None:
+            token = _sample_one(logits, request, generator, output_ids, tokenizer.eos_id)
+            if logprobs is not None:                                          # of the raw logits, as vLLM reports
+                logprobs.extend(compute_logprobs(logits, np.asarray([token]), params.logprobs))
+            output_ids.append(token)
+            metrics.mark_token()
+            new_chars = detokenizer.add_token(token)
+            decision = (check_stop(params, detokenizer, output_ids, new_chars, tokenizer.eos_id,
+                                   len(request.prompt_token_ids), model.config.context_length)
+                        or check_abort(deadline, cancel))
+            if decision is None:
+                yield Delta(detokenizer.take_delta(), [token])
+                logits = runner.next_logits(token)                            # decode: (1, V)
+        kv_tokens, kv_bytes = runner.kv_tokens, runner.kv_bytes
+    finally:
+        runner.release()                                     # also when the consumer stops iterating early
+    if decision.truncate_to is not None:
+        detokenizer.truncate(decision.truncate_to)
+    final_text = detokenizer.take_delta(final=True)
+    metrics.mark_finished()
+    result = Result(request.request_id, request.prompt_token_ids, detokenizer.text, output_ids,
+                    decision.finish_reason, decision.stop_reason,
+                    Usage(len(request.prompt_token_ids), len(output_ids)), metrics, logprobs, kv_tokens, kv_bytes)
+    yield Delta(final_text, output_ids[-1:] if output_ids else [], decision.finish_reason, result)
+
+
+def _sample_one(logits, request: Request, generator, output_ids: Sequence[int], eos_id: int) -> int:
+    """Sample the next token; until min_tokens is reached, EOS and the stop ids cannot be drawn (vLLM's rule)."""
+    suppressed = tokens_to_suppress(request.params, len(output_ids), eos_id)
+    if suppressed:
+        logits = logits.copy()
+        logits[:, list(suppressed)] = -float("inf")
+    return int(sample(logits, [request.params], [generator], [request.prompt_token_ids], [output_ids])[0])
+
