@@ -1,4 +1,4 @@
-"""The `minitransformer` command: generate, tokenize, download.
+"""The `minitransformer` command: generate, chat, tokenize, download.
 
 Output contract (DESIGN.md section 4): results on stdout (`--json`: exactly one JSON object), progress and logs on
 stderr. Bad input is one line on stderr naming the problem and the limit, exit code 2, no traceback.
@@ -7,9 +7,11 @@ stderr. Bad input is one line on stderr naming the problem and the limit, exit c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-import time
+import threading
 
 from .errors import InputError, MiniTransformerError
 
@@ -28,12 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="minitransformer", description="A from-scratch LLM inference engine you can read.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = commands.add_parser("generate", help="generate text from a prompt (greedy)")
+    gen = commands.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--max-tokens", type=_positive_int, default=64, help="most new tokens (default 64)")
-    gen.add_argument("--model", help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
-    gen.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    _add_model_options(gen)
+    _add_sampling_options(gen, max_tokens=64)
+    gen.add_argument("--no-cache", action="store_true",
+                     help="recompute the whole sequence every step (the baseline the KV cache is measured against)")
+    gen.add_argument("--timeout", type=float, help="abort the request after this many seconds")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics")
+
+    chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
+    chat.add_argument("--system", help="a system prompt (default: the chat template's own)")
+    _add_model_options(chat)
+    _add_sampling_options(chat, max_tokens=256)
 
     tok = commands.add_parser("tokenize", help="show the token ids and pieces of a text")
     tok.add_argument("text")
@@ -46,20 +56,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _add_model_options(parser) -> None:
+    parser.add_argument("--model", help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+
+
+def _add_sampling_options(parser, max_tokens: int) -> None:
+    """The SamplingParams fields, named as vLLM names them (the ranges are checked by SamplingParams)."""
+    add = parser.add_argument
+    add("--max-tokens", type=int, default=max_tokens, help=f"most new tokens (default {max_tokens})")
+    add("--min-tokens", type=int, default=0, help="no stop (EOS, stop ids, stop strings) before this many tokens")
+    add("--temperature", type=float, default=0.0, help="0 = greedy (the default here, so runs repeat exactly)")
+    add("--top-k", type=int, default=0, help="keep the k most probable tokens (0 or -1: off)")
+    add("--top-p", type=float, default=1.0, help="keep the smallest set of tokens with this much probability")
+    add("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
+    add("--repetition-penalty", type=float, default=1.0, help="> 1 discourages tokens already in prompt or output")
+    add("--presence-penalty", type=float, default=0.0, help="subtracted once from every token already generated")
+    add("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence in the generated tokens")
+    add("--seed", type=int, help="seed of this request's own random generator")
+    add("--stop", action="append", default=[], metavar="STR", help="stop when the text contains STR (repeatable)")
+    add("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="stop at this token id")
+    add("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
+    add("--include-stop-str-in-output", action="store_true", help="keep the matched stop string in the text")
+    add("--logprobs", type=int, metavar="K", help="report the K most probable tokens at every step")
+
+
+def sampling_params(args):
+    """SamplingParams from the parsed options: every range is checked there, before the model is loaded."""
+    from .sampling import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, seed=args.seed,
+        stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), ignore_eos=args.ignore_eos,
+        include_stop_str_in_output=args.include_stop_str_in_output, logprobs=args.logprobs)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download}
     try:
-        return {"generate": cmd_generate, "tokenize": cmd_tokenize, "download": cmd_download}[args.command](args)
+        return commands[args.command](args)
     except MiniTransformerError as exc:
         print(f"minitransformer: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,32 +107,121 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_generate(args) -> int:
+    from .generate import stream
     from .model import load_model
-    from .no_cache import greedy_tokens_no_cache
 
+    params = sampling_params(args)
+    if args.timeout is not None and not args.timeout > 0:
+        raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
     model = load_model(args.model, device=args.device)
-    tokenizer = model.tokenizer
-    text = tokenizer.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
-    prompt_ids = tokenizer.encode(text, special=args.chat)
-    check_context(len(prompt_ids), args.max_tokens, model.config.context_length)
-    start = time.perf_counter()
-    new_ids = list(greedy_tokens_no_cache(model, prompt_ids, args.max_tokens))
-    seconds = time.perf_counter() - start
-    if new_ids and new_ids[-1] == tokenizer.eos_id:
-        new_ids = new_ids[:-1]                                   # EOS ends the answer; it is not text
-    print(tokenizer.decode(new_ids))
-    print(f"[{len(prompt_ids)} prompt tokens, {len(new_ids)} new tokens in {seconds:.2f} s, greedy, "
-          f"model loaded in {model.load_seconds:.2f} s]", file=sys.stderr)
+    with _ctrl_c_cancels() as cancel:
+        deltas = stream(model, args.prompt, params, chat=args.chat, use_cache=not args.no_cache,
+                        timeout=args.timeout, cancel=cancel)
+        if args.json:                                    # stdout holds exactly one JSON object
+            print(json.dumps(_last(deltas).result.to_dict(), ensure_ascii=False))
+            return 0
+        result = _print_stream(deltas)
+    print(footer(result, model), file=sys.stderr)
+    if result.logprobs is not None:
+        _print_logprobs(result.logprobs, model.tokenizer)
     return 0
 
 
-def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
-    """Refuse before any work a request that cannot fit the context window."""
-    if prompt_tokens == 0:
-        raise InputError("the prompt is empty: it must hold at least one token")
-    if prompt_tokens + max_tokens > context_length:
-        raise InputError(f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
-                         f"{prompt_tokens + max_tokens} exceeds the context length ({context_length})")
+def cmd_chat(args) -> int:
+    """Read a line, stream the reply, keep both in the history; the whole history is the next prompt."""
+    from .generate import stream
+    from .model import load_model
+
+    params = sampling_params(args)
+    model = load_model(args.model, device=args.device)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(system)
+    print(f"[{model.config.name}: /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply]",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            history = list(system)
+            print("[conversation cleared]", file=sys.stderr)
+            continue
+        if not line:
+            continue
+        messages = history + [{"role": "user", "content": line}]
+        try:
+            with _ctrl_c_cancels() as cancel:
+                result = _print_stream(stream(model, messages, params, chat=True, cancel=cancel))
+        except InputError as exc:                        # e.g. the history outgrew the context: say so, go on
+            print(f"minitransformer: error: {exc} (/reset starts over)", file=sys.stderr)
+            continue
+        history = messages + [{"role": "assistant", "content": result.text}]
+        print(footer(result, model), file=sys.stderr)
+
+
+def _print_stream(deltas):
+    """Write each delta's text as it arrives; return the final Result."""
+    last = None
+    for last in deltas:
+        sys.stdout.write(last.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return last.result
+
+
+def _last(iterable):
+    item = None
+    for item in iterable:
+        pass
+    return item
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels():
+    """While a reply streams, Ctrl-C sets an Event the loop checks between tokens: the reply ends with
+    finish_reason "abort" and its partial text, instead of the process dying mid-step."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def footer(result, model) -> str:
+    """One line for stderr: the numbers a learner should look at after every reply."""
+    m, u = result.metrics, result.usage
+    itl = m.itl_summary()["p50"]
+    parts = [f"{u.prompt_tokens} prompt + {u.completion_tokens} new tokens",
+             f"TTFT {_ms(m.ttft_s)}", f"ITL p50 {_ms(itl)}",
+             f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "tok/s n/a",
+             f"KV cache {result.kv_cache_tokens} tokens = {result.kv_cache_bytes / 2**20:.2f} MiB",
+             f"finish {result.finish_reason}" + (f" ({result.stop_reason})" if result.stop_reason is not None else "")]
+    return "[" + " | ".join(parts) + "]"
+
+
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def _print_logprobs(logprobs, tokenizer) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="log-probabilities of the raw logits", title_justify="left")
+    for column in ("#", "token", "logprob", "top alternatives"):
+        table.add_column(column)
+    for index, entry in enumerate(logprobs):
+        top = ", ".join(f"{tokenizer.id_to_piece(i)!r} {lp:.2f}" for i, lp in entry["top"])
+        table.add_row(str(index), repr(tokenizer.id_to_piece(entry["token_id"])), f"{entry['logprob']:.3f}", top)
+    Console(stderr=True).print(table)
 
 
 def cmd_tokenize(args) -> int:

@@ -17,17 +17,70 @@ def run_cli(*args, env=None):
                           env=env, timeout=300)
 
 
-def test_generate_prints_the_text_on_stdout_and_stats_on_stderr(tiny_model_path):
-    from minitransformer import load_model
-    from minitransformer.no_cache import greedy_tokens_no_cache
+def test_generate_streams_the_text_on_stdout_and_a_metrics_footer_on_stderr(tiny_model_path):
+    from minitransformer import SamplingParams, generate, load_model
 
-    model = load_model(tiny_model_path)
-    expected = list(greedy_tokens_no_cache(model, model.tokenizer.encode("the cat"), 5))
-    expected = [t for t in expected if t != model.tokenizer.eos_id]
+    expected = generate(load_model(tiny_model_path), "the cat", SamplingParams(max_tokens=5, temperature=0.0))
     result = run_cli("generate", "the cat", "--max-tokens", "5", "--model", str(tiny_model_path))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == model.tokenizer.decode(expected) + "\n"
-    assert f"{len(expected)} new tokens" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == expected.text + "\n"
+    footer = result.stderr.strip().splitlines()[-1]
+    for part in (f"{len(expected.prompt_token_ids)} prompt + {len(expected.token_ids)} new tokens", "TTFT",
+                 "ITL p50", "tok/s", f"KV cache {expected.kv_cache_tokens} tokens", "finish"):
+        assert part in footer, footer
+    assert "Traceback" not in result.stderr
+    no_cache = run_cli("generate", "the cat", "--max-tokens", "5", "--no-cache", "--model", str(tiny_model_path))
+    assert no_cache.stdout == result.stdout and "KV cache 0 tokens" in no_cache.stderr
+
+
+def test_generate_json_is_exactly_one_object_with_usage_and_every_metric(tiny_model_path):
+    result = run_cli("generate", "the cat", "--max-tokens", "6", "--ignore-eos", "--temperature", "0.9",
+                     "--seed", "3", "--logprobs", "2", "--json", "--model", str(tiny_model_path))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)                                # the whole stdout is one JSON object
+    assert set(out) == {"text", "token_ids", "finish_reason", "stop_reason", "usage", "metrics", "kv_cache",
+                        "logprobs"}
+    assert out["finish_reason"] == "length" and len(out["token_ids"]) == 6
+    assert out["usage"]["completion_tokens"] == 6
+    assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 6
+    assert set(out["metrics"]) == {"queue_s", "prefill_s", "ttft_s", "itl_s", "tpot_s", "decode_tokens_per_s",
+                                   "e2e_s"}
+    assert set(out["metrics"]["itl_s"]) == {"mean", "p50", "p90", "p99"}
+    assert all(v is not None for v in out["metrics"].values())
+    assert out["kv_cache"]["tokens"] == out["usage"]["prompt_tokens"] + 5
+    assert [e["token_id"] for e in out["logprobs"]] == out["token_ids"]
+    assert all(len(e["top"]) == 2 for e in out["logprobs"])
+    again = run_cli("generate", "the cat", "--max-tokens", "6", "--ignore-eos", "--temperature", "0.9",
+                    "--seed", "3", "--json", "--model", str(tiny_model_path))
+    assert json.loads(again.stdout)["token_ids"] == out["token_ids"]          # seeded: the same tokens
+
+
+def test_chat_keeps_history_resets_and_survives_an_overlong_turn(tiny_model_path):
+    turns = ["the cat", "the dog", "/reset", "x" * 200, "hi"]                # the tiny model's context is 128
+    result = subprocess.run([sys.executable, "-m", "minitransformer", "chat", "--max-tokens", "4", "--system", "x",
+                             "--model", str(tiny_model_path)], input="\n".join(turns) + "\n", capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    footers = [line for line in result.stderr.splitlines() if "prompt +" in line]
+    prompts = [int(line.split()[0].strip("[")) for line in footers]
+    assert len(prompts) == 3 and prompts[1] > prompts[0] + 4           # turn 2 carries turn 1 and its reply
+    assert prompts[2] < prompts[1] and "[conversation cleared]" in result.stderr
+    assert "exceeds the context length of 128 tokens (/reset starts over)" in result.stderr
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_what_was_streamed(real_model_path):
+    import signal
+
+    process = subprocess.Popen([sys.executable, "-m", "minitransformer", "generate", "Count to a thousand:",
+                                "--max-tokens", "2000", "--ignore-eos", "--model", str(real_model_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = process.stdout.read(1)                                    # text has started to stream
+    process.send_signal(signal.SIGINT)
+    rest, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert first and "finish abort (cancelled)" in err and "Traceback" not in err
+    streamed = int(err.strip().splitlines()[-1].split(" new tokens")[0].split()[-1])
+    assert 0 < streamed < 2000
 
 
 def test_tokenize_json(tiny_model_path, capsys):
@@ -66,7 +119,32 @@ def test_prompt_longer_than_context_is_refused_before_any_work(tiny_model_path, 
     # the tiny model's context is 128 tokens
     assert main(["generate", "the cat", "--max-tokens", "200", "--model", str(tiny_model_path)]) == 2
     err = capsys.readouterr().err
-    assert "exceeds the context length (128)" in err and "max_tokens (200)" in err
+    assert "exceeds the context length of 128 tokens" in err and "max_tokens (200)" in err
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--max-tokens", "0"], "max_tokens must be at least 1, got 0"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "-2"], "top_k must be -1, 0 or >= 1"),
+    (["--min-p", "1.5"], "min_p must be in [0, 1]"),
+    (["--repetition-penalty", "0"], "repetition_penalty"),
+    (["--presence-penalty", "3"], "presence_penalty"),
+    (["--frequency-penalty", "-2.5"], "frequency_penalty"),
+    (["--min-tokens", "9", "--max-tokens", "3"], "min_tokens (9) must not exceed max_tokens (3)"),
+    (["--stop", ""], "stop strings must not be empty"),
+    (["--timeout", "0"], "--timeout must be > 0"),
+    (["--logprobs", "-1"], "logprobs"),
+])
+def test_bad_sampling_options_are_one_line_exit_2_before_loading(options, message, capsys, monkeypatch):
+    import minitransformer.model
+
+    monkeypatch.setattr(minitransformer.model, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
+    assert main(["generate", "hi", *options]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert captured.out == ""
 
 
 def test_empty_prompt_is_refused(tiny_model_path, capsys):
@@ -74,8 +152,8 @@ def test_empty_prompt_is_refused(tiny_model_path, capsys):
     assert "prompt is empty" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["generate", "hi", "--max-tokens", "0"], ["generate", "hi", "--max-tokens", "x"],
-                                  ["frobnicate"], ["generate", "hi", "--device", "tpu"]])
+@pytest.mark.parametrize("argv", [["generate", "hi", "--max-tokens", "x"], ["frobnicate"],
+                                  ["generate", "hi", "--device", "tpu"]])
 def test_usage_errors_are_one_line_exit_2(argv):
     result = run_cli(*argv)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
