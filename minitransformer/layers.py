@@ -94,6 +94,11 @@ def silu(x):
     return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
 
 
-def swiglu(x, w_gate, w_up, w_down):
-    """The llama feed-forward: down(silu(x @ gate) * (x @ up)).   x (N, D), w_gate/w_up (D, F), w_down (F, D)."""
-    return (silu(x @ w_gate) * (x @ w_up)) @ w_down
+def swiglu(x, w_gate_up, w_down):
+    """The llama feed-forward: down(silu(x @ gate) * (x @ up)), gate and up side by side in one matmul.
+
+    x (N, D), w_gate_up (D, 2F) = [gate | up], w_down (F, D) -> (N, D).
+    """
+    F = w_down.shape[0]
+    gate_up = x @ w_gate_up                                                 # (N, 2F)
+    return (silu(gate_up[:, :F]) * gate_up[:, F:]) @ w_down

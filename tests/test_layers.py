@@ -92,4 +92,4 @@ def test_swiglu_matches_formula():
     x64 = x.astype(np.float64)
     g = x64 @ wg
     expected = (g / (1 + np.exp(-g)) * (x64 @ wu)) @ wd
-    np.testing.assert_allclose(swiglu(x, wg, wu, wd), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(swiglu(x, np.concatenate([wg, wu], axis=1), wd), expected, rtol=1e-4, atol=1e-4)

@@ -24,9 +24,13 @@ def test_weights_stored_once_as_float32_in_matmul_layout(tiny_model):
     layer = tiny_model.layers[0]
     assert layer.wq.shape == (cfg.d_model, cfg.q_dim) and layer.wk.shape == (cfg.d_model, cfg.kv_dim)
     assert layer.w_down.shape == (cfg.ffn_dim, cfg.d_model)
-    for array in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down, layer.attn_norm):
+    for array in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down, layer.attn_norm, layer.ffn_norm):
         # writeable: a copy in memory, not a read-only view of the memory-mapped file
         assert array.dtype == np.float32 and array.flags.c_contiguous and array.flags.writeable
+    assert layer.w_qkv.shape == (cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim)
+    for view in (layer.wq, layer.wk, layer.wv):                            # the separate matrices, as views
+        assert np.shares_memory(view, layer.w_qkv)
+    assert np.shares_memory(layer.w_gate, layer.w_gate_up) and layer.w_up.shape == (cfg.d_model, cfg.ffn_dim)
     assert np.shares_memory(tiny_model.lm_head, tiny_model.embedding)      # tied: a view, not a second copy
     n_params = sum(int(np.prod(t.shape)) for t in open_gguf(tiny_model.path).tensors)
     assert tiny_model.weight_bytes == 4 * n_params
