@@ -1,0 +1,375 @@
+"""Run the unchanged CUDA kernel sources on the CPU: g++ plus a small header, launched like CuPy's RawKernel.
+
+Why: the attention kernels must be proven correct on machines without a GPU (our CI, a learner's laptop). The same
+`.cu` text that CuPy compiles for the GPU is compiled here by g++ with `cuda_cpu/cuda_cpu.h`, which supplies the
+built-ins (threadIdx, __syncthreads, warp shuffles, shared memory, atomics, half types). Blocks run one after another;
+the threads of a block run as fibers (or OS threads) that switch only at barriers and warp collectives, so:
+- shared memory is poisoned (all bytes 0xFF: NaN) before every block: a missing __syncthreads reads NaN, not luck;
+- a divergent __syncthreads, threads exiting while others wait, or a shuffle some lane never reaches raise
+  KernelError with the .cu file and line.
+
+    module = CpuModule(source, name_expressions=["flash_prefill<float, 64>"])
+    kernel = module.get_function("flash_prefill<float, 64>")
+    kernel((blocks_x, heads), (128,), (q, k, v, out, np.int32(n)), shared_mem=bytes)   # same call as cupy.RawKernel
+
+Lesson 11 and notebook 06 run the real kernels this way; tests/test_cpu_runner.py shows what it catches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import MiniTransformerError
+from ..weights import cache_dir
+
+HEADER_DIR = Path(__file__).parent / "cuda_cpu"
+CXX = os.environ.get("CXX", "g++")
+# -fvisibility=hidden and -fno-gnu-unique: each library keeps its own runtime globals and template statics, even
+# when two libraries instantiate the same kernel. -U_FORTIFY_SOURCE: fortified longjmp refuses to switch stacks.
+# -fstack-clash-protection: a big local array touches the guard page below a fiber's stack instead of jumping it.
+CXX_FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-gnu-unique", "-pthread",
+             "-U_FORTIFY_SOURCE", "-fstack-clash-protection", "-w"]
+MODES = ("fibers", "threads")
+DEFAULT_SHARED_LIMIT = 48 * 1024          # bytes per block, static + dynamic, without opting in (as on every GPU)
+MAX_SHARED_OPT_IN = 227 * 1024            # sm_90's largest opt-in shared memory per block
+MAX_THREADS_PER_BLOCK = 1024
+DEFAULT_STACK = 256 * 1024                # bytes per emulated thread: its registers (locals) live there
+_LAUNCH_LOCK = threading.Lock()           # one launch at a time: a library's scheduler and shared memory are global
+
+
+class KernelError(MiniTransformerError):
+    """A kernel failed to compile, was launched wrongly, or broke CUDA's rules while running (names file:line)."""
+
+
+# ---- compiling -----------------------------------------------------------------------------------------------------
+
+_ALIGN = r"(?:__align__|alignas)\s*\(\s*\d+\s*\)"
+_EXTERN_SHARED = re.compile(rf"extern\s+__shared__\s+((?:{_ALIGN}\s*|[\w:<>]+\s+)*?[\w:<>]+)\s+(\w+)\s*\[\s*\]\s*;")
+_EXTERN_C_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(')
+
+
+def _rewrite_extern_shared(code: str, source_name: str) -> str:
+    """`extern __shared__ float smem[];` -> a pointer to the dynamic shared buffer, on the same line (so `#line`
+    numbers still match). Every such array starts at the same address, as in CUDA."""
+    def pointer(m: re.Match) -> str:
+        ctype = re.sub(_ALIGN, "", m.group(1)).strip()     # the buffer is 128-byte aligned already
+        return f"{ctype}* const {m.group(2)} = reinterpret_cast<{ctype}*>(::cudacpu::dynamic_shared_base());"
+    code = _EXTERN_SHARED.sub(pointer, code)
+    for number, line in enumerate(code.splitlines(), 1):
+        if re.search(r"extern\s+__shared__", line.split("//")[0]):
+            raise KernelError(f"{source_name}:{number}: write dynamic shared memory as `extern __shared__ T name[];` "
+                              "on one line (the form the CPU runner rewrites)")
+    return code
+
+
+def _translation_unit(code: str, names: Sequence[str], source_name: str) -> str:
+    """The file g++ compiles: header, kernel source under #line, then the launcher table and the C entry points."""
+    entries = "".join(f"    ::cudacpu::entry(&{name}),\n" for name in names) or "    {},\n"   # no empty arrays
+    quoted = source_name.replace("\\", "/").replace('"', "'")
+    return (f'#include "cuda_cpu.h"\n#line 1 "{quoted}"\n{_rewrite_extern_shared(code, source_name)}\n'
+            f'#include "cuda_cpu_launch.h"\n#line 1 "<cpu_runner launchers>"\n'
+            f"static const ::cudacpu::Entry cudacpu_entries[] = {{\n{entries}}};\n"
+            '#define EXPORT extern "C" __attribute__((visibility("default")))\n'
+            f"EXPORT int cudacpu_count() {{ return {len(names)}; }}\n"
+            "EXPORT void* cudacpu_kernel_address(int i) { return cudacpu_entries[i].kernel; }\n"
+            "EXPORT int cudacpu_describe(int i, ::cudacpu::ParamInfo* out, int max) {\n"
+            "    return cudacpu_entries[i].describe(out, max); }\n"
+            "EXPORT int cudacpu_launch(int i, const ::cudacpu::LaunchConfig* c, void** args) {\n"
+            "    return ::cudacpu::launch(*c, cudacpu_entries[i].thunk, cudacpu_entries[i].kernel, args); }\n")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_id() -> str:
+    try:
+        return subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise KernelError(f"the CPU runner needs a C++17 compiler ({CXX}) and could not run it: {exc}") from None
+
+
+def _compile(source: str, options: Sequence[str], stem: str) -> Path:
+    """Compile to a cached shared library keyed by everything that affects the result; return its path."""
+    headers = "".join(p.read_text() for p in sorted(HEADER_DIR.glob("*.h")))
+    key = hashlib.sha256("\0".join([source, headers, " ".join(options), " ".join(CXX_FLAGS), _compiler_id()])
+                         .encode()).hexdigest()[:20]
+    directory = cache_dir() / "kernels"
+    library = directory / f"{stem}-{key}.so"
+    if library.is_file():
+        return library
+    directory.mkdir(parents=True, exist_ok=True)
+    cpp = directory / f"{stem}-{key}.cpp"               # kept next to the library: a reader can open what ran
+    cpp.write_text(source)
+    partial = directory / f"{stem}-{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+    result = subprocess.run([CXX, *CXX_FLAGS, f"-I{HEADER_DIR}", *options, str(cpp), "-o", str(partial)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        errors = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
+        raise KernelError(f"g++ could not compile the kernel: {' | '.join(errors[:5])}")
+    os.replace(partial, library)                        # atomic: a concurrent test run sees all or nothing
+    return library
+
+
+def _symbols(library: Path) -> tuple[dict[int, list[str]], list[tuple[str, int, int]]]:
+    """From the library's symbol table: {address: function names}, and the function-local statics in .bss as
+    (name, address, bytes) -- our __shared__ arrays, since CUDA never initialises those (addresses are link-time)."""
+    out = subprocess.run(["nm", "-f", "sysv", "-S", "--defined-only", str(library)], capture_output=True, text=True)
+    functions: dict[int, list[str]] = {}
+    statics: list[tuple[str, int, int]] = []
+    for line in out.stdout.splitlines():
+        cols = [c.strip() for c in line.split("|")]     # name | value | class | type | size | line | section
+        if len(cols) < 7:
+            continue
+        if cols[3] == "FUNC":
+            functions.setdefault(int(cols[1], 16), []).append(cols[0])
+        elif cols[0].startswith("_ZZ") and cols[6] == ".bss" and cols[4] and not cols[0].startswith(_NOT_SHARED):
+            statics.append((cols[0], int(cols[1], 16), int(cols[4], 16)))
+    return functions, statics
+
+
+_NOT_SHARED = ("_ZZN7cudacpu", "_ZZNSt", "_ZZNKSt", "_ZZN9__gnu_cxx")   # the runtime's and the C++ library's statics
+
+
+def _local_prefix(symbol: str) -> str:
+    """The prefix of the mangled names of `symbol`'s local statics: `_Z3fooPf` -> `_ZZ3fooPfE` (then `4tile`), and
+    for an extern "C" `foo`, `_ZZ3fooE`."""
+    return "_ZZ" + symbol[2:] + "E" if symbol.startswith("_Z") else f"_ZZ{len(symbol)}{symbol}E"
+
+
+# ---- the ctypes mirrors of cuda_cpu_scheduler.h / cuda_cpu_launch.h ------------------------------------------------
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("dynamic_shared", ctypes.c_uint64),
+                ("stack_size", ctypes.c_uint64), ("mode", ctypes.c_int32), ("n_poison", ctypes.c_int32),
+                ("poison", ctypes.POINTER(ctypes.c_uint64)), ("error", ctypes.c_char_p), ("error_len", ctypes.c_int32)]
+
+
+class _ParamInfo(ctypes.Structure):
+    _fields_ = [("is_pointer", ctypes.c_int32), ("is_const", ctypes.c_int32), ("kind", ctypes.c_int32),
+                ("size", ctypes.c_int32)]
+
+
+KIND_NAMES = {0: "struct", 1: "int", 2: "unsigned", 3: "float", 4: "__half", 5: "__nv_bfloat16", 6: "bytes", 7: "bool"}
+
+
+def _dtype_kind(dtype: np.dtype) -> int:
+    if dtype == np.float16:
+        return 4
+    if dtype.name == "bfloat16":
+        return 5
+    if dtype == np.bool_:
+        return 7
+    return {"i": 1, "u": 2, "f": 3}.get(dtype.kind, 0)
+
+
+def _compatible(param: _ParamInfo, dtype: np.dtype) -> bool:
+    """May a value / array of `dtype` be passed for this parameter (or its pointee)?"""
+    if param.is_pointer and param.kind == 6:
+        return True                                      # void* / char*: any bytes
+    kind = _dtype_kind(dtype)
+    if param.kind in (4, 5) and dtype == np.uint16:
+        return True                                      # raw 16-bit patterns of a half / bfloat16
+    if param.kind == 0 and dtype.kind == "V":
+        return dtype.itemsize == param.size              # a struct by value: a NumPy structured scalar of its size
+    if dtype.itemsize != param.size:
+        return False
+    return kind == param.kind or {kind, param.kind} == {1, 2}   # int <-> unsigned of one size: same bits
+
+
+def _describe_param(param: _ParamInfo) -> str:
+    base = KIND_NAMES[param.kind] + ("" if param.kind in (4, 5, 6, 7) else f"{8 * param.size}")
+    return ("const " if param.is_const else "") + base + ("*" if param.is_pointer else "")
+
+
+def _dims(value, what: str) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in dims):
+        raise KernelError(f"{what} must be a positive int or a tuple of 1 to 3 positive ints, got {value!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+# ---- the public classes ------------------------------------------------------------------------------------------
+
+class CpuModule:
+    """The CPU twin of cupy.RawModule: compile `code` once (cached on disk), hand out kernels by name."""
+
+    def __init__(self, code: str, *, name_expressions: Sequence[str] = (), options: Sequence[str] = (),
+                 mode: str = "fibers", source_name: str = "<kernel>.cu"):
+        if mode not in MODES:
+            raise KernelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        for option in options:
+            if not option.startswith(("-D", "-I")):
+                raise KernelError(f"option {option!r} is not passed to g++: the CPU runner takes only -D and -I")
+        self.code, self.options, self.mode, self.source_name = code, tuple(options), mode, source_name
+        uncommented = re.sub(r"//[^\n]*|/\*.*?\*/", "", code, flags=re.S)   # a kernel in a comment is no kernel
+        names = list(dict.fromkeys([*name_expressions, *_EXTERN_C_KERNEL.findall(uncommented)]))
+        self._build(names)
+
+    def _build(self, names: list[str]) -> None:
+        stem = re.sub(r"\W", "_", Path(self.source_name).stem) or "kernel"
+        source = _translation_unit(self.code, names, self.source_name)
+        self.library_path = _compile(source, self.options, stem)
+        lib = ctypes.CDLL(str(self.library_path))
+        lib.cudacpu_kernel_address.restype = ctypes.c_void_p
+        lib.cudacpu_kernel_address.argtypes = [ctypes.c_int]
+        lib.cudacpu_describe.argtypes = [ctypes.c_int, ctypes.POINTER(_ParamInfo), ctypes.c_int]
+        lib.cudacpu_launch.argtypes = [ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.POINTER(ctypes.c_void_p)]
+        self._lib, self._names = lib, names
+        self._functions, statics = _symbols(self.library_path)
+        # Load address: an exported function's address minus its link-time address in the symbol table.
+        link_address = next(a for a, syms in self._functions.items() if "cudacpu_launch" in syms)
+        self._base = ctypes.cast(lib.cudacpu_launch, ctypes.c_void_p).value - link_address
+        self._statics = [(name, self._base + address, size) for name, address, size in statics]
+
+    def get_function(self, name: str) -> "CpuKernel":
+        """A kernel by its extern "C" name or a name expression ("flash_prefill<float, 64>"), as CuPy's."""
+        if name not in self._names:                      # a name not given up front: rebuild with it (cached)
+            try:
+                self._build([*self._names, name])
+            except KernelError as exc:
+                if "<cpu_runner launchers>" not in str(exc):
+                    raise
+                raise KernelError(f"{self.source_name} has no kernel {name!r} (an extern \"C\" __global__ name or "
+                                  f"a name expression such as \"kernel<float, 64>\"); {exc}") from None
+        return CpuKernel(self, self._names.index(name), name)
+
+    def _static_shared_bytes(self, index: int) -> int:
+        """Bytes of static __shared__ arrays declared in kernel `index` itself (found through its symbol)."""
+        offset = self._lib.cudacpu_kernel_address(index) - self._base
+        prefixes = tuple(_local_prefix(symbol) for symbol in self._functions.get(offset, []))
+        return sum(size for name, _, size in self._statics if prefixes and name.startswith(prefixes))
+
+
+class CpuKernel:
+    """The CPU twin of cupy.RawKernel: `kernel(grid, block, args, shared_mem=0)` runs the whole grid, in place."""
+
+    def __init__(self, module: CpuModule, index: int, name: str):
+        self.module, self.index, self.name = module, index, name
+        params = (_ParamInfo * 64)()
+        count = module._lib.cudacpu_describe(index, params, 64)
+        self.params = list(params[:count])
+        self.shared_size_bytes = module._static_shared_bytes(index)       # static, as CuPy's attribute
+        self.max_dynamic_shared_size_bytes = DEFAULT_SHARED_LIMIT - self.shared_size_bytes   # settable, as CuPy's
+        self.mode = module.mode
+        self.stack_size = DEFAULT_STACK
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        grid3, block3 = _dims(grid, "grid"), _dims(block, "block")
+        self._check_launch(grid3, block3, int(shared_mem))
+        holders, pointers = self._marshal(tuple(args))
+        statics = self.module._statics                   # poison all of them: cheaper than asking which are whose
+        poison = (ctypes.c_uint64 * max(1, 2 * len(statics)))(*[v for _, a, n in statics for v in (a, n)])
+        error = ctypes.create_string_buffer(1024)
+        config = _LaunchConfig((ctypes.c_uint32 * 3)(*grid3), (ctypes.c_uint32 * 3)(*block3), int(shared_mem),
+                               self.stack_size, MODES.index(self.mode), len(statics), poison,
+                               ctypes.cast(error, ctypes.c_char_p), len(error))
+        with _LAUNCH_LOCK:
+            status = self.module._lib.cudacpu_launch(self.index, ctypes.byref(config), pointers)
+        del holders                                      # kept alive until the launch returned
+        if status != 0:
+            raise KernelError(f"{self.name}: {error.value.decode(errors='replace')}")
+
+    def _check_launch(self, grid3, block3, shared_mem: int) -> None:
+        if self.mode not in MODES:
+            raise KernelError(f"{self.name}: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 16 * 1024 <= self.stack_size <= 64 * 1024 * 1024:
+            raise KernelError(f"{self.name}: stack_size={self.stack_size} bytes; use 16 KiB to 64 MiB")
+        threads = block3[0] * block3[1] * block3[2]
+        if threads > MAX_THREADS_PER_BLOCK or block3[2] > 64:
+            raise KernelError(f"{self.name}: block {block3} has {threads} threads; the limit is "
+                              f"{MAX_THREADS_PER_BLOCK} per block (and 64 in z)")
+        if grid3[0] >= 2**31 or grid3[1] > 65535 or grid3[2] > 65535:
+            raise KernelError(f"{self.name}: grid {grid3} is over CUDA's limits (2^31-1, 65535, 65535)")
+        if shared_mem < 0:
+            raise KernelError(f"{self.name}: shared_mem={shared_mem} is negative")
+        if self.shared_size_bytes > DEFAULT_SHARED_LIMIT:
+            raise KernelError(f"{self.name}: {self.shared_size_bytes} bytes of static shared memory; the limit is "
+                              f"{DEFAULT_SHARED_LIMIT} (more must be dynamic, extern __shared__, with opt-in)")
+        total = self.shared_size_bytes + shared_mem
+        limit = max(DEFAULT_SHARED_LIMIT, min(MAX_SHARED_OPT_IN, self.shared_size_bytes
+                                              + self.max_dynamic_shared_size_bytes))
+        if shared_mem > self.max_dynamic_shared_size_bytes or total > limit:
+            raise KernelError(f"{self.name}: {self.shared_size_bytes} bytes of static and {shared_mem} of dynamic "
+                              f"shared memory exceed the limit ({self.max_dynamic_shared_size_bytes} dynamic, "
+                              f"{limit} in all; set max_dynamic_shared_size_bytes to opt in, up to "
+                              f"{MAX_SHARED_OPT_IN})")
+
+    def _marshal(self, args: tuple):
+        """Check every argument against the kernel's parameter types; build CUDA's kernelParams array."""
+        if len(args) != len(self.params):
+            raise KernelError(f"{self.name} takes {len(self.params)} arguments, got {len(args)}")
+        holders, pointers = [], (ctypes.c_void_p * max(1, len(args)))()
+        for i, (arg, param) in enumerate(zip(args, self.params)):
+            where = f"{self.name} argument {i} ({_describe_param(param)})"
+            if isinstance(arg, (bool, int, float)) and not isinstance(arg, np.generic):  # np.float64 is a float
+                raise KernelError(f"{where} is a Python {type(arg).__name__}: pass a NumPy scalar such as "
+                                  f"np.int32({arg!r}) (CuPy would pass a Python int as 64 bits, a float as double)")
+            if isinstance(arg, np.ndarray):
+                if not param.is_pointer:
+                    raise KernelError(f"{where} is a value, got an array")
+                if not arg.flags.c_contiguous:
+                    raise KernelError(f"{where}: the array is not C-contiguous (strides {arg.strides}); "
+                                      "pass np.ascontiguousarray(...)")
+                if not _compatible(param, arg.dtype):
+                    raise KernelError(f"{where}: got an array of {arg.dtype}")
+                if not arg.flags.writeable and not param.is_const:
+                    raise KernelError(f"{where}: the array is read-only but the kernel may write through it")
+                holder = ctypes.c_void_p(arg.ctypes.data)
+            elif isinstance(arg, np.generic) and not isinstance(arg, np.ndarray):
+                if param.is_pointer:
+                    raise KernelError(f"{where} is a pointer, got a scalar {arg.dtype}")
+                if not _compatible(param, arg.dtype):
+                    raise KernelError(f"{where}: got a {arg.dtype} scalar")
+                holder = ctypes.c_uint64(0)             # 8-byte aligned storage for the value's bytes
+                ctypes.memmove(ctypes.addressof(holder), arg.tobytes(), arg.dtype.itemsize)
+            else:
+                raise KernelError(f"{where}: cannot pass a {type(arg).__name__}; pass NumPy arrays and scalars")
+            holders.append(holder)
+            pointers[i] = ctypes.addressof(holder)
+        return holders, pointers
+
+
+# ---- what the emulation costs ----------------------------------------------------------------------------------------
+
+_OVERHEAD_SOURCE = r"""
+extern "C" __global__ void barriers(int n) { for (int i = 0; i < n; ++i) __syncthreads(); }
+extern "C" __global__ void shuffles(float* out, int n) {
+    float v = float(threadIdx.x);
+    for (int i = 0; i < n; ++i) v = __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+extern "C" __global__ void nothing() {}
+"""
+
+
+def measure_overheads(mode: str = "fibers", threads: int = 128, repeats: int = 200) -> dict[str, float]:
+    """Milliseconds per __syncthreads, per warp shuffle (all lanes of every warp) and per block launch, for a block
+    of `threads`: what a kernel's running time on the CPU is made of besides its own arithmetic."""
+    import time
+    module = CpuModule(_OVERHEAD_SOURCE, mode=mode, source_name="overheads.cu")
+
+    def timed(name: str, grid: int, args: tuple) -> float:
+        start = time.perf_counter()
+        module.get_function(name)((grid,), (threads,), args)
+        return (time.perf_counter() - start) * 1e3
+
+    out = np.zeros(threads, np.float32)
+    block = timed("nothing", repeats, ()) / repeats
+    return {"block_ms": block,
+            "barrier_ms": (timed("barriers", 1, (np.int32(repeats),)) - block) / repeats,
+            "shuffle_ms": (timed("shuffles", 1, (out, np.int32(repeats))) - block) / repeats}
+
+
+if __name__ == "__main__":
+    for mode in MODES:
+        costs = measure_overheads(mode)
+        print(f"{mode:8s} 128 threads: " + ", ".join(f"{k} {v:.4f}" for k, v in costs.items()))
