@@ -1,0 +1,12 @@
+"""CUDA attention kernels: plain .cu sources, built by CuPy on a GPU or by the CPU runner without one (lesson 11).
+
+    flash_prefill(q, k, v)                                      causal GQA over a chunk of queries (online softmax)
+    paged_decode(q, k_cache, v_cache, block_tables, seq_lens)   one query per sequence, paged cache, split-K
+
+NumPy inputs run the very same source on the CPU (kernels/cpu_runner.py); CuPy inputs run on the GPU.
+`python -m minitransformer.kernels.compile_check` compiles every instantiation for sm_90 with nvcc.
+"""
+
+from .attention import flash_prefill, paged_decode
+
+__all__ = ["flash_prefill", "paged_decode"]

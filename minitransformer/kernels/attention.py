@@ -1,0 +1,228 @@
+"""The attention kernels as Python functions: check the shapes, size the launch, call the kernel (lesson 11).
+
+Both functions take NumPy arrays (the kernel then runs on the CPU runner, compiled by g++ from the same .cu file)
+or CuPy arrays (it runs on the GPU), and return arrays of the same kind. Launch sizes (rows per block, threads)
+are read from the `constexpr int`s of the .cu files, so the Python side cannot drift from the source.
+
+Shape letters as in layers.py: B batch, H query heads, K KV heads, G = H // K, Tq queries, Tk keys, d head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import array_module
+from ..errors import InputError
+from .loader import (CUDA_TYPE_NAMES, MAX_SHARED_BYTES, array_param, backend_of, get_kernel, scalar_param,
+                     source_constant)
+
+PREFILL_FILE = "flash_prefill.cu"
+DECODE_FILE = "paged_decode.cu"
+HEAD_DIMS = (64, 128)                                   # the head_dim template instantiations
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16))   # float and __half storage; the math is float32
+
+PREFILL_EXPRESSIONS = tuple(f"flash_prefill<{CUDA_TYPE_NAMES[t]}, {d}>" for t in DTYPES for d in HEAD_DIMS)
+DECODE_EXPRESSIONS = tuple(f"paged_decode_{stage}<{CUDA_TYPE_NAMES[t]}, {d}>"
+                           for stage in ("partition", "merge") for t in DTYPES for d in HEAD_DIMS)
+FLOAT_BYTES = 4
+
+
+@dataclass
+class AttentionPlan:
+    """Checked launches and the arrays they write: `run()` replays them (benchmarks time it without the checks)."""
+    launches: list
+    out: object
+    lse: object
+    partials: tuple = ()      # paged decode: (part_out, part_max, part_sum), kernel 1's per-partition results
+
+    def run(self):
+        for launch in self.launches:
+            launch()
+        return self.out, self.lse
+
+
+def _check_storage(name: str, array, dtype=None) -> None:
+    if array.dtype not in DTYPES:
+        raise InputError(f"{name} has dtype {array.dtype}; the kernels take float32 or float16")
+    if dtype is not None and array.dtype != dtype:
+        raise InputError(f"{name} has dtype {array.dtype} but q has {dtype}: all inputs share one dtype")
+
+
+def _check_head_dim(d: int) -> None:
+    if d not in HEAD_DIMS:
+        raise InputError(f"head_dim {d} is not compiled; the kernels are instantiated for {HEAD_DIMS}")
+
+
+def _check_heads(H: int, K: int, max_group: int | None = None) -> int:
+    if K < 1 or H % K:
+        raise InputError(f"{H} query heads cannot be grouped over {K} KV heads (H must be a multiple of K)")
+    if max_group is not None and H // K > max_group:
+        raise InputError(f"{H // K} query heads per KV head; the decode kernel handles at most {max_group}")
+    return H // K
+
+
+# --------------------------------------------------------------------------------------------------- prefill ---
+
+def prefill_shared_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of one flash_prefill block: q_tile (BQ, d) + k_tile (BK, d + 1) + v_tile (BK, d)."""
+    block_q = source_constant(PREFILL_FILE, "PREFILL_BLOCK_Q")
+    block_k = source_constant(PREFILL_FILE, "PREFILL_BLOCK_K")
+    return FLOAT_BYTES * (block_q * head_dim + block_k * (head_dim + 1) + block_k * head_dim)
+
+
+def flash_prefill(q, k, v, *, return_lse: bool = False, module=None):
+    """Causal GQA attention of Tq queries, the last Tq of Tk positions, through the tiled kernel.
+
+    q (B, H, Tq, d), k and v (B, K, Tk, d) -> out (B, H, Tq, d) of q's dtype, and lse (B, H, Tq) float32 (the
+    natural log of each row's softmax denominator over the scaled scores) when `return_lse`.
+    `module`: a module built from an edited flash_prefill.cu (loader.build_module) instead of the shipped one.
+    """
+    out, lse = plan_flash_prefill(q, k, v, module=module).run()
+    return (out, lse) if return_lse else out
+
+
+def plan_flash_prefill(q, k, v, *, module=None) -> AttentionPlan:
+    """Check the inputs, allocate the outputs and prepare the launch of flash_prefill (see flash_prefill)."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise InputError(f"flash_prefill takes q (B, H, Tq, d) and k, v (B, K, Tk, d); got {q.ndim}-D, {k.ndim}-D, "
+                         f"{v.ndim}-D arrays")
+    B, H, Tq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != d:
+        raise InputError(f"k {k.shape} and v {v.shape} must both be (B={B}, K, Tk, d={d})")
+    K, Tk = k.shape[1], k.shape[2]
+    _check_heads(H, K)
+    _check_head_dim(d)
+    if not 1 <= Tq <= Tk:
+        raise InputError(f"flash_prefill needs 1 <= Tq <= Tk (queries are the last Tq of Tk positions); "
+                         f"got Tq={Tq}, Tk={Tk}")
+    _check_storage("q", q)
+    _check_storage("k", k, q.dtype)
+    _check_storage("v", v, q.dtype)
+
+    backend = backend_of(q)
+    xp = array_module(q)
+    T = q.dtype
+    params = (array_param("q", T), array_param("k", T), array_param("v", T), array_param("out", T),
+              array_param("lse", np.float32), scalar_param("num_heads", np.int32),
+              scalar_param("num_kv_heads", np.int32), scalar_param("q_len", np.int32),
+              scalar_param("kv_len", np.int32), scalar_param("scale", np.float32))
+    kernel = get_kernel(PREFILL_FILE, f"flash_prefill<{CUDA_TYPE_NAMES[T]}, {d}>", params, backend,
+                        PREFILL_EXPRESSIONS, module)
+
+    out = xp.empty((B, H, Tq, d), dtype=T)                                  # (B, H, Tq, d)
+    lse = xp.empty((B, H, Tq), dtype=np.float32)                            # (B, H, Tq)
+    block_q = source_constant(PREFILL_FILE, "PREFILL_BLOCK_Q")
+    grid = (-(-Tq // block_q), H, B)
+    block = (source_constant(PREFILL_FILE, "PREFILL_THREADS"),)
+    launch = kernel.prepare(grid, block, (q, k, v, out, lse, np.int32(H), np.int32(K), np.int32(Tq), np.int32(Tk),
+                                          np.float32(1.0 / math.sqrt(d))),
+                            shared_mem=prefill_shared_bytes(d))
+    return AttentionPlan([launch], out, lse)
+
+
+# ---------------------------------------------------------------------------------------------------- decode ---
+
+def decode_shared_bytes(group: int, head_dim: int, partition_size: int, block_size: int) -> int:
+    """Dynamic shared memory of one paged_decode_partition block: q (G, d), scores (G, P), sums (G,), block ids."""
+    return FLOAT_BYTES * (group * head_dim + group * partition_size + group) + 4 * (partition_size // block_size)
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size: int = 512,
+                 return_lse: bool = False, module=None):
+    """One query per sequence against a paged KV cache, split over partitions of `partition_size` tokens.
+
+    q (B, H, d); k_cache, v_cache (num_blocks, block_size, K, d); block_tables (B, max_blocks) int32;
+    seq_lens (B,) int32 -> out (B, H, d) of q's dtype, and lse (B, H) float32 when `return_lse`.
+    The grid covers max_blocks * block_size tokens (no device-to-host read of seq_lens); partitions past a
+    sequence's length exit at once. With NumPy inputs seq_lens and the block ids in use are checked on the host;
+    with CuPy inputs that check would cost a synchronisation per step, so it is the caller's contract.
+    `module`: a module built from an edited paged_decode.cu instead of the shipped one.
+    """
+    out, lse = plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, partition_size=partition_size,
+                                 module=module).run()
+    return (out, lse) if return_lse else out
+
+
+def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size: int = 512,
+                      module=None) -> AttentionPlan:
+    """Check the inputs, allocate partials and outputs, prepare both launches of paged_decode (see paged_decode)."""
+    if q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
+        raise InputError(f"paged_decode takes q (B, H, d) and k_cache, v_cache (num_blocks, block_size, K, d) of "
+                         f"equal shapes; got q {q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape}")
+    B, H, d = q.shape
+    num_blocks, block_size, K, d_cache = k_cache.shape
+    if d_cache != d:
+        raise InputError(f"q has head_dim {d} but the cache has {d_cache}")
+    if block_tables.ndim != 2 or block_tables.shape[0] != B or seq_lens.shape != (B,):
+        raise InputError(f"block_tables must be (B={B}, max_blocks) and seq_lens (B={B},); got "
+                         f"{block_tables.shape} and {seq_lens.shape}")
+    max_blocks = block_tables.shape[1]
+    max_group = source_constant(DECODE_FILE, "DECODE_MAX_GROUP")
+    group = _check_heads(H, K, max_group)
+    _check_head_dim(d)
+    if partition_size < block_size or partition_size % block_size:
+        raise InputError(f"partition_size {partition_size} must be a positive multiple of block_size {block_size}")
+    shared = decode_shared_bytes(group, d, partition_size, block_size)
+    if shared > MAX_SHARED_BYTES:
+        raise InputError(f"partition_size {partition_size} needs {shared} bytes of shared memory for {group} heads "
+                         f"per group; the limit is {MAX_SHARED_BYTES}: use a smaller partition")
+    _check_storage("q", q)
+    _check_storage("k_cache", k_cache, q.dtype)
+    _check_storage("v_cache", v_cache, q.dtype)
+
+    backend = backend_of(q)
+    if backend == "cpu":
+        _check_block_tables(block_tables, seq_lens, block_size, num_blocks)
+    xp = array_module(q)
+    T = q.dtype
+    name = CUDA_TYPE_NAMES[T]
+    num_partitions = max(1, -(-(max_blocks * block_size) // partition_size))
+
+    partition_params = (array_param("q", T), array_param("k_cache", T), array_param("v_cache", T),
+                        array_param("block_tables", np.int32), array_param("seq_lens", np.int32),
+                        array_param("part_out", np.float32), array_param("part_max", np.float32),
+                        array_param("part_sum", np.float32), scalar_param("num_heads", np.int32),
+                        scalar_param("num_kv_heads", np.int32), scalar_param("block_size", np.int32),
+                        scalar_param("max_blocks", np.int32), scalar_param("partition_size", np.int32),
+                        scalar_param("scale", np.float32))
+    merge_params = (array_param("part_out", np.float32), array_param("part_max", np.float32),
+                    array_param("part_sum", np.float32), array_param("seq_lens", np.int32),
+                    array_param("out", T), array_param("lse", np.float32), scalar_param("num_heads", np.int32),
+                    scalar_param("partition_size", np.int32), scalar_param("num_partitions", np.int32))
+    partition_kernel = get_kernel(DECODE_FILE, f"paged_decode_partition<{name}, {d}>", partition_params, backend,
+                                  DECODE_EXPRESSIONS, module)
+    merge_kernel = get_kernel(DECODE_FILE, f"paged_decode_merge<{name}, {d}>", merge_params, backend,
+                              DECODE_EXPRESSIONS, module)
+
+    part_out = xp.empty((B, H, num_partitions, d), dtype=np.float32)      # (B, H, P, d)
+    part_max = xp.empty((B, H, num_partitions), dtype=np.float32)         # (B, H, P)
+    part_sum = xp.empty((B, H, num_partitions), dtype=np.float32)         # (B, H, P)
+    out = xp.empty((B, H, d), dtype=T)                                    # (B, H, d)
+    lse = xp.empty((B, H), dtype=np.float32)                              # (B, H)
+
+    partition = partition_kernel.prepare(
+        (num_partitions, K, B), (d,),
+        (q, k_cache, v_cache, block_tables, seq_lens, part_out, part_max, part_sum, np.int32(H), np.int32(K),
+         np.int32(block_size), np.int32(max_blocks), np.int32(partition_size), np.float32(1.0 / math.sqrt(d))),
+        shared_mem=shared)
+    merge = merge_kernel.prepare(
+        (H, B), (d,),
+        (part_out, part_max, part_sum, seq_lens, out, lse, np.int32(H), np.int32(partition_size),
+         np.int32(num_partitions)))
+    return AttentionPlan([partition, merge], out, lse, (part_out, part_max, part_sum))
+
+
+def _check_block_tables(block_tables, seq_lens, block_size: int, num_blocks: int) -> None:
+    """Host-side bounds check (NumPy inputs): lengths fit the table, and every block id in use is a real block."""
+    capacity = block_tables.shape[1] * block_size
+    if seq_lens.size and (seq_lens.min() < 0 or seq_lens.max() > capacity):
+        raise InputError(f"seq_lens must lie in [0, {capacity}] (max_blocks x block_size); "
+                         f"got {int(seq_lens.min())}..{int(seq_lens.max())}")
+    for b, length in enumerate(np.asarray(seq_lens).tolist()):
+        used = block_tables[b, :-(-length // block_size)]
+        if used.size and (used.min() < 0 or used.max() >= num_blocks):
+            raise InputError(f"block_tables[{b}] points outside the cache's {num_blocks} blocks: "
+                             f"{int(used.min())}..{int(used.max())}")
