@@ -1,0 +1,87 @@
+"""Lesson 11 runs as a learner runs it (a subprocess on the real model) and its printed numbers hold together.
+
+The references are independent of the lesson's own code: the tile counts come from the causal rule recomputed
+here from the prompt length, the score-buffer size from the shapes, and every "check" difference must be below the
+kernel tests' float32 tolerance (1e-5).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitransformer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = ROOT / "lessons" / "11_flash_attention_kernel.py"
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 5            # 50 tokens: 4 query tiles, 2 key tiles
+NUMBER = r"([0-9.]+(?:e[+-]\d+)?)"
+
+
+@pytest.fixture(scope="module")
+def lesson_output(real_model_path):
+    env = dict(os.environ, COLUMNS="200", MINITRANSFORMER_MODEL=str(real_model_path))   # one line per check
+    result = subprocess.run([sys.executable, str(LESSON), "--prompt", PROMPT, "--layers", "3", "--sizes", "256,2048"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, len(load_tokenizer(real_model_path).encode(PROMPT))
+
+
+def check(output: str, pattern: str) -> tuple[float, ...]:
+    match = re.search(pattern, output)
+    assert match, f"{pattern!r} not in the lesson's output:\n{output[-4000:]}"
+    return tuple(float(g) for g in match.groups())
+
+
+def test_kernel_matches_array_on_the_real_model(lesson_output):
+    out, _ = lesson_output
+    diff, layers = check(out, rf"check prefill: max \|kernel - array\| = {NUMBER} over (\d+) layers")
+    assert layers == 3 and diff < 1e-5
+    assert 0 < diff          # the kernel really ran: float32 sums in another order never agree to the last bit here
+
+
+def test_tile_by_tile_mirror_ends_at_the_kernels_output_and_lse(lesson_output):
+    out, T = lesson_output
+    out_diff, lse_diff = check(out, rf"check mirror: \|acc/l - kernel out\| = {NUMBER}, \|m \+ log l - kernel lse\| "
+                                    rf"= {NUMBER}")
+    assert out_diff < 1e-5 and lse_diff < 1e-5
+    rows = re.findall(r"│ (\d+)-(\d+) +│ +(-?[0-9.]+) +│ +(-?[0-9.]+) +│ +([0-9.]+) +│ +([0-9.]+) +│ +([0-9.e+-]+) +│", out)
+    assert [int(r[0]) for r in rows][:2] == [32, 0], rows          # last key tile first, as the kernel visits them
+    running_max = [float(r[3]) for r in rows[:2]]
+    assert running_max[1] == max(running_max[0], float(rows[1][2]))  # m is the max of the tile maxima seen so far
+    assert float(rows[0][4]) == 0.0                                    # alpha = e^(-inf) before the first tile
+    assert float(rows[1][6]) < 1e-5                                   # after the last tile: the kernel's answer
+
+
+def test_tile_counts_follow_the_causal_rule(lesson_output):
+    out, T = lesson_output
+    visited, total, skipped = check(out, r"check tiles: visited (\d+) of (\d+), skipped (\d+)")
+    # Query tile i (16 rows) needs keys 0 .. its last row, i.e. ceil((last + 1) / 32) key tiles of 32.
+    expected = sum(-(-min(T, 16 * (i + 1)) // 32) for i in range(-(-T // 16)))
+    assert (visited, total, skipped) == (expected, -(-T // 16) * -(-T // 32), total - expected)
+    assert f"flash_prefill on {T} tokens" in out
+
+
+def test_paged_decode_and_merge(lesson_output):
+    out, T = lesson_output
+    merge_out, merge_lse = check(out, rf"check merge: \|mirror - kernel out\| = {NUMBER}, \|M \+ log sum w - kernel "
+                                      rf"lse\| = {NUMBER}")
+    decode, = check(out, rf"check decode: max \|paged kernel - array\| = {NUMBER}")
+    assert max(merge_out, merge_lse, decode) < 1e-5
+    assert f"seq_lens = [{T}, {T // 2 + 3}]" in out
+
+
+def test_memory_table_and_answer_use_this_runs_numbers(lesson_output):
+    out, T = lesson_output
+    flat = " ".join(out.split())                                       # the answer is a wrapped paragraph
+    score_gib = 4 * 9 * 2048 ** 2 / 2**30                               # float32 scores of 9 heads at T = 2048
+    assert f"writes a {score_gib:,.2f} GiB score buffer" in flat
+    diff, _ = check(out, rf"check prefill: max \|kernel - array\| = {NUMBER} over (\d+) layers")
+    answered, = check(flat, rf"matched layers.attention to {NUMBER} on 3 layers")
+    assert answered == pytest.approx(diff, rel=0.02)
+    assert "No GPU through CuPy here" in out or "check gpu:" in out
