@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .generate import stream
+    from .generate import generate, stream
     from .model import load_model
 
     params = sampling_params(args)
@@ -115,12 +115,11 @@ def cmd_generate(args) -> int:
         raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
     model = load_model(args.model, device=args.device)
     with _ctrl_c_cancels() as cancel:
-        deltas = stream(model, args.prompt, params, chat=args.chat, use_cache=not args.no_cache,
-                        timeout=args.timeout, cancel=cancel)
+        options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel)
         if args.json:                                    # stdout holds exactly one JSON object
-            print(json.dumps(_last(deltas).result.to_dict(), ensure_ascii=False))
+            print(json.dumps(generate(model, args.prompt, params, **options).to_dict(), ensure_ascii=False))
             return 0
-        result = _print_stream(deltas)
+        result = _print_stream(stream(model, args.prompt, params, **options))
     print(footer(result, model), file=sys.stderr)
     if result.logprobs is not None:
         _print_logprobs(result.logprobs, model.tokenizer)
@@ -171,13 +170,6 @@ def _print_stream(deltas):
         sys.stdout.flush()
     sys.stdout.write("\n")
     return last.result
-
-
-def _last(iterable):
-    item = None
-    for item in iterable:
-        pass
-    return item
 
 
 @contextlib.contextmanager

@@ -21,11 +21,11 @@ Lengths are counted in token ids (len(output_ids)), never by re-encoding the tex
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .detokenizer import IncrementalDetokenizer
+from .metrics import now
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ def tokens_to_suppress(params, num_output: int, eos_id: int | None) -> tuple[int
 
 
 def check_abort(deadline: float | None, cancelled) -> StopDecision | None:
-    """Before each step: past the deadline (a time.monotonic() value) -> timeout; cancel.is_set() -> cancelled."""
-    if deadline is not None and time.monotonic() >= deadline:
+    """Before each step: past the deadline (on metrics.now()'s clock, the one every request timestamp uses)
+    -> timeout; cancel.is_set() -> cancelled."""
+    if deadline is not None and now() >= deadline:
         return StopDecision("abort", "timeout")
     if cancelled is not None and cancelled.is_set():
         return StopDecision("abort", "cancelled")

@@ -140,7 +140,7 @@ def test_cancel_returns_the_partial_text_and_releases_the_cache(tiny_model, cach
 def test_timeout_aborts_with_its_reason(tiny_model, caches, monkeypatch):
     clock = itertools.count(start=1000.0, step=0.25)                     # every reading 0.25 s later
     monkeypatch.setattr(generate_module, "now", lambda: next(clock))
-    monkeypatch.setattr("minitransformer.stopping.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("minitransformer.stopping.now", lambda: next(clock))
     result = generate(tiny_model, "the cat", greedy(50, ignore_eos=True), timeout=2.0)
     assert (result.finish_reason, result.stop_reason) == ("abort", "timeout")
     assert 0 < len(result.token_ids) < 50
