@@ -33,11 +33,11 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer, stop: Sequence[str] | None = (), skip_special: bool = True):
         self.tokenizer = tokenizer
-        # Only non-empty stop strings can be held back for (an empty one has no proper prefix but "").
-        self.stop = tuple(s for s in (stop or ()) if s)
+        self.stop = tuple(stop or ())
         self.skip_special = skip_special
         self.text = ""
         self._emitted = 0            # characters of `text` already returned by take_delta
+        self.last_token_bytes = 0    # bytes the last add_token contributed (0 for a skipped control token)
         # Python's incremental decoder keeps the bytes of an unfinished character between calls and replaces an
         # invalid byte exactly where a one-shot decode of all the bytes would (Unicode's "maximal subpart" rule).
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -49,8 +49,11 @@ class IncrementalDetokenizer:
         A token that only starts a character returns 0; the token that completes it returns 1 (or more).
         """
         if self.skip_special and token_id in self.tokenizer.control_ids:
+            self.last_token_bytes = 0
             return 0
-        new = self._decoder.decode(self.tokenizer.token_bytes(token_id))
+        data = self.tokenizer.token_bytes(token_id)
+        self.last_token_bytes = len(data)
+        new = self._decoder.decode(data)
         self.text += new
         return len(new)
 

@@ -194,17 +194,17 @@ def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.ran
 
 def apply_penalties(logits, params: Sequence[SamplingParams], prompt_ids: Sequence[Sequence[int]],
                     output_ids: Sequence[Sequence[int]]):
-    """Repetition, frequency and presence penalties, as vLLM applies them.   (B, V) -> new (B, V), same dtype.
+    """Repetition, frequency and presence penalties, as vLLM applies them.   (B, V) -> (B, V), same dtype.
 
     repetition (HF / CTRL paper): every distinct token of prompt + output has its logit pushed toward "less likely"
     (divided by r when positive, multiplied by r when not). frequency and presence (OpenAI's definitions) look at the
     output only: subtract frequency_penalty * count and presence_penalty once per distinct token.
     The token sets are built on the host (they are short lists) and scattered into (B, V) arrays on the device.
-    Rows whose penalties are neutral are left bit-for-bit unchanged.
+    Rows whose penalties are neutral are left bit-for-bit unchanged; with no penalty at all the input itself is
+    returned (no copy on the decode path), otherwise a new array (the caller's logits are never written).
     """
     xp = array_module(logits)
     B, V = logits.shape
-    logits = logits.copy()
     repeat_rows = [b for b in range(B) if params[b].repetition_penalty != 1.0]
     if repeat_rows:
         seen = xp.zeros((B, V), dtype=bool)                                      # (B, V) in prompt or output

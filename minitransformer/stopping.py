@@ -54,24 +54,24 @@ def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int],
     Reads params.min_tokens, ignore_eos, stop_token_ids, stop, include_stop_str_in_output, max_tokens.
     """
     num_output = len(output_ids)
-    if num_output < (params.min_tokens or 0):
+    if num_output < params.min_tokens:
         return None                       # vLLM v1 (scheduler check_stop): no stop check at all before min_tokens
     last = output_ids[-1]
     text_len = len(detok.text)
     # The stop token's own text is cut too, unless include_stop_str_in_output: vLLM v0's StopChecker removes the
     # last new_char_count characters, v1's detokenizer skips the token (vllm/v1/engine/detokenizer.py). EOS adds
-    # none when special tokens are skipped. If the token completed a character begun earlier, that goes as well.
-    cut_token = None if params.include_stop_str_in_output or new_chars == 0 else text_len - new_chars
+    # none when special tokens are skipped. If the token completed a character begun earlier, that goes as well;
+    # if it only began one (new_chars == 0), truncate() drops the unfinished bytes, so no U+FFFD is left behind.
+    cut_token = None if params.include_stop_str_in_output or detok.last_token_bytes == 0 else text_len - new_chars
     if not params.ignore_eos and eos_id is not None and last == eos_id:
         return StopDecision("stop", "eos", cut_token)
-    if last in (params.stop_token_ids or ()):
+    if last in params.stop_token_ids:
         return StopDecision("stop", last, cut_token)
-    found = find_stop_string(detok.text, new_chars, params.stop or ())
+    found = find_stop_string(detok.text, new_chars, params.stop)
     if found is not None:
         start, stop = found
         return StopDecision("stop", stop, start + len(stop) if params.include_stop_str_in_output else start)
-    max_tokens = params.max_tokens if params.max_tokens is not None else context_length   # None: up to the context
-    if num_output >= max_tokens or prompt_len + num_output >= context_length:
+    if num_output >= params.max_tokens or prompt_len + num_output >= context_length:
         return StopDecision("length", None)
     return None
 
@@ -85,8 +85,6 @@ def find_stop_string(text: str, new_chars: int, stops: Sequence[str]) -> tuple[i
     """
     best = None
     for order, stop in enumerate(stops):
-        if not stop:
-            continue                      # SamplingParams rejects empty stop strings; never match one here
         start = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
         if start != -1 and (best is None or (start, len(stop), order) < best[:3]):
             best = (start, len(stop), order, stop)
@@ -99,10 +97,10 @@ def tokens_to_suppress(params, num_output: int, eos_id: int | None) -> tuple[int
     vLLM's MinTokensLogitsProcessor masks all stop token ids -- EOS too, unless ignore_eos -- while fewer than
     min_tokens tokens have been produced, so the first min_tokens tokens can never be a stop token.
     """
-    if num_output >= (params.min_tokens or 0):
+    if num_output >= params.min_tokens:
         return ()
     eos = () if params.ignore_eos or eos_id is None else (eos_id,)
-    return tuple(dict.fromkeys((*eos, *(params.stop_token_ids or ()))))   # no duplicates, order kept
+    return tuple(dict.fromkeys((*eos, *params.stop_token_ids)))   # no duplicates, order kept
 
 
 def check_abort(deadline: float | None, cancelled) -> StopDecision | None:

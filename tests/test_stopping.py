@@ -207,3 +207,14 @@ def test_timeout_and_cancel():
     cancel.set()
     assert check_abort(None, cancel) == StopDecision("abort", "cancelled")
     assert check_abort(now() + 60, cancel) == StopDecision("abort", "cancelled")
+
+
+def test_a_stop_token_that_only_begins_a_character_leaves_no_replacement_char(tok):
+    """The stop token's text is cut even when it is half a UTF-8 character (its bytes never become U+FFFD)."""
+    first_bytes = tok.encode("😀")[0]                    # a token that only starts the 4-byte emoji (F0 9F)
+    assert "😀".encode().startswith(tok.token_bytes(first_bytes)) and len(tok.token_bytes(first_bytes)) < 4
+    ids = tok.encode("Hi") + [first_bytes]
+    r = run(tok, ids, params(stop_token_ids=(first_bytes,)))
+    assert (r.decision.finish_reason, r.decision.stop_reason, r.text) == ("stop", first_bytes, "Hi")
+    kept = run(tok, ids, params(stop_token_ids=(first_bytes,), include_stop_str_in_output=True))
+    assert kept.text == "Hi\ufffd"                      # kept: the unfinished byte is flushed as U+FFFD
