@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(gen, max_tokens=64)
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole sequence every step (the baseline the KV cache is measured against)")
-    gen.add_argument("--timeout", type=float, help="abort the request after this many seconds")
+    gen.add_argument("--timeout", type=float, metavar="SEC", help="abort the request after this many seconds")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics")
 
     chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
@@ -57,23 +57,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_options(parser) -> None:
-    parser.add_argument("--model", help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", metavar="PATH",
+                        help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
 
 
 def _add_sampling_options(parser, max_tokens: int) -> None:
     """The SamplingParams fields, named as vLLM names them (the ranges are checked by SamplingParams)."""
     add = parser.add_argument
-    add("--max-tokens", type=int, default=max_tokens, help=f"most new tokens (default {max_tokens})")
-    add("--min-tokens", type=int, default=0, help="no stop (EOS, stop ids, stop strings) before this many tokens")
-    add("--temperature", type=float, default=0.0, help="0 = greedy (the default here, so runs repeat exactly)")
-    add("--top-k", type=int, default=0, help="keep the k most probable tokens (0 or -1: off)")
-    add("--top-p", type=float, default=1.0, help="keep the smallest set of tokens with this much probability")
-    add("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
-    add("--repetition-penalty", type=float, default=1.0, help="> 1 discourages tokens already in prompt or output")
-    add("--presence-penalty", type=float, default=0.0, help="subtracted once from every token already generated")
-    add("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence in the generated tokens")
-    add("--seed", type=int, help="seed of this request's own random generator")
+    add("--max-tokens", type=int, metavar="N", default=max_tokens, help=f"most new tokens (default {max_tokens})")
+    add("--min-tokens", type=int, metavar="N", default=0,
+        help="no stop (EOS, stop ids, stop strings) before this many tokens")
+    add("--temperature", type=float, metavar="T", default=0.0,
+        help="0 = greedy (the default here, so runs repeat exactly)")
+    add("--top-k", type=int, metavar="K", default=0, help="keep the k most probable tokens (0 or -1: off)")
+    add("--top-p", type=float, metavar="P", default=1.0,
+        help="keep the smallest set of tokens with this much probability")
+    add("--min-p", type=float, metavar="P", default=0.0, help="drop tokens below min_p x the top probability")
+    add("--repetition-penalty", type=float, metavar="R", default=1.0,
+        help="> 1 discourages tokens already in prompt or output")
+    add("--presence-penalty", type=float, metavar="X", default=0.0,
+        help="subtracted once from every token already generated")
+    add("--frequency-penalty", type=float, metavar="X", default=0.0,
+        help="subtracted per occurrence in the generated tokens")
+    add("--seed", type=int, metavar="S", help="seed of this request's own random generator")
     add("--stop", action="append", default=[], metavar="STR", help="stop when the text contains STR (repeatable)")
     add("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="stop at this token id")
     add("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
