@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minitransformer.errors import MiniTransformerError
-from minitransformer.kernels.cpu_runner import CpuModule, KernelError, measure_overheads
+from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, ORDERS, CpuModule, KernelError, measure_overheads
 
 PLANTED = Path(__file__).parent / "kernels_planted"
 MODES = ["fibers", "threads"]
@@ -120,9 +120,9 @@ def reduce_module(request):
                      mode=request.param, source_name="reduce.cu")
 
 
-def planted(name: str, mode: str = "fibers") -> CpuModule:
+def planted(name: str, mode: str = "fibers", order: str = DEFAULT_ORDER) -> CpuModule:
     path = PLANTED / name
-    return CpuModule(path.read_text(), mode=mode, source_name=path.name)
+    return CpuModule(path.read_text(), mode=mode, order=order, source_name=path.name)
 
 
 def line_of(name: str, marker: str, nth: int = 0) -> int:
@@ -170,9 +170,11 @@ def test_name_expression_not_given_up_front_is_compiled_on_demand(reduce_module)
     assert (out == 5).all()
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("mode", MODES)
-def test_warp_shuffles_match_numpy(mode):
-    kernel = CpuModule(WARP, mode=mode, source_name="warp.cu").get_function("warp_ops")
+def test_warp_shuffles_match_numpy(mode, order):
+    """A collective completes only when every lane of its mask has arrived, whatever order the lanes arrive in."""
+    kernel = CpuModule(WARP, mode=mode, order=order, seed=3, source_name="warp.cu").get_function("warp_ops")
     x = np.random.default_rng(3).standard_normal(128).astype(np.float32)       # (4 warps * 32,)
     total, scan, down, bcast = (np.zeros_like(x) for _ in range(4))
     kernel((2,), (64,), (x, total, scan, down, bcast))
@@ -183,8 +185,9 @@ def test_warp_shuffles_match_numpy(mode):
     np.testing.assert_array_equal(bcast, np.repeat(warps[:, 5], 32))
 
 
-def test_shuffle_from_a_lane_that_does_not_exist_is_poison():
-    kernel = CpuModule(WARP, source_name="warp.cu").get_function("warp_ops")
+@pytest.mark.parametrize("order", ORDERS)
+def test_shuffle_from_a_lane_that_does_not_exist_is_poison(order):
+    kernel = CpuModule(WARP, order=order, source_name="warp.cu").get_function("warp_ops")
     x = np.ones(48, np.float32)             # one block of 48 threads: warp 1 has lanes 0-15 only
     total, scan, down, bcast = (np.zeros_like(x) for _ in range(4))
     kernel((1,), (48,), (x, total, scan, down, bcast))
@@ -192,8 +195,9 @@ def test_shuffle_from_a_lane_that_does_not_exist_is_poison():
     np.testing.assert_array_equal(scan[32:], np.arange(1, 17))       # shfl_up reads only lanes below: defined
 
 
-def test_vote_and_atomics():
-    module = CpuModule(WARP, source_name="warp.cu")
+@pytest.mark.parametrize("order", ORDERS)
+def test_vote_and_atomics(order):
+    module = CpuModule(WARP, order=order, source_name="warp.cu")
     x = np.random.default_rng(4).integers(-3, 40, 96).astype(np.int32)        # (3 warps * 32,)
     x[64:] = np.abs(x[64:]) + 1                                                 # warp 2: all positive
     ballot, any_, all_ = np.zeros(3, np.uint32), np.zeros(96, np.int32), np.zeros(96, np.int32)
@@ -256,6 +260,48 @@ def test_static_shared_of_a_template_is_counted_and_poisoned():
         assert np.isnan(out).all() and same[0] == 1
 
 
+ORDER_PROBE = r"""
+// The ticket each thread draws in two rounds, before and after a barrier: the order the runner resumed them in.
+extern "C" __global__ void tickets(int* counter, int* ticket) {
+    ticket[threadIdx.x] = atomicAdd(counter, 1);
+    __syncthreads();
+    ticket[blockDim.x + threadIdx.x] = atomicAdd(counter, 1) - int(blockDim.x);
+}
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resume_orders(mode):
+    module = CpuModule(ORDER_PROBE, mode=mode, source_name="order.cu")
+
+    def tickets(order: str, seed: int = 0) -> np.ndarray:
+        kernel = module.get_function("tickets")
+        kernel.order, kernel.seed = order, seed
+        counter, ticket = np.zeros(1, np.int32), np.full(2 * 48, -1, np.int32)
+        kernel((1,), (48,), (counter, ticket))
+        return ticket.reshape(2, 48)                       # (round, thread): each thread's place in the round
+
+    np.testing.assert_array_equal(tickets("forward"), np.tile(np.arange(48), (2, 1)))
+    np.testing.assert_array_equal(tickets("reverse"), np.tile(np.arange(48)[::-1], (2, 1)))
+    shuffled = tickets("shuffle", 7)
+    assert all(sorted(row) == list(range(48)) for row in shuffled)               # each round: a permutation
+    assert (shuffled[0] != shuffled[1]).any() and (shuffled != np.arange(48)).any()   # drawn afresh per round
+    np.testing.assert_array_equal(tickets("shuffle", 7), shuffled)              # a seed replays its schedule
+    assert (tickets("shuffle", 8) != shuffled).any()
+    assert module.order == DEFAULT_ORDER == "shuffle"
+
+
+def test_unknown_order_or_bad_seed_is_refused():
+    with pytest.raises(KernelError, match="order must be one of forward, reverse, shuffle"):
+        CpuModule(ORDER_PROBE, order="random")
+    with pytest.raises(KernelError, match="seed must be an int"):
+        CpuModule(ORDER_PROBE, seed=-1)
+    kernel = CpuModule(ORDER_PROBE, source_name="order.cu").get_function("tickets")
+    kernel.order = "backwards"
+    with pytest.raises(KernelError, match="tickets: order must be one of"):
+        kernel((1,), (4,), (np.zeros(1, np.int32), np.zeros(8, np.int32)))
+
+
 def test_unknown_kernel_name_is_a_clear_error(reduce_module):
     with pytest.raises(KernelError, match="reduce.cu has no kernel 'block_max'"):
         reduce_module.get_function("block_max")
@@ -316,9 +362,10 @@ def test_bfloat16_rounds_like_torch(half_module):
 
 # ---- planted bugs ------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("mode", MODES)
-def test_missing_syncthreads_gives_nan_not_the_right_answer(mode):
-    module = planted("missing_syncthreads.cu", mode)
+def test_missing_syncthreads_gives_nan_not_the_right_answer(mode, order):
+    module = planted("missing_syncthreads.cu", mode, order)
     x = np.arange(256, dtype=np.float32)
     expected = np.roll(x.reshape(2, 128), -1, axis=1).ravel()
     fixed = np.zeros_like(x)
@@ -327,6 +374,21 @@ def test_missing_syncthreads_gives_nan_not_the_right_answer(mode):
     buggy = np.zeros_like(x)
     module.get_function("rotate_left")((2,), (128,), (x, buggy))
     assert np.isnan(buggy).any()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_write_after_read_is_wrong_except_in_forward_order(mode):
+    """The runner is no race detector: a missing barrier shows only in an order that runs a writer too early."""
+    x = np.arange(256, dtype=np.float32)
+    expected = np.concatenate([x[2:128], [0, 0], x[130:], [0, 0]])      # (2 blocks * 128,): shifted left twice
+    results = {}
+    for order in ORDERS:
+        out = np.zeros_like(x)
+        planted("missing_syncthreads.cu", mode, order).get_function("shift_left_twice")((2,), (128,), (x, out))
+        results[order] = out
+    np.testing.assert_array_equal(results["forward"], expected)       # every read ran before the write it needed
+    assert (results["reverse"] != expected).any() and (results["shuffle"] != expected).any()
+    assert np.isfinite(results["reverse"]).all()                      # stale data, not poison: wrong, not NaN
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -359,6 +421,29 @@ def test_shuffle_not_reached_by_every_lane_is_reported(mode):
     assert f"divergent_barrier.cu:{line_of('divergent_barrier.cu', 'lanes 16-31 of the mask')}" in str(caught.value)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_shuffle_reading_a_lane_that_returned_is_reported(mode):
+    module = planted("exited_lanes.cu", mode)
+    x, out = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    module.get_function("sum_after_return")((2,), (32,), (x, out, np.int32(64)))     # every lane takes part: fine
+    np.testing.assert_array_equal(out, np.repeat(x.reshape(2, 32).sum(1), 32))
+    with pytest.raises(KernelError) as caught:                      # block 1: lanes 20-31 (i >= 52) have returned
+        module.get_function("sum_after_return")((2,), (32,), (x, out, np.int32(52)))
+    line = line_of("exited_lanes.cu", "reads lanes that have returned")
+    assert (f"exited_lanes.cu:{line}: __shfl_xor_sync (mask 0xffffffff) in block (1,0,0): lane 4, thread (4,0,0), "
+            "reads lane 20, thread (20,0,0), which has already returned") in str(caught.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_mask_naming_returned_lanes_is_fine_when_nobody_reads_them(mode):
+    """CUDA waits only for the lanes of the mask that have not exited: a broadcast and a ballot stay defined."""
+    module = planted("exited_lanes.cu", mode)
+    x, out, ballot = np.arange(64, dtype=np.float32), np.full(64, -1, np.float32), np.zeros(2, np.uint32)
+    module.get_function("broadcast_after_return")((2,), (32,), (x, out, ballot, np.int32(52)))
+    np.testing.assert_array_equal(out, np.concatenate([np.full(32, 0.0), np.full(20, 32.0), np.full(12, -1.0)]))
+    np.testing.assert_array_equal(ballot, [0xFFFFFFFF, (1 << 20) - 1])
+
+
 def test_the_module_still_runs_after_a_failed_launch():
     module = planted("divergent_barrier.cu", "threads")
     with pytest.raises(KernelError):
@@ -383,7 +468,7 @@ def test_shared_memory_limits():
 
 
 def test_memory_faults_raise_instead_of_killing_python():
-    module = planted("memory_faults.cu")
+    module = planted("memory_faults.cu", order="forward")        # thread 0 runs first: it overflows first
     out = np.zeros(32, np.int32)
     with pytest.raises(KernelError, match=r"stack overflow in thread \(0,0,0\) of block \(0,0,0\)"):
         module.get_function("recurse")((1,), (32,), (out, np.int32(2000)))        # ~2 MB of locals, 256 KiB stack

@@ -4,13 +4,23 @@ Why: the attention kernels must be proven correct on machines without a GPU (our
 `.cu` text that CuPy compiles for the GPU is compiled here by g++ with `cuda_cpu/cuda_cpu.h`, which supplies the
 built-ins (threadIdx, __syncthreads, warp shuffles, shared memory, atomics, half types). Blocks run one after another;
 the threads of a block run as fibers (or OS threads) that switch only at barriers and warp collectives, so:
-- shared memory is poisoned (all bytes 0xFF: NaN) before every block: a missing __syncthreads reads NaN, not luck;
-- a divergent __syncthreads, threads exiting while others wait, or a shuffle some lane never reaches raise
-  KernelError with the .cu file and line.
+- a divergent __syncthreads, threads exiting while others wait, a shuffle some lane never reaches, or a shuffle
+  reading a lane that has returned raise KernelError with the .cu file and line;
+- shared memory is poisoned (all bytes 0xFF: NaN) before every block, and after each barrier and each round of
+  warp collectives the runnable threads resume in a chosen order: `order="forward"` (0, 1, ...), "reverse", or
+  "shuffle" (a fresh permutation every round, from `seed`; the default). A missing __syncthreads shows up only
+  when the order actually runs a reader on the wrong side of a writer: a read that runs before the block's first
+  write there sees the poison (NaN for floats, -1 for ints); a read that runs after another thread already
+  overwrote the data (write-after-read) sees the new data, plain wrong numbers. Forward order hides the
+  write-after-read of flash_prefill.cu's tile loop (its readers happen to run before its writers); reverse and
+  shuffle show it. Not a race detector, then: each order is one schedule a GPU could also run, and a kernel is
+  trusted after several. tests/test_kernel_barriers.py deletes each barrier of the attention kernels in turn and
+  checks that some order, and the default one, notices.
 
-    module = CpuModule(source, name_expressions=["flash_prefill<float, 64>"])
+    module = CpuModule(source, name_expressions=["flash_prefill<float, 64>"])   # order="shuffle", seed=0
     kernel = module.get_function("flash_prefill<float, 64>")
     kernel((blocks_x, heads), (128,), (q, k, v, out, np.int32(n)), shared_mem=bytes)   # same call as cupy.RawKernel
+    kernel.order, kernel.seed = "reverse", 0                                            # per kernel, before a launch
 
 Lesson 11 and notebook 06 run the real kernels this way; tests/test_cpu_runner.py shows what it catches.
 """
@@ -40,6 +50,8 @@ CXX = os.environ.get("CXX", "g++")
 CXX_FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-gnu-unique", "-pthread",
              "-U_FORTIFY_SOURCE", "-fstack-clash-protection", "-w"]
 MODES = ("fibers", "threads")
+ORDERS = ("forward", "reverse", "shuffle")  # the order runnable threads resume in after each barrier / collective
+DEFAULT_ORDER = "shuffle"
 DEFAULT_SHARED_LIMIT = 48 * 1024          # bytes per block, static + dynamic, without opting in (as on every GPU)
 MAX_SHARED_OPT_IN = 227 * 1024            # sm_90's largest opt-in shared memory per block
 MAX_THREADS_PER_BLOCK = 1024
@@ -150,7 +162,8 @@ def _local_prefix(symbol: str) -> str:
 class _LaunchConfig(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("dynamic_shared", ctypes.c_uint64),
                 ("stack_size", ctypes.c_uint64), ("mode", ctypes.c_int32), ("n_poison", ctypes.c_int32),
-                ("poison", ctypes.POINTER(ctypes.c_uint64)), ("error", ctypes.c_char_p), ("error_len", ctypes.c_int32)]
+                ("poison", ctypes.POINTER(ctypes.c_uint64)), ("error", ctypes.c_char_p), ("error_len", ctypes.c_int32),
+                ("order", ctypes.c_int32), ("seed", ctypes.c_uint64)]
 
 
 class _ParamInfo(ctypes.Structure):
@@ -190,6 +203,13 @@ def _describe_param(param: _ParamInfo) -> str:
     return ("const " if param.is_const else "") + base + ("*" if param.is_pointer else "")
 
 
+def _check_order(order: str, seed, where: str) -> None:
+    if order not in ORDERS:
+        raise KernelError(f"{where}: order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+        raise KernelError(f"{where}: seed must be an int in [0, 2^64), got {seed!r}")
+
+
 def _dims(value, what: str) -> tuple[int, int, int]:
     dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in dims):
@@ -200,16 +220,21 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 # ---- the public classes ------------------------------------------------------------------------------------------
 
 class CpuModule:
-    """The CPU twin of cupy.RawModule: compile `code` once (cached on disk), hand out kernels by name."""
+    """The CPU twin of cupy.RawModule: compile `code` once (cached on disk), hand out kernels by name.
+
+    `order` and `seed`: the resume order of the kernels it hands out (see the module docstring); each kernel copies
+    them, so setting `module.order` changes the kernels got afterwards and `kernel.order` changes one kernel."""
 
     def __init__(self, code: str, *, name_expressions: Sequence[str] = (), options: Sequence[str] = (),
-                 mode: str = "fibers", source_name: str = "<kernel>.cu"):
+                 mode: str = "fibers", order: str = DEFAULT_ORDER, seed: int = 0, source_name: str = "<kernel>.cu"):
         if mode not in MODES:
             raise KernelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        _check_order(order, seed, "CpuModule")
         for option in options:
             if not option.startswith(("-D", "-I")):
                 raise KernelError(f"option {option!r} is not passed to g++: the CPU runner takes only -D and -I")
         self.code, self.options, self.mode, self.source_name = code, tuple(options), mode, source_name
+        self.order, self.seed = order, seed          # each kernel's default resume order (settable per kernel)
         uncommented = re.sub(r"//[^\n]*|/\*.*?\*/", "", code, flags=re.S)   # a kernel in a comment is no kernel
         names = list(dict.fromkeys([*name_expressions, *_EXTERN_C_KERNEL.findall(uncommented)]))
         self._build(names)
@@ -260,6 +285,7 @@ class CpuKernel:
         self.shared_size_bytes = module._static_shared_bytes(index)       # static, as CuPy's attribute
         self.max_dynamic_shared_size_bytes = DEFAULT_SHARED_LIMIT - self.shared_size_bytes   # settable, as CuPy's
         self.mode = module.mode
+        self.order, self.seed = module.order, module.seed
         self.stack_size = DEFAULT_STACK
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
@@ -271,7 +297,7 @@ class CpuKernel:
         error = ctypes.create_string_buffer(1024)
         config = _LaunchConfig((ctypes.c_uint32 * 3)(*grid3), (ctypes.c_uint32 * 3)(*block3), int(shared_mem),
                                self.stack_size, MODES.index(self.mode), len(statics), poison,
-                               ctypes.cast(error, ctypes.c_char_p), len(error))
+                               ctypes.cast(error, ctypes.c_char_p), len(error), ORDERS.index(self.order), self.seed)
         with _LAUNCH_LOCK:
             status = self.module._lib.cudacpu_launch(self.index, ctypes.byref(config), pointers)
         del holders                                      # kept alive until the launch returned
@@ -281,6 +307,7 @@ class CpuKernel:
     def _check_launch(self, grid3, block3, shared_mem: int) -> None:
         if self.mode not in MODES:
             raise KernelError(f"{self.name}: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _check_order(self.order, self.seed, self.name)
         if not 16 * 1024 <= self.stack_size <= 64 * 1024 * 1024:
             raise KernelError(f"{self.name}: stack_size={self.stack_size} bytes; use 16 KiB to 64 MiB")
         threads = block3[0] * block3[1] * block3[2]
@@ -351,11 +378,12 @@ extern "C" __global__ void nothing() {}
 """
 
 
-def measure_overheads(mode: str = "fibers", threads: int = 128, repeats: int = 200) -> dict[str, float]:
+def measure_overheads(mode: str = "fibers", threads: int = 128, repeats: int = 200,
+                      order: str = DEFAULT_ORDER) -> dict[str, float]:
     """Milliseconds per __syncthreads, per warp shuffle (all lanes of every warp) and per block launch, for a block
     of `threads`: what a kernel's running time on the CPU is made of besides its own arithmetic."""
     import time
-    module = CpuModule(_OVERHEAD_SOURCE, mode=mode, source_name="overheads.cu")
+    module = CpuModule(_OVERHEAD_SOURCE, mode=mode, order=order, source_name="overheads.cu")
 
     def timed(name: str, grid: int, args: tuple) -> float:
         start = time.perf_counter()
@@ -371,5 +399,6 @@ def measure_overheads(mode: str = "fibers", threads: int = 128, repeats: int = 2
 
 if __name__ == "__main__":
     for mode in MODES:
-        costs = measure_overheads(mode)
-        print(f"{mode:8s} 128 threads: " + ", ".join(f"{k} {v:.4f}" for k, v in costs.items()))
+        for order in ORDERS:
+            costs = measure_overheads(mode, order=order)
+            print(f"{mode:8s} {order:8s} 128 threads: " + ", ".join(f"{k} {v:.4f}" for k, v in costs.items()))

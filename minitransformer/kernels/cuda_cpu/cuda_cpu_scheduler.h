@@ -4,8 +4,16 @@
 // collective (__shfl_*_sync, __syncwarp, __ballot_sync) -- or until it returns. When no thread can run, the
 // scheduler completes what can be completed (a warp collective all of whose lanes arrived, then a barrier all
 // threads reached at the same line) and otherwise reports, with file and line, why the block is stuck: a divergent
-// barrier, threads exiting while others wait, a shuffle some lane never reaches. Because threads never run
-// concurrently, plain read-modify-write is atomic and no emulated memory access races with another.
+// barrier, threads exiting while others wait, a shuffle some lane never reaches, a shuffle reading a lane that has
+// returned. Because threads never run concurrently, plain read-modify-write is atomic and no emulated memory access
+// races with another.
+//
+// The order in which the runnable threads are resumed (after each barrier and each round of warp collectives) is
+// chosen per launch: forward (0, 1, ..., n-1), reverse, or shuffled afresh every round from a seed. Each order is one
+// interleaving a GPU may also produce, since a GPU too orders the stretches of code between two sync points of
+// different threads as it likes. A kernel that needs a __syncthreads it lacks reads another thread's shared memory
+// too early (poison: NaN) or too late (already overwritten) only under the orders that put the writer on the
+// wrong side of the reader; running a kernel under several orders is what makes such a bug visible.
 //
 // fibers (default): ucontext makecontext/swapcontext starts each fiber on a stack allocated once and reused for
 // every block; later switches use _setjmp/_longjmp, which do not save the signal mask (swapcontext makes a system
@@ -76,6 +84,8 @@ struct LaunchConfig {
     const uint64_t* poison;
     char* error;                // out: "file:line: what went wrong"
     int32_t error_len;
+    int32_t order;              // resume order: 0 forward, 1 reverse, 2 shuffled every round (from seed)
+    uint64_t seed;
 };
 
 struct Global {
@@ -94,6 +104,9 @@ struct Global {
     void (*thunk)(void*, void**) = nullptr;   // calls the kernel with its unpacked arguments
     void* kernel = nullptr;
     void** args = nullptr;
+    int order = 0;
+    uint64_t rng = 0;                                       // order 2: splitmix64 state, from the launch's seed
+    unsigned schedule[1024];                                // the resume order of the current round
 };
 static Global g;
 static thread_local Fiber* cur = nullptr;                  // the emulated thread running on this OS thread
@@ -186,12 +199,21 @@ static unsigned source_lane(const Fiber& f, unsigned lane) { // CUDA's rules, wi
     return lane;
 }
 
+static void describe_thread(const Fiber& f, char* out, size_t len) {
+    snprintf(out, len, "thread (%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
+}
+
 // Complete every warp collective whose lanes (those named in the mask that still run) have all arrived at the same
-// kind of collective with the same mask. A source lane outside the group yields poison (all bits set: NaN, -1).
+// kind of collective with the same mask: as in CUDA, lanes of the mask that have returned are not waited for. A
+// shuffle that reads such a lane is an error (CUDA: the value is undefined); a source lane that is alive but not
+// in the mask, or that does not exist (a partial last warp), yields poison (all bits set: NaN, -1).
 static bool complete_warp_collectives() {
     bool progressed = false;
     for (unsigned warp = 0; warp * WARP < g.n; ++warp) {
         const unsigned alive = alive_lanes(warp);
+        unsigned exited = 0;                                // lanes that exist and have returned
+        for (unsigned lane = 0; lane < WARP && warp * WARP + lane < g.n; ++lane)
+            if (!(alive & (1u << lane))) exited |= 1u << lane;
         Fiber* lanes = g.fibers + warp * WARP;
         for (unsigned lane = 0; lane < WARP && warp * WARP + lane < g.n; ++lane) {
             const Fiber& f = lanes[lane];
@@ -207,6 +229,17 @@ static bool complete_warp_collectives() {
                 if (group & (1u << j))
                     complete = lanes[j].state == AT_WARP && lanes[j].mask == f.mask && lanes[j].op == f.op;
             if (!complete) continue;
+            for (unsigned j = 0; j < WARP && f.op != BALLOT && f.op != SYNCWARP; ++j) {
+                const unsigned src = (group & (1u << j)) ? source_lane(lanes[j], j) : WARP;
+                if (src >= WARP || !(exited & (1u << src))) continue;
+                char a[64], b[64];
+                describe_thread(lanes[j], a, sizeof a);
+                describe_thread(lanes[src], b, sizeof b);
+                fail("%s:%d: %s (mask 0x%08x) in block (%u,%u,%u): lane %u, %s, reads lane %u, %s, which has "
+                     "already returned (a shuffle may read only lanes that take part in it)", f.file, f.line,
+                     warp_op_names[f.op], f.mask, g.blockIdx.x, g.blockIdx.y, g.blockIdx.z, j, a, src, b);
+                return false;
+            }
             unsigned ballot = 0;
             for (unsigned j = 0; j < WARP; ++j)
                 if ((group & (1u << j)) && lanes[j].pred) ballot |= 1u << j;
@@ -225,10 +258,6 @@ static bool complete_warp_collectives() {
         }
     }
     return progressed;
-}
-
-static void describe_thread(const Fiber& f, char* out, size_t len) {
-    snprintf(out, len, "thread (%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
 }
 
 // All threads that have not returned wait at __syncthreads: release them if it is the same barrier for all.
@@ -294,6 +323,21 @@ static void report_stuck() {
     fail("deadlock in block (%u,%u,%u): no thread can run", g.blockIdx.x, g.blockIdx.y, g.blockIdx.z);
 }
 
+static uint64_t next_random() {                             // splitmix64 (Steele, Lea, Flood 2014)
+    uint64_t z = (g.rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// The order of the next round: every runnable thread is resumed once, in this order, and runs until it blocks.
+static void plan_round() {
+    for (unsigned k = 0; k < g.n; ++k) g.schedule[k] = g.order == 1 ? g.n - 1 - k : k;
+    if (g.order == 2)
+        for (unsigned k = g.n - 1; k > 0; --k)              // Fisher-Yates
+            std::swap(g.schedule[k], g.schedule[next_random() % (k + 1)]);
+}
+
 static bool run_block() {
     for (unsigned i = 0; i < g.n; ++i) {
         g.fibers[i].state = READY;
@@ -301,9 +345,11 @@ static bool run_block() {
     }
     g.n_done = 0;
     for (;;) {
-        for (unsigned i = 0; i < g.n; ++i) {
-            if (g.fibers[i].state != READY) continue;
-            resume(g.fibers[i]);
+        plan_round();
+        for (unsigned k = 0; k < g.n; ++k) {
+            Fiber& f = g.fibers[g.schedule[k]];
+            if (f.state != READY) continue;
+            resume(f);
             if (g.failed) return false;
         }
         if (g.n_done == g.n) return true;
@@ -409,11 +455,14 @@ static int launch(const LaunchConfig& c, void (*thunk)(void*, void**), void* ker
     g.blockDim = dim3(c.block[0], c.block[1], c.block[2]);
     g.n = c.block[0] * c.block[1] * c.block[2];
     g.mode = c.mode;
+    g.order = c.order;
+    g.rng = c.seed;
     g.thunk = thunk;
     g.kernel = kernel;
     g.args = args;
-    if (c.dynamic_shared > MAX_DYNAMIC_SHARED || !prepare_fibers(c)) {
-        snprintf(c.error, size_t(c.error_len), "cannot set up the launch (shared memory or stacks)");
+    if (c.dynamic_shared > MAX_DYNAMIC_SHARED || g.n > sizeof g.schedule / sizeof g.schedule[0] || c.order < 0 ||
+        c.order > 2 || !prepare_fibers(c)) {
+        snprintf(c.error, size_t(c.error_len), "cannot set up the launch (shared memory, threads, order or stacks)");
         return 1;
     }
     sem_init(&g.scheduler_sem, 0, 0);
