@@ -3,13 +3,13 @@ hold-back, and a property test of the whole detokenize -> stop check -> stream l
 real tokenizer against a brute-force reference that re-decodes the full prefix after every token."""
 
 import os
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minitransformer.detokenizer import IncrementalDetokenizer
+from minitransformer.sampling import SamplingParams
 from minitransformer.stopping import check_stop
 
 
@@ -155,7 +155,7 @@ def test_streaming_matches_a_full_decode(tok, byte_id, data):
     # Stop strings that do occur (substrings of the output) and some that may not.
     substrings = st.tuples(st.integers(0, len(full)), st.integers(1, 4)).map(lambda t: full[t[0] : t[0] + t[1]])
     stop = tuple(s for s in data.draw(st.lists(st.one_of(substrings, texts), max_size=3), label="stop") if s)
-    p = SimpleNamespace(
+    p = SamplingParams(
         stop=stop, min_tokens=0, include_stop_str_in_output=data.draw(st.booleans(), label="include"),
         ignore_eos=data.draw(st.booleans(), label="ignore_eos"),
         stop_token_ids=tuple(data.draw(st.lists(st.sampled_from(ids), max_size=2), label="stop_token_ids")),

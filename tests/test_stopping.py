@@ -9,16 +9,15 @@ import pytest
 
 from minitransformer.detokenizer import IncrementalDetokenizer
 from minitransformer.metrics import now
+from minitransformer.sampling import SamplingParams
 from minitransformer.stopping import StopDecision, check_abort, check_stop, tokens_to_suppress
 
 PARIS = "The capital of France is Paris."     # 'The', ' capital', ' of', ' France', ' is', ' Paris', '.'
 
 
 def params(**overrides):
-    """A stand-in for SamplingParams with vLLM's defaults for the fields the stop check reads."""
-    fields = dict(max_tokens=64, min_tokens=0, stop=(), stop_token_ids=(), ignore_eos=False,
-                  include_stop_str_in_output=False)
-    return SimpleNamespace(**{**fields, **overrides})
+    """SamplingParams with room for 64 tokens unless the test says otherwise."""
+    return SamplingParams(**{"max_tokens": 64, **overrides})
 
 
 def run(tok, ids, p, prompt_len=0, context_length=8192):
