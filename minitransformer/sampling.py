@@ -17,140 +17,16 @@ Shapes: B rows (requests), V vocabulary.
 
 from __future__ import annotations
 
-import math
-import numbers
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from .backend import INDEX_DTYPE, array_module, to_host
-from .errors import InputError
 from .layers import softmax
+from .sampling_params import SamplingParams
 
-# vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
-GREEDY_TEMPERATURE = 1e-5
 # top_p without top_k first sorts only this many of the largest logits, and the whole row only if they fall short.
 TOP_P_PREFIX = 1024
-
-
-# --- the request's settings -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """vLLM's sampling settings (names, defaults and ranges), validated once when the request is made.
-
-    Invariants after construction: numbers are plain Python ints / floats (a NumPy float64 scalar would silently
-    promote float32 logits to float64), `stop` and `stop_token_ids` are tuples, min_tokens <= max_tokens.
-    """
-    max_tokens: int = 16              # vLLM's default
-    min_tokens: int = 0
-    temperature: float = 1.0          # 0 (below 1e-5) = greedy
-    top_p: float = 1.0                # (0, 1]; 1 = off
-    top_k: int = 0                    # 0 or -1 = off, else >= 1
-    min_p: float = 0.0                # [0, 1]; 0 = off
-    repetition_penalty: float = 1.0   # > 0; prompt + output tokens: logit > 0 ? l / r : l * r
-    presence_penalty: float = 0.0     # [-2, 2], output tokens only, once per distinct token
-    frequency_penalty: float = 0.0    # [-2, 2], output tokens only, times the token's count
-    seed: int | None = None
-    stop: tuple[str, ...] = ()        # a list or a single str is accepted too
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    logprobs: int | None = None       # number of top log-probs per generated token
-
-    def __post_init__(self):
-        set_ = lambda name, value: object.__setattr__(self, name, value)    # noqa: E731 (frozen dataclass)
-        set_("max_tokens", _integer("max_tokens", self.max_tokens))
-        if self.max_tokens < 1:
-            raise InputError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        set_("min_tokens", _integer("min_tokens", self.min_tokens))
-        if self.min_tokens < 0:
-            raise InputError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.min_tokens > self.max_tokens:
-            raise InputError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-
-        temperature = _real("temperature", self.temperature)
-        if not temperature >= 0:
-            raise InputError(f"temperature must be >= 0, got {_show(self.temperature)}")
-        top_p = _real("top_p", self.top_p)
-        if not 0 < top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {_show(self.top_p)}")
-        top_k = _integer("top_k", self.top_k)
-        if top_k < -1:
-            raise InputError(f"top_k must be -1, 0 or >= 1, got {top_k}")
-        min_p = _real("min_p", self.min_p)
-        if not 0 <= min_p <= 1:
-            raise InputError(f"min_p must be in [0, 1], got {_show(self.min_p)}")
-        repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
-        if not repetition_penalty > 0:
-            raise InputError(f"repetition_penalty must be > 0, got {_show(self.repetition_penalty)}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = _real(name, getattr(self, name))
-            if not -2 <= value <= 2:
-                raise InputError(f"{name} must be in [-2, 2], got {_show(getattr(self, name))}")
-            set_(name, value)
-        set_("temperature", temperature)
-        set_("top_p", top_p)
-        set_("top_k", top_k)
-        set_("min_p", min_p)
-        set_("repetition_penalty", repetition_penalty)
-
-        if self.seed is not None:
-            seed = _integer("seed", self.seed)
-            if seed < 0:
-                raise InputError(f"seed must be a non-negative integer, got {seed}")
-            set_("seed", seed)
-
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        if any(s == "" for s in stop):
-            raise InputError("stop strings must not be empty")
-        set_("stop", tuple(stop))
-
-        ids = (self.stop_token_ids,) if _is_int(self.stop_token_ids) else self.stop_token_ids
-        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
-            raise InputError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
-        set_("stop_token_ids", tuple(int(i) for i in ids))
-
-        for name in ("ignore_eos", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
-            set_(name, bool(getattr(self, name)))
-
-        if self.logprobs is not None:
-            if not _is_int(self.logprobs) or self.logprobs < 0:
-                raise InputError(f"logprobs must be None or an integer >= 0, got {_show(self.logprobs)}")
-            set_("logprobs", int(self.logprobs))
-
-    @property
-    def greedy(self) -> bool:
-        """Take the argmax instead of drawing (temperature 0; vLLM also treats temperature < 1e-5 so)."""
-        return self.temperature < GREEDY_TEMPERATURE
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _show(value) -> str:
-    """A value as the user wrote it: 0 stays "0", a string keeps its quotes."""
-    return str(value) if isinstance(value, numbers.Number) else repr(value)
-
-
-def _integer(name: str, value) -> int:
-    if not _is_int(value):
-        raise InputError(f"{name} must be an integer, got {_show(value)}")
-    return int(value)
-
-
-def _real(name: str, value) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{name} must be a number, got {_show(value)}")
-    if math.isinf(value):
-        raise InputError(f"{name} must be finite, got {_show(value)}")
-    return float(value)         # NaN passes here and fails the range check that follows (NaN compares False)
 
 
 def make_generator(seed: int | None) -> np.random.Generator:
