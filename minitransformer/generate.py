@@ -123,9 +123,16 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
     if not ids:
         raise InputError("the prompt has no tokens; give at least one")
     if len(ids) + params.max_tokens > context:
-        raise InputError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = "
+        raise InputError(f"prompt ({_tokens(len(ids))}) + max_tokens ({params.max_tokens}) = "
                          f"{len(ids) + params.max_tokens} exceeds the context length of {context} tokens")
+    outside = [i for i in params.stop_token_ids if i >= tokenizer.vocab_size]
+    if outside:
+        raise InputError(f"stop token id {outside[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
     return Request(f"req-{next(_request_ids)}", text, ids, params, arrival if arrival is not None else now())
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
 
 
 class CachedRunner:

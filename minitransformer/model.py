@@ -36,8 +36,8 @@ class LayerWeights:
     Q, K and V are one (D, H*d + 2*K*d) matrix and gate and up one (D, 2F) matrix: x @ w_qkv is one matmul where
     three would each pay a call and a pass over x, and at decode a matrix-vector product is limited by how fast its
     weights stream from memory, and a few large matrices stream faster than many small ones (measured on 2 cores:
-    the matrix-vector products of all 30 layers took ~19 ms as seven matmuls per layer, ~16 ms as four). The separate matrices
-    are still there to read, as views (wq, wk, wv, w_gate, w_up), at no extra memory.
+    the matrix-vector products of all 30 layers took ~19 ms as seven matmuls per layer, ~16 ms as four).
+    The separate matrices are still there to read, as views (wq, wk, wv, w_gate, w_up), at no extra memory.
     """
     attn_norm: object   # (D,)
     w_qkv: object       # (D, H*d + 2*K*d): columns [q | k | v]

@@ -16,6 +16,8 @@ from .errors import InputError
 
 # vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
 GREEDY_TEMPERATURE = 1e-5
+# vLLM's default max_logprobs: more alternatives per token than this is refused (the whole vocabulary would be 49,152).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class SamplingParams:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if any(s == "" for s in stop):
-            raise InputError("stop strings must not be empty")
+            raise InputError("a stop string must not be empty")
         set_("stop", tuple(stop))
 
         ids = (self.stop_token_ids,) if _is_int(self.stop_token_ids) else self.stop_token_ids
@@ -102,8 +104,8 @@ class SamplingParams:
             set_(name, bool(getattr(self, name)))
 
         if self.logprobs is not None:
-            if not _is_int(self.logprobs) or self.logprobs < 0:
-                raise InputError(f"logprobs must be None or an integer >= 0, got {_show(self.logprobs)}")
+            if not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise InputError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}")
             set_("logprobs", int(self.logprobs))
 
     @property

@@ -62,11 +62,12 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--decode-tokens", type=int, default=128)
-    parser.add_argument("--ratios", type=int, nargs="+", default=[32, 128, 256], help="new-token counts")
-    parser.add_argument("--json", help="also write the numbers to this file")
+    parser.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: the default model)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--decode-tokens", type=int, default=128, help="new tokens of the decode-speed runs")
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128, 256], metavar="N",
+                        help="new-token counts of the no-cache / cache comparison")
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers to this file")
     args = parser.parse_args()
     console = Console()
     model = load_model(args.model)
@@ -74,7 +75,7 @@ def main() -> None:
     prompt_ids = tokenizer.encode(PROMPT)
     numbers: dict[str, float] = {}
 
-    console.print(f"[bold]{model.config.name}[/], {os.cpu_count()} cores, prompt of {len(prompt_ids)} tokens")
+    console.print(f"[bold]{model.path.name}[/], {os.cpu_count()} cores, prompt of {len(prompt_ids)} tokens")
     bandwidth = copy_bandwidth()
     kv_read = estimate_kv_bytes(model.config, len(prompt_ids) + args.decode_tokens // 2)   # mean cache per step
     bytes_per_token = model.weight_bytes + kv_read
@@ -96,7 +97,7 @@ def main() -> None:
 
     ratios = {}                                  # (prompt tokens, new tokens) -> (no-cache seconds, cache seconds)
     for prompt in (prompt_ids, long_prompt):
-        for n in args.ratios:
+        for n in args.new_tokens:
             cached = generate(model, prompt, greedy(n))
             baseline = generate(model, prompt, greedy(n), use_cache=False)
             if cached.token_ids != baseline.token_ids:

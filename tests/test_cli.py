@@ -1,6 +1,7 @@
 """The command line: results on stdout, one-line errors with exit code 2 on stderr, no tracebacks."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -79,7 +80,7 @@ def test_ctrl_c_stops_the_reply_and_keeps_what_was_streamed(real_model_path):
     rest, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     assert first and "finish abort (cancelled)" in err and "Traceback" not in err
-    streamed = int(err.strip().splitlines()[-1].split(" new tokens")[0].split()[-1])
+    streamed = int(re.search(r"(\d+) new tokens?", err.strip().splitlines()[-1]).group(1))
     assert 0 < streamed < 2000
 
 
@@ -122,20 +123,21 @@ def test_prompt_longer_than_context_is_refused_before_any_work(tiny_model_path, 
     assert "exceeds the context length of 128 tokens" in err and "max_tokens (200)" in err
 
 
-@pytest.mark.parametrize("options,message", [
-    (["--max-tokens", "0"], "max_tokens must be at least 1, got 0"),
-    (["--temperature", "-1"], "temperature must be >= 0"),
-    (["--top-p", "0"], "top_p must be in (0, 1]"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-    (["--top-k", "-2"], "top_k must be -1, 0 or >= 1"),
-    (["--min-p", "1.5"], "min_p must be in [0, 1]"),
-    (["--repetition-penalty", "0"], "repetition_penalty"),
-    (["--presence-penalty", "3"], "presence_penalty"),
-    (["--frequency-penalty", "-2.5"], "frequency_penalty"),
-    (["--min-tokens", "9", "--max-tokens", "3"], "min_tokens (9) must not exceed max_tokens (3)"),
-    (["--stop", ""], "stop strings must not be empty"),
+@pytest.mark.parametrize("options,message", [            # each error names the option as it was typed
+    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--top-k", "-2"], "--top-k must be -1, 0 or >= 1"),
+    (["--min-p", "1.5"], "--min-p must be in [0, 1]"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+    (["--presence-penalty", "3"], "--presence-penalty must be in [-2, 2]"),
+    (["--frequency-penalty", "-2.5"], "--frequency-penalty must be in [-2, 2]"),
+    (["--min-tokens", "9", "--max-tokens", "3"], "--min-tokens (9) must not exceed --max-tokens (3)"),
+    (["--stop", ""], "a --stop string must not be empty"),
     (["--timeout", "0"], "--timeout must be > 0"),
-    (["--logprobs", "-1"], "logprobs"),
+    (["--logprobs", "-1"], "--logprobs must be an integer in [0, 20]"),
+    (["--logprobs", "21"], "--logprobs must be an integer in [0, 20]"),
 ])
 def test_bad_sampling_options_are_one_line_exit_2_before_loading(options, message, capsys, monkeypatch):
     import minitransformer.model

@@ -160,6 +160,7 @@ def test_closing_a_stream_early_releases_the_cache(tiny_model, caches):
     ("", greedy(5), "prompt is empty"),
     ([], greedy(5), "no tokens"),
     ([5, 99999], greedy(5), "outside the vocabulary"),
+    ([5, 6], greedy(5, stop_token_ids=[3, 264]), r"stop token id 264 is outside the vocabulary \[0, 264\)"),
     ([5, 6], greedy(127), r"prompt \(2 tokens\) \+ max_tokens \(127\) = 129 exceeds the context length of 128"),
 ])
 def test_bad_requests_fail_before_any_work(tiny_model, caches, prompt, params, message):

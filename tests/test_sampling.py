@@ -388,16 +388,17 @@ def test_each_sampled_row_takes_exactly_one_uniform_per_step():
     (dict(frequency_penalty=-2.5), "frequency_penalty must be in [-2, 2], got -2.5"),
     (dict(seed=-1), "seed must be a non-negative integer, got -1"),
     (dict(seed=1.5), "seed must be an integer, got 1.5"),
-    (dict(stop=""), "stop strings must not be empty"),
-    (dict(stop=["ok", ""]), "stop strings must not be empty"),
+    (dict(stop=""), "a stop string must not be empty"),
+    (dict(stop=["ok", ""]), "a stop string must not be empty"),
     (dict(stop=[3]), "stop must be a string or a list of strings, got [3]"),
     (dict(stop=None), "stop must be a string or a list of strings, got None"),
     (dict(stop_token_ids=[-1]), "stop_token_ids must be a list of non-negative integers, got [-1]"),
     (dict(stop_token_ids=["2"]), "stop_token_ids must be a list of non-negative integers, got ['2']"),
     (dict(ignore_eos="yes"), "ignore_eos must be True or False, got 'yes'"),
     (dict(include_stop_str_in_output=1), "include_stop_str_in_output must be True or False, got 1"),
-    (dict(logprobs=-1), "logprobs must be None or an integer >= 0, got -1"),
-    (dict(logprobs=2.0), "logprobs must be None or an integer >= 0, got 2.0"),
+    (dict(logprobs=-1), "logprobs must be an integer in [0, 20], got -1"),
+    (dict(logprobs=21), "logprobs must be an integer in [0, 20], got 21"),
+    (dict(logprobs=2.0), "logprobs must be an integer in [0, 20], got 2.0"),
 ])
 def test_invalid_parameters_raise_one_clear_line(kwargs, message):
     with pytest.raises(InputError, match="^" + re.escape(message) + "$"):
