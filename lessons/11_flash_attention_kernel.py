@@ -33,7 +33,7 @@ PROMPT = ("Attention lets every token look back at the tokens before it. A GPU k
           "and keeps only a running maximum, a running sum and a partial output for each query row, so the full "
           "table of scores never has to exist in memory.")
 BQ, BK = source_constant(PREFILL_FILE, "PREFILL_BLOCK_Q"), source_constant(PREFILL_FILE, "PREFILL_BLOCK_K")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut titles at 80 columns
 
 
 def record_attention(model, ids):

@@ -29,7 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = _Parser(prog="minitransformer", description="A from-scratch LLM inference engine you can read.")
+    parser.add_argument("--version", action="version", version=f"minitransformer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = commands.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
