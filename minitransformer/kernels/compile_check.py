@@ -33,8 +33,9 @@ from pathlib import Path
 from .attention import (DECODE_EXPRESSIONS, DECODE_FILE, HEAD_DIMS, PREFILL_EXPRESSIONS, PREFILL_FILE,
                         decode_shared_bytes, prefill_shared_bytes)
 from .loader import COMPILE_OPTIONS, CUPY_ADDED_OPTIONS, read_source, source_constant
+from .quant import GEMV_EXPRESSIONS, GEMV_FILE
 
-KERNEL_FILES = {PREFILL_FILE: PREFILL_EXPRESSIONS, DECODE_FILE: DECODE_EXPRESSIONS}
+KERNEL_FILES = {PREFILL_FILE: PREFILL_EXPRESSIONS, DECODE_FILE: DECODE_EXPRESSIONS, GEMV_FILE: GEMV_EXPRESSIONS}
 DEFAULT_ARCH = "sm_90"
 COMPILERS = ("auto", "nvcc", "nvrtc")
 
