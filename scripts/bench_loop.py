@@ -20,35 +20,17 @@ import json
 import os
 import statistics
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, generate, load_model  # noqa: E402
+from minitransformer.bench.machine import measure_copy_bandwidth, roofline_tokens_per_s  # noqa: E402
 from minitransformer.kv_cache import estimate_kv_bytes  # noqa: E402
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
           "were made and who could read them.")
-
-
-def copy_bandwidth(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes read + written per second by a large array copy split across all cores (numpy releases the GIL)."""
-    src = np.ones(n_bytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    threads = os.cpu_count() or 1
-    bounds = np.linspace(0, src.size, threads + 1).astype(int)
-    slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    with ThreadPoolExecutor(threads) as pool:
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))
-            best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best
 
 
 def median_of(repeats: int, run) -> float:
@@ -76,12 +58,12 @@ def main() -> None:
     numbers: dict[str, float] = {}
 
     console.print(f"[bold]{model.path.name}[/], {os.cpu_count()} cores, prompt of {len(prompt_ids)} tokens")
-    bandwidth = copy_bandwidth()
+    bandwidth = measure_copy_bandwidth()
     kv_read = estimate_kv_bytes(model.config, len(prompt_ids) + args.decode_tokens // 2)   # mean cache per step
     bytes_per_token = model.weight_bytes + kv_read
     numbers["copy_bandwidth_gb_s"] = bandwidth / 1e9
     numbers["bytes_read_per_decode_token"] = bytes_per_token
-    numbers["roofline_decode_tok_s"] = bandwidth / bytes_per_token
+    numbers["roofline_decode_tok_s"] = roofline_tokens_per_s(bytes_per_token, bandwidth)
 
     def decode_rate() -> float:
         result = generate(model, prompt_ids, greedy(args.decode_tokens))

@@ -1,0 +1,129 @@
+"""Lesson 02: prefill vs decode — the first token waits for the whole prompt, each later token for one pass over
+the weights, and the FLOPs and bytes of each phase say which resource limits it.
+
+    python lessons/02_prefill_vs_decode.py [--prompt-tokens 200] [--new-tokens 16] [--lengths 16,64,256]
+                                           [--steps 4] [--repeats 3]
+
+Part 1 times one request (TTFT and inter-token latency, generate.py's metrics). Part 2 sweeps the prompt length
+(prefill.py) and the context length (decode.py), and puts each measured time next to the work the pass does
+(bench/machine.py's forward_cost) and this machine's measured peaks: bytes/s of a large copy, FLOP/s of a matmul.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
+from minitransformer.bench.machine import (forward_cost, measure_copy_bandwidth, measure_gemm_flops,  # noqa: E402
+                                           roofline_tokens_per_s)
+from minitransformer.decode import decode_step  # noqa: E402
+from minitransformer.prefill import prefill  # noqa: E402
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
+        "books were made, how much they cost, and who could read them. ")
+console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut lines at 80 columns
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="prompt length of the timed request")
+    ap.add_argument("--new-tokens", type=int, default=16, help="tokens the timed request generates")
+    ap.add_argument("--lengths", default="16,64,256", help="prompt (and decode context) lengths of the sweep")
+    ap.add_argument("--steps", type=int, default=4, help="decode steps timed at each context length")
+    ap.add_argument("--repeats", type=int, default=3, help="prefills per length; the median is shown")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    model = load_model()
+    cfg, weights = model.config, model.weight_bytes
+    tokens = model.tokenizer.encode(TEXT * (1 + max(lengths + [args.prompt_tokens]) // 20))   # 30 tokens a copy
+
+    console.rule("[bold]1. This machine's two peaks")
+    bandwidth, gemm = measure_copy_bandwidth(), measure_gemm_flops()
+    ridge = gemm / bandwidth
+    console.print(f"memory: {bandwidth / 1e9:.1f} GB/s (a 256 MiB copy, read + write); arithmetic: {gemm / 1e9:.1f} "
+                  f"GFLOP/s (float32 1024x1024 matmul). Ridge point: {ridge:.1f} FLOP per byte. A pass doing fewer "
+                  "FLOPs per byte it moves waits on memory; one doing more waits on arithmetic.")
+
+    console.rule(f"[bold]2. One request: a {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens")
+    prompt = tokens[:args.prompt_tokens]
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+    generate(model, prompt[:8], SamplingParams(max_tokens=2, temperature=0.0))      # warm-up: BLAS threads, pages
+    result = generate(model, prompt, params)
+    m = result.metrics
+    ttft, itl = m.ttft_s, m.itl_summary()
+    console.print(f"[cyan]prefill[/] TTFT = {ttft * 1e3:.0f} ms   [magenta]decode[/] ITL p50 = {itl['p50'] * 1e3:.1f} "
+                  f"ms (mean {itl['mean'] * 1e3:.1f}, p90 {itl['p90'] * 1e3:.1f})   total = {m.e2e_s * 1e3:.0f} ms")
+    console.print(f"check request: TTFT {ttft * 1e3:.2f} ms, ITL p50 {itl['p50'] * 1e3:.2f} ms, "
+                  f"TTFT / ITL = {ttft / itl['p50']:.1f}")
+
+    console.rule("[bold]3. Sweep: prefill of L tokens vs one decode step at context L")
+    table = Table("phase", "L", "time ms", "tok/s", "GFLOP", "MB moved", "FLOP/byte", "GFLOP/s (of peak)",
+                  "GB/s (of peak)", "bound by")
+    rows = {}
+    for L in lengths:
+        caches = []
+
+        def run_prefill():
+            caches.append(KVCache(cfg, L + args.steps))
+            prefill(model, tokens[:L], caches[-1])
+        t_pre = statistics.median(timed(run_prefill) for _ in range(args.repeats))
+        cache = caches[-1]
+        t_dec = statistics.median(timed(lambda: decode_step(model, [tokens[L]], cache)) for _ in range(args.steps))
+        costs = forward_cost(cfg, L, weight_bytes=weights), forward_cost(cfg, 1, L, weight_bytes=weights)
+        for phase, colour, seconds, cost, n in (("prefill", "cyan", t_pre, costs[0], L),
+                                                ("decode", "magenta", t_dec, costs[1], 1)):
+            flops_s, bytes_s = cost.flops / seconds, cost.bytes / seconds
+            bound = "compute" if cost.intensity > ridge else "memory"
+            rows[phase, L] = (seconds, cost, flops_s, bytes_s, bound)
+            table.add_row(f"[{colour}]{phase}", str(L), f"{seconds * 1e3:.1f}", f"{n / seconds:.0f}",
+                          f"{cost.flops / 1e9:.2f}", f"{cost.bytes / 1e6:.0f}", f"{cost.intensity:.1f}",
+                          f"{flops_s / 1e9:.1f} ({flops_s / gemm:.0%})",
+                          f"{bytes_s / 1e9:.1f} ({bytes_s / bandwidth:.0%})", f"[{colour}]{bound}")
+    console.print(table)
+    console.print("FLOPs: 2 per weight per token + attention; bytes: weights once + KV cache + activations "
+                  "(forward_cost's docstring). 'bound by' compares FLOP/byte with the ridge point.")
+    for (phase, L), (seconds, cost, _, _, bound) in rows.items():
+        console.print(f"check cost: {phase} {L}: {cost.flops:.0f} FLOP, {cost.bytes:.0f} bytes, {seconds:.6f} s, "
+                      f"{bound}")
+
+    longest = max(lengths)
+    t_pre, pre, pre_flops_s, pre_bytes_s, pre_bound = rows["prefill", longest]
+    t_dec, dec, dec_flops_s, dec_bytes_s, dec_bound = rows["decode", longest]
+    decode_ms = [rows["decode", L][0] * 1e3 for L in lengths]
+    roofline = roofline_tokens_per_s(dec.bytes, bandwidth)
+    batched = forward_cost(cfg, 1, longest, batch=16, weight_bytes=weights)
+    console.rule("[bold]Interview questions")
+    console.print(
+        f"[bold]Why is the first token slower than the rest?[/] The first token needs the whole prompt through every "
+        f"layer: prefill of {len(prompt)} tokens made TTFT {ttft * 1e3:.0f} ms, while each later token needs one "
+        f"token's pass: ITL p50 {itl['p50'] * 1e3:.1f} ms, {ttft / itl['p50']:.0f}x less. In the sweep, prefill took "
+        f"{rows['prefill', lengths[0]][0] * 1e3:.0f} ms at {lengths[0]} tokens and {t_pre * 1e3:.0f} ms at "
+        f"{longest}, while a decode step took {min(decode_ms):.0f}-{max(decode_ms):.0f} ms at every context length. "
+        f"That is also why total latency alone misleads: this request's {m.e2e_s * 1e3:.0f} ms were "
+        f"{ttft / m.e2e_s:.0%} waiting for the first token, and TTFT and ITL have different causes and fixes.")
+    console.print(
+        f"[bold]Why does decode become memory-bandwidth-bound?[/] A decode step multiplies every weight by one row: "
+        f"{dec.flops / 1e9:.2f} GFLOP over {dec.bytes / 1e6:.0f} MB moved = {dec.intensity:.2f} FLOP/byte, against "
+        f"this machine's ridge of {ridge:.1f}: {dec_bound}-bound. It ran at {dec_bytes_s / 1e9:.1f} GB/s "
+        f"({dec_bytes_s / bandwidth:.0%} of the measured copy bandwidth) and {dec_flops_s / 1e9:.1f} GFLOP/s "
+        f"({dec_flops_s / gemm:.0%} of the GEMM peak). Bytes bound it at {roofline:.0f} tokens/s (bandwidth / bytes "
+        f"per token); measured {1 / t_dec:.0f}. Prefill of {longest} tokens reuses each weight {longest} times: "
+        f"{pre.intensity:.0f} FLOP/byte, {pre_flops_s / 1e9:.1f} GFLOP/s ({pre_flops_s / gemm:.0%} of peak) at "
+        f"{pre_bytes_s / 1e9:.1f} GB/s ({pre_bytes_s / bandwidth:.0%}): {pre_bound}-bound. A decode step for 16 "
+        f"requests at once shares the weight read the same way: {batched.intensity:.1f} FLOP/byte.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""This machine's two peaks and what one forward pass asks of them: the numbers behind the roofline.
+
+A step of the model is limited either by arithmetic (FLOP/s) or by moving bytes through memory (bytes/s). Which one
+depends on its arithmetic intensity, FLOPs per byte moved: a prefill of P tokens multiplies every weight by P rows
+(intensity grows with P), a decode step multiplies every weight by one row (intensity ~ 0.5 FLOP/byte in float32).
+The machine's ridge point, peak FLOP/s / peak bytes/s, separates the two regimes (Williams, Waterman and Patterson,
+"Roofline: an insightful visual performance model", CACM 2009).
+
+    measure_copy_bandwidth  bytes read + written per second by a large array copy (the STREAM "copy" convention)
+    measure_gemm_flops      float32 n x n matmul FLOP/s (2 n^3 FLOPs per product)
+    forward_cost            FLOPs and bytes of one forward pass (prefill: new_tokens = P; decode: 1 at context S)
+    roofline_tokens_per_s   the decode upper bound: bandwidth / bytes read per token
+
+Lesson 02_prefill_vs_decode, scripts/bench_loop.py and the roofline figure use these.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy
+
+from ..backend import synchronize
+from ..config import ModelConfig
+
+
+def _median_time(xp, run, repeats: int) -> float:
+    """Median seconds of `repeats` calls of run() after one warm-up call (page faults, BLAS thread start-up)."""
+    run()
+    synchronize(xp)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize(xp)                    # a GPU call returns before the work is done
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_copy_bandwidth(xp=numpy, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of copying an `nbytes` float32 array, counting the read and the write (2 x nbytes per copy).
+
+    On the CPU one thread cannot saturate memory, so the copy is split across all cores (numpy releases the GIL);
+    the array is much larger than any cache so the number is DRAM bandwidth, the resource a decode step is bound by.
+    """
+    src = xp.ones(max(nbytes // 4, 1), dtype=xp.float32)
+    dst = xp.empty_like(src)
+    if xp is numpy:
+        threads = os.cpu_count() or 1
+        bounds = numpy.linspace(0, src.size, threads + 1).astype(int)
+        slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        with ThreadPoolExecutor(threads) as pool:
+            seconds = _median_time(xp, lambda: list(pool.map(lambda s: numpy.copyto(dst[s], src[s]), slices)),
+                                   repeats)
+    else:
+        seconds = _median_time(xp, lambda: xp.copyto(dst, src), repeats)
+    return 2 * src.nbytes / seconds
+
+
+def measure_gemm_flops(xp=numpy, n: int = 1024, repeats: int = 3) -> float:
+    """FLOP/s of a float32 (n, n) @ (n, n) product: 2 n^3 FLOPs (a multiply and an add per term) over its time.
+
+    This is the compute peak a prefill can approach: its matmuls are (P, D) @ (D, O), large in all three sizes.
+    """
+    rng = numpy.random.default_rng(0)
+    a = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
+    b = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
+    return 2 * n**3 / _median_time(xp, lambda: a @ b, repeats)
+
+
+@dataclass
+class PhaseCost:
+    """Work of one forward pass: FLOPs done and bytes moved through memory."""
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte: above the machine's ridge point a phase is compute-bound, below it memory-bound."""
+        return self.flops / self.bytes
+
+
+def _matrix_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of each weight matrix one decoder layer multiplies every token by (model.py's fused layout)."""
+    c = config
+    return [(c.d_model, c.q_dim + 2 * c.kv_dim),     # w_qkv
+            (c.q_dim, c.d_model),                   # wo
+            (c.d_model, 2 * c.ffn_dim),             # w_gate_up
+            (c.ffn_dim, c.d_model)]                 # w_down
+
+
+def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, batch: int = 1,
+                 weight_bytes: float | None = None, dtype_bytes: int = 4) -> PhaseCost:
+    """FLOPs and bytes of one forward of `new_tokens` tokens per sequence after `context_tokens` cached ones.
+
+    Prefill of P tokens: forward_cost(cfg, P). A decode step at context S: forward_cost(cfg, 1, S).
+    What is counted (the engine's forward with last_only=True, as prefill.py and decode.py call it):
+    - FLOPs: 2 per weight per token for the layer matmuls (N = batch * new_tokens rows), 2 * D * V per sequence for
+      the lm_head (only the last position's logits are computed), and attention's two matmuls, q k^T and probs v,
+      4 * H * d per (query, key) pair over all new_tokens x (context + new) pairs: the engine computes every pair
+      and masks the future ones, so that is the work done (a causal-aware kernel would skip up to half in prefill).
+      Norms, RoPE, softmax and SiLU are elementwise and left out (under 1% of the FLOPs here).
+    - bytes: every weight read once (`weight_bytes` if given, e.g. Transformer.weight_bytes; otherwise the
+      matrices, norms and lm_head at dtype_bytes each), the KV cache read (all context + new keys and values, every
+      layer) and written (the new ones), and activations: each matmul's input read and output written, and the
+      attention scores (B, H, T, S) written and read back once. Caches between DRAM and the ALUs are ignored, so
+      these are the bytes of an implementation that keeps nothing on chip between operations.
+    """
+    c = config
+    rows = batch * new_tokens                                   # N: tokens going through the layer matmuls
+    keys = context_tokens + new_tokens                          # S: keys each new query attends to
+    matrices = _matrix_shapes(c)
+    layer_params = sum(i * o for i, o in matrices)
+    matmul_flops = 2 * c.n_layers * layer_params * rows + 2 * c.d_model * c.vocab_size * batch
+    pairs = batch * new_tokens * keys                           # (query, key) pairs per head
+    attention_flops = c.n_layers * 4 * c.n_heads * c.head_dim * pairs
+
+    if weight_bytes is None:
+        norms = (2 * c.n_layers + 1) * c.d_model
+        weight_bytes = (c.n_layers * layer_params + c.d_model * c.vocab_size + norms) * dtype_bytes
+    kv_read = 2 * c.n_layers * batch * c.n_kv_heads * keys * c.head_dim * dtype_bytes
+    kv_written = 2 * c.n_layers * batch * c.n_kv_heads * new_tokens * c.head_dim * dtype_bytes
+    matmul_io = c.n_layers * rows * sum(i + o for i, o in matrices) + batch * (c.d_model + c.vocab_size)
+    scores_io = c.n_layers * 2 * c.n_heads * pairs
+    activation_bytes = (matmul_io + scores_io) * dtype_bytes
+    return PhaseCost(flops=float(matmul_flops + attention_flops),
+                     bytes=float(weight_bytes + kv_read + kv_written + activation_bytes))
+
+
+def roofline_tokens_per_s(weight_bytes: float, bandwidth: float) -> float:
+    """Upper bound on batch-1 decode tokens/s: every step must stream all weights from memory at least once, so
+    tokens/s <= bandwidth / bytes per token. Pass weights + cache bytes to include the cache read."""
+    return bandwidth / weight_bytes

@@ -1,0 +1,104 @@
+"""minitransformer.bench.machine: the peaks are plausible numbers and forward_cost counts what the model does.
+
+forward_cost's references are independent of its formula: FLOPs are summed from the loaded tiny model's actual
+weight arrays and a spy on layers.attention that records each call's (T, S); bytes from the arrays' nbytes.
+Timings are never asserted beyond "positive and finite" (shared, noisy machine).
+"""
+
+from __future__ import annotations
+
+import math
+import unittest.mock
+
+import numpy as np
+import pytest
+
+import minitransformer.model
+from minitransformer import KVCache, ModelConfig
+from minitransformer.bench.machine import (PhaseCost, forward_cost, measure_copy_bandwidth, measure_gemm_flops,
+                                           roofline_tokens_per_s)
+from minitransformer.decode import decode_step
+from minitransformer.prefill import prefill
+from minitransformer.weights import open_gguf
+
+
+def test_peaks_are_positive_rates():
+    bandwidth = measure_copy_bandwidth(nbytes=8 * 2**20, repeats=2)
+    flops = measure_gemm_flops(n=128, repeats=2)
+    for rate in (bandwidth, flops):
+        assert math.isfinite(rate) and rate > 0
+    assert 1e8 < bandwidth < 1e13 and 1e7 < flops < 1e15     # bytes/s and FLOP/s, not seconds or GB/s
+
+
+def test_gemm_counts_2n3_flops(monkeypatch):
+    """With a clock that advances exactly 1 s per timed call, the rate is the FLOP count itself."""
+    import minitransformer.bench.machine as machine
+    ticks = iter(range(100))
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: float(next(ticks)))
+    assert measure_gemm_flops(n=64, repeats=3) == 2 * 64**3
+    ticks = iter(range(100))
+    assert measure_copy_bandwidth(nbytes=4096, repeats=3) == 2 * 4096
+
+
+def record_attention_shapes(model, run):
+    """(T queries, S keys) of every layers.attention call made while run() executes."""
+    shapes, real = [], minitransformer.model.attention
+    def spy(q, k, v, q_pos, k_pos):
+        shapes.append((q.shape[0], q.shape[2], k.shape[2]))
+        return real(q, k, v, q_pos, k_pos)
+    with unittest.mock.patch.object(minitransformer.model, "attention", spy):
+        run()
+    return shapes
+
+
+def reference_flops(model, shapes):
+    """2 x (weights each token row meets) x rows + lm_head on the last position + 4 H d per (query, key) pair."""
+    cfg = model.config
+    matrices = sum(layer.w_qkv.size + layer.wo.size + layer.w_gate_up.size + layer.w_down.size
+                   for layer in model.layers)
+    B, T, _ = shapes[0]
+    attention = sum(4 * cfg.n_heads * cfg.head_dim * b * t * s for b, t, s in shapes)
+    return 2 * matrices * B * T + 2 * model.lm_head.size * B + attention
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_forward_cost_flops_match_the_models_matmuls(tiny_model, batch):
+    cfg, P = tiny_model.config, 11
+    cache = KVCache(cfg, P + 1, batch=batch)
+    ids = np.arange(5, 5 + P * batch).reshape(batch, P) % cfg.vocab_size
+    prefill_shapes = record_attention_shapes(tiny_model, lambda: prefill(tiny_model, ids, cache))
+    decode_shapes = record_attention_shapes(tiny_model, lambda: decode_step(tiny_model, ids[:, -1], cache))
+    assert prefill_shapes[0] == (batch, P, P) and decode_shapes[0] == (batch, 1, P + 1)
+    assert forward_cost(cfg, P, batch=batch).flops == reference_flops(tiny_model, prefill_shapes)
+    assert forward_cost(cfg, 1, P, batch=batch).flops == reference_flops(tiny_model, decode_shapes)
+
+
+def test_forward_cost_bytes(tiny_model):
+    cfg = tiny_model.config
+    weights = tiny_model.weight_bytes                 # tied model: the embedding is the lm_head, stored once
+    assert forward_cost(cfg, 1).bytes == forward_cost(cfg, 1, weight_bytes=weights).bytes   # default = the model's
+    S, D, V, L = 40, cfg.d_model, cfg.vocab_size, cfg.n_layers
+    kv_row = 2 * L * cfg.n_kv_heads * cfg.head_dim * 4              # K and V of one token, all layers, float32
+    layer_io = sum(a.shape[0] + a.shape[1] for a in (tiny_model.layers[0].w_qkv, tiny_model.layers[0].wo,
+                                                    tiny_model.layers[0].w_gate_up, tiny_model.layers[0].w_down))
+    decode = forward_cost(cfg, 1, S, weight_bytes=weights)
+    expected = (weights + kv_row * (S + 1) + kv_row                 # cache read (S + new) and written (new)
+                + 4 * (L * layer_io + D + V)                        # matmul inputs and outputs, last row's logits
+                + 4 * L * 2 * cfg.n_heads * (S + 1))                # attention scores written and read
+    assert decode.bytes == expected
+    assert forward_cost(cfg, 1, S, dtype_bytes=2).bytes < decode.bytes
+
+
+def test_prefill_is_intense_decode_is_not(real_model_path):
+    """The roofline story in numbers for the real model's shapes: float32 decode does ~0.5 FLOP per byte moved
+    (two FLOPs per 4-byte weight), a 256-token prefill over a hundred times more."""
+    cfg = ModelConfig.from_gguf(open_gguf(real_model_path))         # the shapes only: no weights loaded
+    decode = forward_cost(cfg, 1, 256)
+    prefill_cost = forward_cost(cfg, 256)
+    assert 0.4 < decode.intensity < 0.6
+    assert prefill_cost.intensity > 100 * decode.intensity
+    assert PhaseCost(6.0, 3.0).intensity == 2.0
+
+
+def test_roofline():
+    assert roofline_tokens_per_s(500e6, 20e9) == 40.0
