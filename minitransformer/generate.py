@@ -6,7 +6,9 @@
 Each stage lives in the file with its name (prefill.py, decode.py, sampling.py, stopping.py, detokenizer.py,
 metrics.py); this file only calls them in order, so the whole request flow reads top to bottom in `_run`.
 `stream()` yields the text as it is produced; `generate()` runs the same loop to the end. With use_cache=False the
-same loop runs on no_cache.py's recompute-everything baseline (lesson 04_cache_vs_no_cache compares them).
+same loop runs on no_cache.py's recompute-everything baseline (lesson 04_cache_vs_no_cache compares them), and with
+speculative=... on speculative.py's draft-and-verify runner (lesson 12_speculative_decoding), which also picks each
+verified row's token (accept the draft or resample) — every other stage is unchanged.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Result:
     logprobs: list[dict] | None
     kv_cache_tokens: int             # tokens whose keys/values were held when the request finished
     kv_cache_bytes: int
+    speculative: dict | None = None  # drafter, draft/accepted tokens, acceptance rate (speculative decoding only)
 
     def to_dict(self) -> dict:
         out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
@@ -60,6 +63,8 @@ class Result:
                "kv_cache": {"tokens": self.kv_cache_tokens, "bytes": self.kv_cache_bytes}}
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
+        if self.speculative is not None:
+            out["speculative"] = self.speculative
         return out
 
 
@@ -83,13 +88,17 @@ def generate(model, prompt, params: SamplingParams | None = None, chat: bool = F
 
 
 def stream(model, prompt, params: SamplingParams | None = None, chat: bool = False, *, use_cache: bool = True,
-           timeout: float | None = None, cancel=None) -> Iterator[Delta]:
+           timeout: float | None = None, cancel=None, speculative=None,
+           num_speculative_tokens: int = 4) -> Iterator[Delta]:
     """Yield Deltas as tokens are produced. The input is checked here, before any model work, so bad input raises
     InputError at the call; the loop itself starts when iteration does.
 
     prompt: text, token ids, or (with chat=True) a list of {"role", "content"} messages or one user message.
     timeout: seconds from now after which the request is aborted (finish_reason "abort", stop_reason "timeout").
     cancel: anything with is_set() (a threading.Event); when set, the reply stops with stop_reason "cancelled".
+    speculative: "ngram", "self:L" (the first L layers draft), a draft Transformer of the same vocabulary, or a
+    speculative.SpeculativeConfig; num_speculative_tokens: the k tokens drafted per target pass. Greedy output is
+    the same as without it; sampled output has the same distribution (speculative.py).
     """
     arrival = now()
     if timeout is not None and not timeout > 0:
@@ -97,7 +106,13 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
     params = params if params is not None else SamplingParams()
     request = make_request(model, prompt, params, chat, arrival)
     deadline = None if timeout is None else arrival + timeout
-    return _run(model, request, use_cache, deadline, cancel)
+    if speculative is not None:
+        from .speculative import make_config
+        if not use_cache:
+            raise InputError("speculative decoding verifies drafts against the KV cache; it cannot run with "
+                             "use_cache=False (--no-cache)")
+        speculative = make_config(model, speculative, num_speculative_tokens)
+    return _run(model, request, use_cache, deadline, cancel, speculative)
 
 
 def make_request(model, prompt, params: SamplingParams, chat: bool = False, arrival: float | None = None) -> Request:
@@ -162,9 +177,13 @@ class CachedRunner:
 
 # ---------------------------------------------------------------------------------------------------- the loop
 
-def _run(model, request: Request, use_cache: bool, deadline: float | None, cancel) -> Iterator[Delta]:
+def _run(model, request: Request, use_cache: bool, deadline: float | None, cancel,
+         speculative=None) -> Iterator[Delta]:
     params, tokenizer = request.params, model.tokenizer
-    if use_cache:
+    if speculative is not None:
+        from .speculative import SpeculativeRunner
+        runner = SpeculativeRunner(model, request, speculative)
+    elif use_cache:
         runner = CachedRunner(model, request.prompt_token_ids, params.max_tokens)
     else:
         from .no_cache import RecomputeRunner
@@ -181,7 +200,10 @@ def _run(model, request: Request, use_cache: bool, deadline: float | None, cance
         decision = check_abort(deadline, cancel)
         logits = runner.first_logits() if decision is None else None          # prefill: (1, V)
         while decision is None:
-            token = _sample_one(logits, request, generator, output_ids, tokenizer.eos_id)
+            if speculative is None:
+                token = _sample_one(logits, request, generator, output_ids, tokenizer.eos_id)
+            else:                                   # the same choice, or accept/resample against a draft
+                token = runner.sample_next(logits, request, generator, output_ids, tokenizer.eos_id, _sample_one)
             if logprobs is not None:                                          # of the raw logits, as vLLM reports
                 logprobs.extend(compute_logprobs(logits, np.asarray([token]), params.logprobs))
             output_ids.append(token)
@@ -202,7 +224,8 @@ def _run(model, request: Request, use_cache: bool, deadline: float | None, cance
     metrics.mark_finished()
     result = Result(request.request_id, request.prompt_token_ids, detokenizer.text, output_ids,
                     decision.finish_reason, decision.stop_reason,
-                    Usage(len(request.prompt_token_ids), len(output_ids)), metrics, logprobs, kv_tokens, kv_bytes)
+                    Usage(len(request.prompt_token_ids), len(output_ids)), metrics, logprobs, kv_tokens, kv_bytes,
+                    runner.stats.to_dict() if speculative is not None else None)
     yield Delta(final_text, output_ids[-1:] if output_ids else [], decision.finish_reason, result)
 
 

@@ -70,6 +70,17 @@ class KVCache:
             self.length = end
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end], self.key_positions[:, :end]
 
+    def truncate(self, length: int) -> None:
+        """Forget every token from `length` on (speculative decoding rolls back rejected drafts this way).
+
+        Only the length moves: the slots past it are overwritten by the next update, and nothing ever reads them
+        (update returns views up to the new end), so rolling back costs no copy.
+        """
+        if not 0 <= length <= self.length:
+            raise InputError(f"cannot truncate a KV cache of {self.length} tokens to {length}; the new length must "
+                             f"be in [0, {self.length}]")
+        self.length = length
+
     # ------------------------------------------------------------------ sizes (lesson 03 prints these)
 
     @property

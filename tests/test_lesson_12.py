@@ -1,0 +1,101 @@
+"""Lesson 12 runs as a learner runs it (a subprocess on the real model) and its printed numbers hold together.
+
+References computed here, independently of the lesson's code: the same requests run through generate() in this
+process (drafted / accepted counts are deterministic for greedy decoding), and the counting identity of a run that
+ends at max_tokens: every verify pass ends with one token of the target's own, so passes = tokens - accepted.
+Timings are only checked for arithmetic consistency, never for their size.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitransformer import SamplingParams, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = ROOT / "lessons" / "12_speculative_decoding.py"
+TOKENS, KS = 16, (1, 3)
+ROW = re.compile(r"│ (repeat|free) +│" + r" (\S+) +│" * 11)              # a row of table 2: 12 columns
+
+
+@pytest.fixture(scope="module")
+def lesson(real_model_path, tmp_path_factory):
+    figure = tmp_path_factory.mktemp("fig") / "speculative.png"
+    env = dict(os.environ, COLUMNS="200", MINITRANSFORMER_MODEL=str(real_model_path))
+    result = subprocess.run([sys.executable, str(LESSON), "--tokens", str(TOKENS), "--ks", ",".join(map(str, KS)),
+                             "--drafters", "ngram,self:20", "--prompts", "repeat,free", "--repeats", "2",
+                             "--figure", str(figure)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, figure
+
+
+def lesson_prompts():
+    spec = importlib.util.spec_from_file_location("lesson12", LESSON)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PROMPTS
+
+
+def test_pass_cost_table_is_consistent(lesson):
+    out, _ = lesson
+    rows = re.findall(r"│ (\d+) +│ ([0-9.]+) +│ ([0-9.]+) +│ ([0-9.]+) +│ ([0-9.]+) +│", out)
+    costs = {int(T): (float(ms), float(ratio), float(per), float(mm)) for T, ms, ratio, per, mm in rows}
+    assert sorted(costs) == [1, 2, 4]                                  # 1 and k + 1 for k in KS
+    assert costs[1][3] == 1.0 and costs[4][3] > 0                      # the matmul column is relative to T = 1
+    for T, (ms, ratio, per, _) in costs.items():
+        assert ratio == pytest.approx(ms / costs[1][0], rel=0.02, abs=0.01)
+        assert per == pytest.approx(ms / T, rel=0.01, abs=0.06)
+
+
+def test_speculative_rows_match_generate_and_count_correctly(lesson, real_model):
+    out, _ = lesson
+    rows = ROW.findall(out)
+    assert len(rows) == 2 * (1 + 2 * len(KS)), out[-3000:]
+    prompts = lesson_prompts()
+    plain_rate = {}
+    for name, drafter, k, same, counts, rate, per_pass, verify, draft, tok_s, speedup, predicted in rows:
+        if drafter == "plain":
+            plain_rate[name] = float(tok_s)
+            assert float(verify) == pytest.approx(1e3 / float(tok_s), rel=0.02)
+            continue
+        assert same == "yes"                                            # greedy output unchanged
+        accepted, drafted = (int(n) for n in counts.split("/"))
+        assert float(rate) == pytest.approx(accepted / drafted if drafted else 0.0, abs=0.006)
+        passes = TOKENS - accepted                                      # prefill + verify passes
+        assert float(per_pass) == pytest.approx(TOKENS / passes, abs=0.006)
+        assert float(speedup) == pytest.approx(float(tok_s) / plain_rate[name], rel=0.03, abs=0.006)
+        tokens_per_verify = (TOKENS - 1) / (passes - 1)
+        expect = tokens_per_verify * 1e3 / plain_rate[name] / (float(verify) + float(draft))
+        assert float(predicted) == pytest.approx(expect, rel=0.03, abs=0.01)
+        if drafter == "ngram":                                          # deterministic: the same counts here
+            ref = generate(real_model, prompts[name], SamplingParams(max_tokens=TOKENS, temperature=0.0),
+                           speculative="ngram", num_speculative_tokens=int(k)).speculative
+            assert (drafted, accepted) == (ref["draft_tokens"], ref["accepted_tokens"])
+    # the list the prompt already holds is what prompt lookup is for: it beats free text at every k
+    ngram = {(r[0], r[2]): int(r[4].split("/")[0]) for r in rows if r[1] == "ngram"}
+    assert all(ngram[("repeat", str(k))] > ngram[("free", str(k))] for k in KS)
+
+
+def test_answer_quotes_this_runs_numbers_and_figure_is_written(lesson):
+    out, figure = lesson
+    flat = " ".join(out.split())
+    ratio = re.search(r"a pass over (\d+) tokens cost ([0-9.]+)x a 1-token step", flat)
+    assert ratio and ratio.group(1) == str(max(KS) + 1)
+    assert re.search(rf"│ {ratio.group(1)} +│ [0-9.]+ +│ {re.escape(ratio.group(2))} +│", out)
+    matmul = re.search(r"one matmul with 2 rows cost ([0-9.]+)x the same matmul with 1 row, with (\d+) rows ([0-9.]+)x",
+                       flat)
+    assert matmul and matmul.group(2) == str(max(KS) + 1)
+    for T, value in ((2, matmul.group(1)), (max(KS) + 1, matmul.group(3))):
+        assert re.search(rf"│ {T} +│ [0-9.]+ +│ [0-9.]+ +│ [0-9.]+ +│ {re.escape(value)} +│", out)
+    best = re.search(r"Best: (\w+) text with (\S+) at k=(\d+), acceptance ([0-9.]+), speedup ([0-9.]+)x", flat)
+    speedups = [float(r[10]) for r in ROW.findall(out) if r[1] != "plain"]
+    assert best and float(best.group(5)) == max(speedups)
+    assert "identical = yes" in flat
+    assert figure.stat().st_size > 5000 and figure.read_bytes()[:4] == b"\x89PNG"
