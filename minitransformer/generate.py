@@ -89,7 +89,7 @@ def generate(model, prompt, params: SamplingParams | None = None, chat: bool = F
 
 def stream(model, prompt, params: SamplingParams | None = None, chat: bool = False, *, use_cache: bool = True,
            timeout: float | None = None, cancel=None, speculative=None,
-           num_speculative_tokens: int = 4) -> Iterator[Delta]:
+           num_speculative_tokens: int = 4, kv_cache: str = "f32") -> Iterator[Delta]:
     """Yield Deltas as tokens are produced. The input is checked here, before any model work, so bad input raises
     InputError at the call; the loop itself starts when iteration does.
 
@@ -99,6 +99,7 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
     speculative: "ngram", "self:L" (the first L layers draft), a draft Transformer of the same vocabulary, or a
     speculative.SpeculativeConfig; num_speculative_tokens: the k tokens drafted per target pass. Greedy output is
     the same as without it; sampled output has the same distribution (speculative.py).
+    kv_cache: "f32" (KVCache) or "int8" (quantize.Int8KVCache: 3.8x smaller, lesson 13 measures what it costs).
     """
     arrival = now()
     if timeout is not None and not timeout > 0:
@@ -106,13 +107,27 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
     params = params if params is not None else SamplingParams()
     request = make_request(model, prompt, params, chat, arrival)
     deadline = None if timeout is None else arrival + timeout
+    cache_class = kv_cache_class(kv_cache)
+    if kv_cache != "f32" and not use_cache:
+        raise InputError(f"kv_cache={kv_cache!r} chooses how the KV cache is stored; use_cache=False (--no-cache) "
+                         "keeps no cache")
     if speculative is not None:
         from .speculative import make_config
         if not use_cache:
             raise InputError("speculative decoding verifies drafts against the KV cache; it cannot run with "
                              "use_cache=False (--no-cache)")
         speculative = make_config(model, speculative, num_speculative_tokens)
-    return _run(model, request, use_cache, deadline, cancel, speculative)
+    return _run(model, request, use_cache, deadline, cancel, speculative, cache_class)
+
+
+def kv_cache_class(name: str):
+    """"f32" -> KVCache, "int8" -> quantize.Int8KVCache (the same constructor and update protocol)."""
+    if name == "f32":
+        return KVCache
+    from .quantize import KV_CACHES                       # quantize.py builds on kv_cache.py, so it is imported late
+    if name not in KV_CACHES:
+        raise InputError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {name!r}")
+    return KV_CACHES[name]
 
 
 def make_request(model, prompt, params: SamplingParams, chat: bool = False, arrival: float | None = None) -> Request:
@@ -153,9 +168,9 @@ def _tokens(n: int) -> str:
 class CachedRunner:
     """Where the model's logits come from in the normal loop: prefill once, then one token per step via the cache."""
 
-    def __init__(self, model, prompt_ids: list[int], max_tokens: int):
+    def __init__(self, model, prompt_ids: list[int], max_tokens: int, cache_class=None):
         self.model, self.prompt_ids = model, prompt_ids
-        self.cache = KVCache(model.config, len(prompt_ids) + max_tokens, xp=model.xp)
+        self.cache = (cache_class or KVCache)(model.config, len(prompt_ids) + max_tokens, xp=model.xp)
 
     def first_logits(self):
         return prefill(self.model, self.prompt_ids, self.cache)             # (1, V)
@@ -178,13 +193,13 @@ class CachedRunner:
 # ---------------------------------------------------------------------------------------------------- the loop
 
 def _run(model, request: Request, use_cache: bool, deadline: float | None, cancel,
-         speculative=None) -> Iterator[Delta]:
+         speculative=None, cache_class=None) -> Iterator[Delta]:
     params, tokenizer = request.params, model.tokenizer
     if speculative is not None:
         from .speculative import SpeculativeRunner
-        runner = SpeculativeRunner(model, request, speculative)
+        runner = SpeculativeRunner(model, request, speculative, cache_class)
     elif use_cache:
-        runner = CachedRunner(model, request.prompt_token_ids, params.max_tokens)
+        runner = CachedRunner(model, request.prompt_token_ids, params.max_tokens, cache_class)
     else:
         from .no_cache import RecomputeRunner
         runner = RecomputeRunner(model, request.prompt_token_ids)

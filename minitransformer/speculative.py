@@ -304,12 +304,12 @@ class SpeculativeRunner:
     is fed by the next verify pass), and `rows` are the logits of the last verify pass, row i following draft i.
     """
 
-    def __init__(self, model, request, config: SpeculativeConfig):
+    def __init__(self, model, request, config: SpeculativeConfig, cache_class=None):
         self.model, self.config, self.params = model, config, request.params
         self.prompt = list(request.prompt_token_ids)
         self.context = list(self.prompt)
         max_len = len(self.prompt) + self.params.max_tokens
-        self.cache = KVCache(model.config, max_len, xp=model.xp)
+        self.cache = (cache_class or KVCache)(model.config, max_len, xp=model.xp)   # KVCache or Int8KVCache
         seed = self.params.seed
         if config.method == "ngram":
             self.drafter = NgramDrafter(config)

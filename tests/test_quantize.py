@@ -203,6 +203,27 @@ def test_int8_cache_decodes_like_its_own_prefill(tiny_model):
     assert 0 < np.abs(whole - f32).max() < 0.01 * np.abs(f32).max()      # quantized, and within 1% of the scale
 
 
+
+def test_generate_runs_on_the_int8_cache(tiny_model):
+    """generate(kv_cache="int8") stores the request's keys in Int8KVCache: its bytes are the int8 estimate, its
+    tokens those of the same loop run directly on an Int8KVCache, and bad names or --no-cache are refused."""
+    from minitransformer import SamplingParams, generate
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    ids = [5, 70, 3, 9]
+    out = generate(tiny_model, ids, params, kv_cache="int8")
+    assert out.kv_cache_bytes == estimate_int8_kv_bytes(tiny_model.config, out.kv_cache_tokens)
+    cache = Int8KVCache(tiny_model.config, len(ids) + 6)
+    logits, expected = prefill(tiny_model, ids, cache), []
+    for _ in range(6):
+        expected.append(int(np.argmax(logits[0])))
+        logits = tiny_model.forward(np.array([[expected[-1]]]), np.array([[cache.length]]), kv=cache,
+                                    last_only=True)
+    assert out.token_ids == expected
+    with pytest.raises(InputError, match="kv_cache must be one of f32, int8"):
+        generate(tiny_model, ids, params, kv_cache="int4")
+    with pytest.raises(InputError, match="keeps no cache"):
+        generate(tiny_model, ids, params, kv_cache="int8", use_cache=False)
+
 # ------------------------------------------------------------------------------------------------- quality
 
 def test_corpus_is_the_stdlib_docstrings_in_a_fixed_order():
