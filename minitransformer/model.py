@@ -112,17 +112,44 @@ class Transformer:
         """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
         cfg = self.config
         B, T = positions.shape
-        H, K = cfg.n_heads, cfg.n_kv_heads
-        qkv = x @ layer.w_qkv                                                       # (B*T, (H + 2K) * d)
-        heads = qkv.reshape(B, T, H + 2 * K, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, H + 2K, T, d)
-        qk = apply_rope(heads[:, :H + K], cos, sin)            # (B, H + K, T, d): q and k rotated in one call
-        q, k, v = qk[:, :H], qk[:, H:], heads[:, H + K:]       # (B, H, T, d), (B, K, T, d), (B, K, T, d)
+        q, k, v = self.project_qkv(layer, x, B, T, cos, sin)   # (B, H, T, d), (B, K, T, d), (B, K, T, d)
         if kv is None:
             k_all, v_all, key_positions = k, v, positions
         else:
             k_all, v_all, key_positions = kv.update(index, k, v, positions)        # (B, K, S, d), (B, S)
         out = attention(q, k_all, v_all, positions, key_positions)                 # (B, H, T, d)
         return out.transpose(0, 2, 1, 3).reshape(B * T, cfg.q_dim) @ layer.wo      # (B*T, D)
+
+    def project_qkv(self, layer: LayerWeights, x, B: int, T: int, cos, sin):
+        """x (B*T, D) -> q (B, H, T, d), k (B, K, T, d) rotated by RoPE, and v (B, K, T, d)."""
+        cfg = self.config
+        H, K = cfg.n_heads, cfg.n_kv_heads
+        qkv = x @ layer.w_qkv                                                       # (B*T, (H + 2K) * d)
+        heads = qkv.reshape(B, T, H + 2 * K, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, H + 2K, T, d)
+        qk = apply_rope(heads[:, :H + K], cos, sin)            # (B, H + K, T, d): q and k rotated in one call
+        return qk[:, :H], qk[:, H:], heads[:, H + K:]
+
+    def forward_flat(self, token_ids, positions, attend, logits_rows):
+        """The serving engine's forward: the tokens of many sequences laid end to end, attention left to `attend`.
+
+        token_ids (N,), positions (N,) int arrays on the device: several decodes and prefill chunks of different
+        lengths in one pass. Every matmul runs once over all N rows (the weights are read once per step, whatever
+        the mix); only attention needs to know which rows belong to which sequence, so the caller does it:
+        attend(layer_index, q (H, N, d), k (K, N, d), v (K, N, d)) -> (H, N, d) stores this step's keys and values
+        and attends each row to its own sequence (serving/model_runner.py, through the paged KV cache).
+        logits_rows: the rows whose next-token logits are wanted -> logits (len(logits_rows), V).
+        """
+        N = positions.shape[0]
+        h = self.embedding[token_ids]                                      # (N, D)
+        cos, sin = self.rope_cos[positions][None], self.rope_sin[positions][None]   # (1, N, d/2) each
+        for index, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.attn_norm, self.config.norm_eps)
+            q, k, v = self.project_qkv(layer, x, 1, N, cos, sin)          # (1, H, N, d), (1, K, N, d) x 2
+            out = attend(index, q[0], k[0], v[0])                          # (H, N, d)
+            h = h + out.transpose(1, 0, 2).reshape(N, self.config.q_dim) @ layer.wo       # (N, D)
+            h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
+        h = h[logits_rows]                                                 # (R, D): only rows that sample
+        return rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head          # (R, V)
 
     def _check_inputs(self, token_ids, positions):
         """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong."""

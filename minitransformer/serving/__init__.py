@@ -1,0 +1,15 @@
+"""Serving many requests at once: paged KV cache, block manager, schedulers and the engine (lessons 08-10).
+
+One concept per file, named after its vLLM counterpart, in the order a request meets them:
+sequence.py (a request's state) -> scheduler.py (who runs this step) -> block_manager.py (which cache blocks)
+-> model_runner.py + paged_cache.py (one forward over all scheduled tokens) -> engine.py (the loop and the API).
+"""
+
+from .block_manager import BlockManager
+from .engine import Engine, EngineStats, RequestOutput, StepRecord
+from .paged_cache import PagedKVCache
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence, SequenceStatus
+
+__all__ = ["Engine", "EngineStats", "RequestOutput", "StepRecord", "BlockManager", "PagedKVCache", "Scheduler",
+           "SchedulerOutput", "Sequence", "SequenceStatus"]

@@ -1,0 +1,267 @@
+"""The serving engine: many requests at once on one model (vLLM's LLMEngine, in miniature).
+
+    engine = Engine(model, max_num_seqs=16, policy="continuous")
+    rid = engine.add_request("The capital of France is", SamplingParams(max_tokens=16, temperature=0.0))
+    while engine.has_unfinished_requests():
+        for out in engine.step(): print(out.request_id, out.delta.text)       # or: results = engine.run()
+
+Each step: the scheduler picks sequences and token counts (scheduler.py) -> one forward over all their tokens
+through the paged KV cache (model_runner.py) -> every sequence whose pending tokens are done samples one token, in
+one batched sample() call -> per sequence, the same stages as generate.py: detokenize, check_stop, stream a Delta,
+and on finish free its blocks and build its Result. A request's tokens do not depend on what it is batched with:
+its logits are its own rows of the matmuls and its own attention, and its sampler row uses its own generator.
+
+Admission control (add_request raises InputError with the numbers): the generate.py checks (context length,
+vocabulary, ...), prompt + max_tokens <= max_model_len, the request must fit in the whole KV pool by itself, and a
+tenant's unfinished requests may hold at most tenant_token_quota tokens (prompt + max_tokens) in flight.
+Lessons 08 (static vs continuous), 09 (paged attention) and 10 (priority) drive it and read `step_log`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from ..generate import Delta, Result, make_request
+from ..kv_cache import estimate_kv_bytes
+from ..metrics import RequestMetrics, Usage, now
+from ..sampling import SamplingParams, compute_logprobs, make_generator, sample
+from ..stopping import StopDecision, check_stop, tokens_to_suppress
+from ..detokenizer import IncrementalDetokenizer
+from . import model_runner
+from .block_manager import BlockManager
+from .paged_cache import PagedKVCache
+from .scheduler import POLICIES, Scheduler
+from .sequence import Sequence, SequenceStatus
+
+# num_blocks=None: enough blocks for max_num_seqs full contexts, but no more than this many bytes of K and V
+# (16 full 8192-token contexts of the default model would be 6 GiB).
+DEFAULT_KV_CACHE_BYTES = 512 * 2**20
+
+
+@dataclass
+class RequestOutput:
+    """What step() reports for one request: the new text (Delta), and the Result once finished."""
+    request_id: str
+    delta: Delta
+    finished: bool
+    result: Result | None = None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot with vLLM's metric names (vllm:num_requests_running, vllm:kv_cache_usage_perc, ...)."""
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float            # fraction of blocks in use, 0..1
+    num_preemptions: int
+    prefix_cache_queries: int        # tokens looked up in the prefix cache
+    prefix_cache_hits: int           # of which found
+    num_steps: int
+    num_prompt_tokens: int           # prompt tokens computed (recomputation after preemption included)
+    num_generation_tokens: int       # tokens sampled
+    num_free_blocks: int
+    num_blocks: int
+
+
+@dataclass
+class StepRecord:
+    """One step, for timelines: who ran, how many tokens of each kind, how long it took."""
+    step: int
+    request_ids: list[str]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_batched_tokens: int
+    duration_s: float
+    kv_cache_usage: float            # after the step
+    num_waiting: int                 # after the step
+    num_running: int
+    preempted: list[str]
+    start_s: float                   # on metrics.now()'s clock
+
+
+class Engine:
+    def __init__(self, model, max_num_seqs: int = 16, num_blocks: int | None = None, block_size: int = 16,
+                 policy: str = "continuous", max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None, tenant_token_quota: int | dict | None = None,
+                 aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES):
+        config = model.config
+        if policy not in POLICIES:
+            raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        for name, value in (("max_num_seqs", max_num_seqs), ("block_size", block_size),
+                            ("max_num_batched_tokens", max_num_batched_tokens), ("aging_steps", aging_steps)):
+            if not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        self.max_model_len = config.context_length if max_model_len is None else max_model_len
+        if not 1 <= self.max_model_len <= config.context_length:
+            raise InputError(f"max_model_len must be in [1, {config.context_length}] (the model's context), "
+                             f"got {max_model_len}")
+        if num_blocks is None:
+            per_block = estimate_kv_bytes(config, block_size)
+            num_blocks = max(1, min(max_num_seqs * -(-self.max_model_len // block_size),
+                                    kv_cache_bytes // per_block))
+        self.model = model
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.cache = PagedKVCache(config, num_blocks, block_size, xp=model.xp)
+        self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
+        self.tenant_token_quota = tenant_token_quota
+        self.sequences: dict[str, Sequence] = {}         # unfinished requests
+        self.step_log: list[StepRecord] = []
+        self._pending: list[RequestOutput] = []          # aborts, reported by the next step()
+        self._arrivals = itertools.count()
+        self._num_prompt_tokens = self._num_generation_tokens = 0
+
+    # ------------------------------------------------------------------ requests in
+
+    def add_request(self, prompt, params: SamplingParams | None = None, chat: bool = False, priority: int = 0,
+                    tenant: str | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None) -> str:
+        """Queue a request (text, token ids, or chat messages with chat=True); return its id. InputError if it can
+        never be served or breaks a limit -- before any work, never left hanging."""
+        params = params if params is not None else SamplingParams()
+        request = make_request(self.model, prompt, params, chat, arrival_time)
+        if request_id is not None:
+            request.request_id = str(request_id)
+        if request.request_id in self.sequences:
+            raise InputError(f"request id {request.request_id!r} is already in use by an unfinished request")
+        total = len(request.prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise InputError(f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                             f"= {total} exceeds max_model_len {self.max_model_len}")
+        bm = self.block_manager
+        capacity = bm.num_blocks * bm.block_size
+        if total > capacity:
+            prompt_len = len(request.prompt_token_ids)
+            what = (f"the prompt ({prompt_len} tokens)" if prompt_len > capacity
+                    else f"prompt + max_tokens ({total} tokens)")
+            raise InputError(f"{what} does not fit in the whole KV cache ({bm.num_blocks} blocks x "
+                             f"{bm.block_size} = {capacity} tokens); raise num_blocks or lower max_tokens")
+        if self.tenant_token_quota is not None:
+            quota = self.tenant_token_quota
+            limit = quota.get(tenant) if isinstance(quota, dict) else quota
+            if limit is not None:
+                held = sum(s.num_prompt_tokens + s.params.max_tokens for s in self.sequences.values()
+                           if s.tenant == tenant)
+                if held + total > limit:
+                    raise InputError(f"tenant {tenant!r} would hold {held + total} tokens in flight (prompt + "
+                                     f"max_tokens of its unfinished requests), over its quota of {limit}")
+        seq = Sequence(request=request,
+                       detokenizer=IncrementalDetokenizer(self.model.tokenizer, params.stop),
+                       generator=make_generator(params.seed),
+                       metrics=RequestMetrics(arrival_time=request.arrival_time),
+                       priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals),
+                       logprobs=[] if params.logprobs is not None else None)
+        self.sequences[request.request_id] = seq
+        self.scheduler.add(seq)
+        return request.request_id
+
+    def abort(self, request_id: str) -> None:
+        """Finish a request now (finish_reason "abort", stop_reason "cancelled") and free its blocks; its final
+        RequestOutput comes with the next step(). Aborting a finished request does nothing."""
+        seq = self.sequences.get(request_id)
+        if seq is not None:
+            self._pending.append(self._finish(seq, StopDecision("abort", "cancelled")))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.sequences) or bool(self._pending)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward over every scheduled token, sample, stream. Returns this step's outputs."""
+        outputs, self._pending = self._pending, []
+        start = now()
+        plan = self.scheduler.schedule()
+        decode_tokens = 0
+        if plan.scheduled:
+            for seq, _ in plan.scheduled:
+                if seq.metrics.scheduled_time is None:
+                    seq.metrics.mark_scheduled()                         # queue time ends at the first schedule
+            inputs = model_runner.prepare(plan.scheduled, self.block_manager, self.model.xp)
+            logits = model_runner.execute(self.model, self.cache, inputs)          # (R, V)
+            for seq, n in plan.scheduled:
+                if n == 1 and seq.output_ids and seq.num_computed_tokens == seq.num_tokens - 1:
+                    decode_tokens += 1                                   # the last sampled token's own step
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
+            self._num_prompt_tokens += plan.num_batched_tokens - decode_tokens
+            if inputs.sampled:
+                tokens = self._sample(logits, inputs.sampled)                      # (R,) on the host
+                outputs += [self._append_token(seq, int(token)) for seq, token in zip(inputs.sampled, tokens)]
+        self.step_log.append(StepRecord(
+            len(self.step_log), [s.request_id for s, _ in plan.scheduled], plan.num_batched_tokens - decode_tokens,
+            decode_tokens, plan.num_batched_tokens, now() - start, self.block_manager.usage,
+            len(self.scheduler.waiting), len(self.scheduler.running), [s.request_id for s in plan.preempted], start))
+        return outputs
+
+    def run(self) -> dict[str, Result]:
+        """Step until every request has finished; the Results of the requests that finished meanwhile, by id."""
+        results = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    results[out.request_id] = out.result
+        return results
+
+    # ------------------------------------------------------------------ per-sequence stages (as generate.py)
+
+    def _sample(self, logits, seqs: list[Sequence]) -> np.ndarray:
+        """One batched sample() over the rows of the sequences that predict a token this step."""
+        suppress = [tokens_to_suppress(s.params, s.num_output_tokens, self.model.tokenizer.eos_id) for s in seqs]
+        raw = logits
+        if any(suppress):                          # min_tokens: EOS and stop ids cannot be drawn yet (vLLM's rule)
+            logits = logits.copy()
+            for row, ids in enumerate(suppress):
+                if ids:
+                    logits[row, list(ids)] = -float("inf")
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                        [s.prompt_token_ids for s in seqs], [s.output_ids for s in seqs])   # (R,) on the host
+        wanted = [row for row, s in enumerate(seqs) if s.logprobs is not None]
+        if wanted:
+            for row, entry in zip(wanted, compute_logprobs(raw[wanted], tokens[wanted],
+                                                          max(seqs[r].params.logprobs for r in wanted))):
+                entry["top"] = entry["top"][:seqs[row].params.logprobs]
+                seqs[row].logprobs.append(entry)
+        return tokens
+
+    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.output_ids.append(token)
+        seq.metrics.mark_token()
+        self._num_generation_tokens += 1
+        new_chars = seq.detokenizer.add_token(token)
+        decision = check_stop(seq.params, seq.detokenizer, seq.output_ids, new_chars,
+                              self.model.tokenizer.eos_id, seq.num_prompt_tokens, self.model.config.context_length)
+        if decision is None:
+            return RequestOutput(seq.request_id, Delta(seq.detokenizer.take_delta(), [token]), False)
+        return self._finish(seq, decision)
+
+    def _finish(self, seq: Sequence, decision: StopDecision) -> RequestOutput:
+        """Free the blocks, finalize the text and metrics, build the Result (same fields as generate's)."""
+        kv_tokens = seq.num_computed_tokens
+        self.scheduler.remove(seq)
+        self.block_manager.free(seq)
+        del self.sequences[seq.request_id]
+        seq.status, seq.decision = SequenceStatus.FINISHED, decision
+        if decision.truncate_to is not None:
+            seq.detokenizer.truncate(decision.truncate_to)
+        final_text = seq.detokenizer.take_delta(final=True)
+        seq.metrics.mark_finished()
+        result = Result(seq.request_id, seq.prompt_token_ids, seq.detokenizer.text, list(seq.output_ids),
+                        decision.finish_reason, decision.stop_reason,
+                        Usage(seq.num_prompt_tokens, seq.num_output_tokens), seq.metrics, seq.logprobs,
+                        kv_tokens, estimate_kv_bytes(self.model.config, kv_tokens))
+        delta = Delta(final_text, seq.output_ids[-1:], decision.finish_reason, result)
+        return RequestOutput(seq.request_id, delta, True, result)
+
+    # ------------------------------------------------------------------ observability
+
+    @property
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage,
+                           self.scheduler.num_preemptions, bm.prefix_cache_queries, bm.prefix_cache_hits,
+                           len(self.step_log), self._num_prompt_tokens, self._num_generation_tokens,
+                           bm.num_free_blocks, bm.num_blocks)

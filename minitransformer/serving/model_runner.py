@@ -1,0 +1,86 @@
+"""One engine step on the model: the scheduled tokens of all sequences in one forward pass (vLLM's ModelRunner).
+
+The step's tokens are laid end to end, (N,), decodes first, then each prefill chunk:
+
+    [ d0 d1 d2 ... | p0 p0 p0 p0 p0 | p1 p1 p1 ]        N = decodes + chunk lengths <= max_num_batched_tokens
+
+Every matmul (QKV, output projection, feed-forward) runs once over all N rows, so the weights are read from memory
+once per step however many sequences share it: that is where batching's speed comes from (decode alone is bound by
+reading the weights). Only attention is per sequence: the decodes as one padded batch, each with its own block
+table, and each prefill chunk on its own (its queries attend to its cached prefix and to each other, causally).
+Only the rows that end a sequence's pending tokens go through the final norm and lm_head: a partial prefill chunk
+samples nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import INDEX_DTYPE
+
+
+@dataclass
+class StepInputs:
+    """The flat inputs of one forward and how its rows split into sequences."""
+    token_ids: object          # (N,)
+    positions: object          # (N,)
+    slots: object              # (N,) cache slot of each token
+    num_decodes: int           # rows [0, num_decodes) are decodes, one per sequence
+    decode_positions: object   # (num_decodes, 1)
+    decode_tables: object      # (num_decodes, max blocks) padded block tables
+    chunks: list               # per prefill chunk: (first row, length, positions (1, n), block table (1, nb))
+    logits_rows: list[int]     # rows whose logits are sampled
+    sampled: list              # the sequences those rows belong to, in the same order
+
+
+def prepare(scheduled, block_manager, xp) -> StepInputs:
+    """Build the flat arrays from the scheduler's [(sequence, number of tokens to compute)] (host work, small)."""
+    decodes = [(s, n) for s, n in scheduled if n == 1]
+    chunks = [(s, n) for s, n in scheduled if n > 1]
+    ids, positions, slots, logits_rows, sampled, chunk_meta = [], [], [], [], [], []
+    for seq, n in decodes + chunks:
+        start = seq.num_computed_tokens
+        if n > 1:
+            chunk_meta.append((len(ids), n, start))
+        ids += seq.token_ids(start, start + n)
+        positions += range(start, start + n)
+        slots += block_manager.slot_mapping(seq, start, start + n)
+        if start + n == seq.num_tokens:             # this chunk reaches the end: its last row predicts a token
+            logits_rows.append(len(ids) - 1)
+            sampled.append(seq)
+    as_index = lambda values: xp.asarray(np.asarray(values, dtype=INDEX_DTYPE))   # noqa: E731
+    tables = [block_manager.block_tables[s.request_id] for s, _ in decodes]
+    width = max((len(t) for t in tables), default=0)
+    padded = np.zeros((len(tables), width), dtype=INDEX_DTYPE)                    # (num_decodes, width)
+    for row, table in enumerate(tables):
+        padded[row, :len(table)] = table
+    bs = block_manager.block_size
+    chunk_list = []
+    for (row, n, start), (seq, _) in zip(chunk_meta, chunks):
+        table = block_manager.block_tables[seq.request_id][:-(-(start + n) // bs)]
+        chunk_list.append((row, n, as_index(np.arange(start, start + n)[None]), as_index([table])))
+    return StepInputs(as_index(ids), as_index(positions), as_index(slots), len(decodes),
+                      as_index([[s.num_computed_tokens] for s, _ in decodes]), as_index(padded), chunk_list,
+                      logits_rows, sampled)
+
+
+def execute(model, cache, inputs: StepInputs):
+    """One forward over the step's tokens -> logits (R, V) of the rows in inputs.logits_rows."""
+    xp = model.xp
+    D = inputs.num_decodes
+
+    def attend(layer, q, k, v):                     # q (H, N, d), k and v (K, N, d)
+        cache.write(layer, inputs.slots, k, v)
+        out = xp.empty_like(q)                                                       # (H, N, d)
+        if D:
+            qd = q[:, :D].transpose(1, 0, 2)[:, :, None]                             # (D, H, 1, d)
+            out[:, :D] = cache.attention(layer, qd, inputs.decode_positions,
+                                         inputs.decode_tables)[:, :, 0].transpose(1, 0, 2)
+        for row, n, positions, table in inputs.chunks:
+            out[:, row:row + n] = cache.attention(layer, q[None, :, row:row + n], positions, table)[0]
+        return out
+
+    rows = xp.asarray(np.asarray(inputs.logits_rows, dtype=INDEX_DTYPE))                 # (R,)
+    return model.forward_flat(inputs.token_ids, inputs.positions, attend, rows)

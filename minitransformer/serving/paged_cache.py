@@ -1,0 +1,70 @@
+"""The paged KV cache: every layer's keys and values in a pool of fixed-size blocks (vLLM's PagedAttention).
+
+    k[layer], v[layer]: (num_blocks, block_size, kv_heads, head_dim)
+
+A token's keys go to the *slot* the block manager maps it to (block * block_size + offset), so the sequences of a
+batch can each have their own length and grow independently; attention finds a sequence's keys through its block
+table. Here that is done with arrays: gather the table's blocks into a contiguous (K, S, d) view, then the same
+masked attention as the contiguous path (layers.attention); the CUDA kernel kernels/paged_decode.cu reads the blocks
+in place instead. Blocks past a sequence's end (padding in a batch) hold positions beyond every query, so the causal
+mask hides them: no separate length mask is needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import DTYPE
+from ..config import ModelConfig
+from ..kv_cache import estimate_kv_bytes
+from ..layers import attention
+
+
+class PagedKVCache:
+    """The K and V pools of every layer, (layers, num_blocks, block_size, kv_heads, head_dim) each."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE):
+        self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
+        self.dtype = np.dtype(dtype)
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        # zeros: pages are only touched when written, and padding slots read as finite numbers (0 * garbage NaN
+        # would poison an output row; masked zeros cannot).
+        self.k = xp.zeros(shape, dtype=dtype)
+        self.v = xp.zeros(shape, dtype=dtype)
+
+    @property
+    def bytes_total(self) -> int:
+        """Bytes of both pools (what the engine reserves up front)."""
+        return int(self.k.nbytes + self.v.nbytes)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return estimate_kv_bytes(self.config, self.block_size, dtype=self.dtype)
+
+    def write(self, layer: int, slots, k_new, v_new) -> None:
+        """Store keys/values of N tokens.   slots (N,) int; k_new, v_new (K, N, d)."""
+        K, d = self.config.n_kv_heads, self.config.head_dim
+        self.k[layer].reshape(-1, K, d)[slots] = k_new.transpose(1, 0, 2)       # (N, K, d) into (blocks*B, K, d)
+        self.v[layer].reshape(-1, K, d)[slots] = v_new.transpose(1, 0, 2)
+
+    def gather(self, layer: int, block_tables):
+        """Contiguous keys and values of each row's blocks.
+
+        block_tables (R, nb) int (shorter tables padded with any block id) -> k, v (R, K, nb * block_size, d);
+        key j of row r is at position j.
+        """
+        R, nb = block_tables.shape
+        S = nb * self.block_size
+        k = self.k[layer][block_tables].reshape(R, S, *self.k.shape[-2:]).transpose(0, 2, 1, 3)   # (R, K, S, d)
+        v = self.v[layer][block_tables].reshape(R, S, *self.v.shape[-2:]).transpose(0, 2, 1, 3)   # (R, K, S, d)
+        return k, v
+
+    def attention(self, layer: int, q, q_positions, block_tables):
+        """Paged attention: each row's queries against the keys its block table points to.
+
+        q (R, H, T, d), q_positions (R, T), block_tables (R, nb) -> (R, H, T, d).
+        """
+        k, v = self.gather(layer, block_tables)                                 # (R, K, S, d) each
+        S = k.shape[2]
+        key_positions = self.xp.broadcast_to(self.xp.arange(S), (q.shape[0], S))  # (R, S)
+        return attention(q, k, v, q_positions, key_positions)

@@ -1,0 +1,95 @@
+"""One request's state inside the serving engine: its tokens, how many of them are in the KV cache, and its status.
+
+    WAITING --scheduled--> RUNNING --stop / length--> FINISHED
+       ^                      |
+       +------ PREEMPTED <----+   (blocks ran out: its cache is dropped and recomputed later, vLLM's "recompute")
+
+The one counter that drives everything is `num_computed_tokens`: how many of the sequence's tokens (prompt, then
+output) have their keys and values in the cache. A step computes tokens [num_computed_tokens, +n); when that reaches
+`num_tokens`, the step produced the logits of the next token, which is sampled and appended. A decode is the case
+n = 1, a prefill chunk any other n, and re-prefilling a preempted request is the same thing again from 0, so the
+scheduler never needs to tell them apart (vLLM v1's scheduler works the same way).
+Invariant: 0 <= num_computed_tokens < num_tokens while the sequence is unfinished.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..detokenizer import IncrementalDetokenizer
+from ..generate import Request
+from ..metrics import RequestMetrics
+from ..stopping import StopDecision
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request being served (the engine makes one per add_request). Compared by identity."""
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    generator: np.random.Generator | None          # this request's own random stream (seeded -> reproducible)
+    metrics: RequestMetrics
+    priority: int = 0                               # lower = more urgent (vLLM's convention)
+    tenant: str | None = None
+    arrival_index: int = 0                          # order of add_request: FCFS ties and "newest" for preemption
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)   # physical block of each logical block, in order
+    num_preemptions: int = 0
+    waited_steps: int = 0                           # steps spent waiting since it last entered the queue (aging)
+    decision: StopDecision | None = None            # why it finished, once FINISHED
+    logprobs: list[dict] | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def params(self):
+        return self.request.params
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + output so far: what the cache must hold before the next token can be sampled."""
+        return len(self.request.prompt_token_ids) + len(self.output_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        """More than one token to compute before the next sample (a prompt, or a re-prefill after preemption)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output (without building the whole list: a decode asks for one)."""
+        prompt, P = self.request.prompt_token_ids, len(self.request.prompt_token_ids)
+        if start >= P:
+            return self.output_ids[start - P:end - P]
+        if end <= P:
+            return prompt[start:end]
+        return prompt[start:] + self.output_ids[:end - P]

@@ -1,0 +1,133 @@
+"""Benchmark of the serving engine (a benchmark, not a test: these machines are shared and noisy).
+
+    python scripts/bench_serving.py [--requests 16] [--max-tokens 64] [--baseline-requests 4] [--json]
+
+Aggregate tokens/s for --requests concurrent requests (mixed prompts, greedy, fixed output length) through
+- the Engine with continuous batching (all requests in one batch, max_num_seqs = --requests),
+- our own batch-1 loop: generate() one request after another,
+- llama.cpp single stream (llama-cpp-python, n_threads = cores), when `import llama_cpp` works,
+and the ratios between them. Tokens/s counts every generated token over the wall time, prefill included, the same
+way for all three (static vs continuous batching, which differ only with mixed output lengths, is lesson 08's). The batch-1 and llama.cpp figures use the first --baseline-requests prompts (a rate does not need
+all of them). It also prints what bounds a decode step: the weight bytes every step streams, over its time.
+--json prints one JSON object on stdout instead of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from minitransformer import SamplingParams, generate, load_model  # noqa: E402
+from minitransformer.serving import Engine  # noqa: E402
+from minitransformer.bench.machine import measure_copy_bandwidth  # noqa: E402
+
+TOPICS = ["the printing press", "volcanoes", "the history of tea", "how bridges stay up", "honey bees",
+          "the moon landing", "bread baking", "ocean tides", "the Roman roads", "electric motors", "chess openings",
+          "coral reefs", "the first computers", "glaciers", "paper money", "migrating birds"]
+
+
+def prompts(n: int) -> list[str]:
+    """Prompts of mixed lengths: a short question, or the same with a longer preamble for every third one."""
+    out = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        text = f"Write a short paragraph about {topic}."
+        if i % 3 == 0:
+            text = ("You are a patient teacher who explains things to curious students in plain words. " * 2
+                    + text)
+        out.append(text)
+    return out
+
+
+def run_engine(model, prompt_ids: list[list[int]], params, policy: str) -> tuple[float, list, Engine]:
+    """All requests at once through an Engine -> (wall seconds, their Results in request order, the engine)."""
+    engine = Engine(model, max_num_seqs=len(prompt_ids), policy=policy)
+    start = time.perf_counter()
+    rids = [engine.add_request(ids, params) for ids in prompt_ids]
+    results = engine.run()
+    return time.perf_counter() - start, [results[rid] for rid in rids], engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: the default model)")
+    parser.add_argument("--requests", type=int, default=16, help="concurrent requests")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--baseline-requests", type=int, default=4, help="requests timed one by one")
+    parser.add_argument("--max-prompt-tokens", type=int, help="cut every prompt to this many tokens")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when it is installed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args()
+    console = Console(stderr=args.json)
+    model = load_model(args.model)
+    prompt_ids = [model.tokenizer.encode(text)[:args.max_prompt_tokens] for text in prompts(args.requests)]  # ids
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    generate(model, prompt_ids[0], SamplingParams(max_tokens=4, temperature=0.0))          # warm-up
+    numbers = {"requests": args.requests, "max_tokens": args.max_tokens, "cores": os.cpu_count()}
+
+    seconds, results, engine = run_engine(model, prompt_ids, params, "continuous")
+    numbers["continuous_tok_s"] = args.requests * args.max_tokens / seconds
+    decode_steps = [r.duration_s for r in engine.step_log if r.num_decode_tokens == args.requests]
+    numbers["decode_step_s_median"] = statistics.median(decode_steps)
+    numbers["weight_gb_s_in_decode"] = model.weight_bytes / numbers["decode_step_s_median"] / 1e9
+    numbers["copy_bandwidth_gb_s"] = measure_copy_bandwidth() / 1e9                # read + write, all cores
+    numbers["prefill_step_s"] = engine.step_log[0].duration_s
+    numbers["prefill_tokens"] = engine.step_log[0].num_prefill_tokens
+
+    alone_tokens, start = 0, time.perf_counter()
+    same = True
+    for ids, batched in zip(prompt_ids[:args.baseline_requests], results):
+        out = generate(model, ids, params)
+        alone_tokens += len(out.token_ids)
+        same &= out.token_ids == batched.token_ids
+    numbers["batch1_tok_s"] = alone_tokens / (time.perf_counter() - start)
+    numbers["engine_tokens_equal_batch1"] = bool(same)
+
+    try:
+        import llama_cpp
+    except ImportError:
+        llama_cpp = None
+    if args.no_llama_cpp:
+        llama_cpp = None
+    if llama_cpp is not None:
+        llm = llama_cpp.Llama(model_path=str(model.path), n_ctx=1024, n_threads=os.cpu_count(), verbose=False)
+        eos = {model.tokenizer.eos_id: -1e9}                    # fixed output length, as ignore_eos above
+        llm.create_completion(prompt_ids[0], max_tokens=4, temperature=0.0)                     # warm-up
+        tokens, start = 0, time.perf_counter()
+        for ids in prompt_ids[:args.baseline_requests]:
+            out = llm.create_completion(ids, max_tokens=args.max_tokens, temperature=0.0, logit_bias=eos)
+            tokens += out["usage"]["completion_tokens"]
+        numbers["llama_cpp_tok_s"] = tokens / (time.perf_counter() - start)
+
+    if args.json:
+        print(json.dumps(numbers))
+        return
+    table = Table(title=f"{args.requests} requests x {args.max_tokens} tokens, {os.cpu_count()} cores",
+                  title_justify="left")
+    for column in ("engine", "tok/s", "vs batch-1 loop", "vs llama.cpp"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    rows = [("continuous batching", numbers["continuous_tok_s"]), ("our batch-1 loop", numbers["batch1_tok_s"])]
+    if "llama_cpp_tok_s" in numbers:
+        rows.append(("llama.cpp single stream", numbers["llama_cpp_tok_s"]))
+    for name, rate in rows:
+        versus = f"{rate / numbers['llama_cpp_tok_s']:.2f}x" if "llama_cpp_tok_s" in numbers else "n/a"
+        table.add_row(name, f"{rate:.1f}", f"{rate / numbers['batch1_tok_s']:.2f}x", versus)
+    console.print(table)
+    console.print(f"decode step with {args.requests} sequences: {numbers['decode_step_s_median'] * 1e3:.0f} ms "
+                  f"(median), streaming all {model.weight_bytes / 2**20:.0f} MiB of weights once: "
+                  f"{numbers['weight_gb_s_in_decode']:.1f} GB/s of weights, against a copy bandwidth (read + "
+                  f"write) of {numbers['copy_bandwidth_gb_s']:.1f} GB/s on this machine.\n"
+                  f"first step: {numbers['prefill_tokens']} prompt tokens in {numbers['prefill_step_s']:.2f} s; "
+                  f"engine tokens equal the batch-1 loop's: {numbers['engine_tokens_equal_batch1']}")
+
+
+if __name__ == "__main__":
+    main()
