@@ -1,0 +1,269 @@
+"""Lessons 08-10 run as a learner runs them (subprocesses on the real model) and their printed numbers hold together.
+
+References are computed here, independently of the lessons' code: the scheduling rules are re-checked on the
+printed per-step timelines (static groups, a work-conserving continuous scheduler), the greedy tokens against
+generate() alone, KV bytes from the model's shapes, prefix-cache hits from the tokenized prompts and the block size.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minitransformer import SamplingParams, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = r"([0-9.]+(?:e[+-]\d+)?)"
+
+
+def run_lesson(name: str, model_path, *args) -> str:
+    env = dict(os.environ, COLUMNS="200", MINITRANSFORMER_MODEL=str(model_path))
+    result = subprocess.run([sys.executable, str(ROOT / "lessons" / name), *args], capture_output=True, text=True,
+                            env=env, cwd=ROOT, timeout=1800)   # generous: shared CI machines
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def check(output: str, pattern: str) -> tuple[float, ...]:
+    match = re.search(pattern, output)
+    assert match, f"{pattern!r} not in the lesson's output:\n{output[-4000:]}"
+    return tuple(float(g) for g in match.groups())
+
+
+def load_lesson(name: str):
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ROOT / "lessons" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------- lesson 08
+
+L08 = "08_static_vs_continuous_batching.py"
+SLOTS, N08, SWEEP, MAX_PROMPT, MAX_OUTPUT = 2, 5, [1, 3], 24, 6
+L08_ARGS = ["--requests", str(N08), "--max-num-seqs", str(SLOTS), "--sweep", ",".join(map(str, SWEEP)),
+            "--max-prompt", str(MAX_PROMPT), "--max-output", str(MAX_OUTPUT)]
+
+
+@pytest.fixture(scope="module")
+def lesson_08(real_model_path, tmp_path_factory):
+    figure = tmp_path_factory.mktemp("fig") / "timeline.png"
+    return run_lesson(L08, real_model_path, *L08_ARGS, "--figure", str(figure)), figure
+
+
+def lanes_of(out: str, policy: str) -> dict[str, tuple[int, int, str]]:
+    section = out.split(f"{policy} batching, max_num_seqs")[1]
+    rows = re.findall(r"^(r\d\d) prompt +(\d+) out +(\d+) \|([PD.\- ]+)\|$", section, re.M)[:N08]
+    assert len(rows) == N08, section[:2000]
+    return {rid: (int(p), int(o), lane) for rid, p, o, lane in rows}
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_08_timeline_follows_the_policy(lesson_08, policy):
+    out, _ = lesson_08
+    lanes = lanes_of(out, policy)
+    steps, util, tokens, per_step, wall, tok_s = check(out, rf"{policy}: steps (\d+), slot utilization {NUMBER}, "
+                                                            rf"(\d+) tokens = {NUMBER} per step, in {NUMBER} s = "
+                                                            rf"{NUMBER} tok/s")
+    assert {len(lane) for _, _, lane in lanes.values()} == {steps}
+    for rid, (_, n_out, lane) in lanes.items():
+        assert lane.count("D") == n_out - 1, (rid, lane)           # ignore_eos: max_tokens, the first from prefill
+        assert re.fullmatch(r"\.*P+[D\-]*D? *", lane), (rid, lane)  # queued -> prefill -> decode -> done, in order
+    busy = sum(lane.count("P") + lane.count("D") for _, _, lane in lanes.values())
+    assert util == pytest.approx(busy / (steps * SLOTS), abs=1e-3)
+    assert tokens == sum(o for _, o, _ in lanes.values())
+    assert per_step == pytest.approx(tokens / steps, abs=0.006)
+    assert tok_s == pytest.approx(tokens / wall, rel=0.01, abs=0.051)       # printed with one decimal
+    for step in range(int(steps)):
+        active = [lane[step] in "PD-" for _, _, lane in lanes.values()]
+        queued = [lane[step] == "." for _, _, lane in lanes.values()]
+        assert sum(active) <= SLOTS
+        if policy == "continuous" and any(queued):                  # never a free slot while someone waits
+            assert sum(active) == SLOTS, step
+        if policy == "static" and step:                            # a newcomer only when the whole group is done
+            joined = [lane[step] != "." and lane[step - 1] == "." for _, _, lane in lanes.values()]
+            if any(joined):
+                earlier = [lane[step] for _, _, lane in lanes.values() if lane[step - 1] != "."]
+                assert set(earlier) <= {" "}, step
+
+
+def test_08_same_tokens_as_generate_alone(lesson_08, real_model):
+    out, _ = lesson_08
+    assert f"check tokens: static == continuous for {N08}/{N08} requests" in out
+    printed = [int(x) for x in re.search(r"r00 = \[([\d, ]+)\]", out).group(1).split(",")]
+    _, prompt, max_tokens = load_lesson(L08).workload(real_model.tokenizer, N08, MAX_PROMPT, MAX_OUTPUT, 0)[0]
+    alone = generate(real_model, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    assert printed == alone.token_ids
+
+
+def test_08_sweep_answer_and_figure(lesson_08):
+    out, figure = lesson_08
+    table = re.findall(r"│ +(\d+) +│ +(\d+) +│" + r" +([0-9.]+) +│" * 7, out)
+    sweep = {int(r[0]): [float(x) for x in r[1:]] for r in table}
+    assert sorted(sweep) == SWEEP
+    for m, (steps, util, tok_step, tok_s, *_rest) in sweep.items():
+        assert 0 < util <= 1 and tok_s > 0
+        # Prompts fit the token budget, so every scheduled sequence samples one token: util = tokens/step / slots
+        assert util == pytest.approx(tok_step / m, abs=2e-3)
+    flat = " ".join(out.split())
+    lo, hi = SWEEP
+    assert re.search(rf"throughput (rose|fell) {sweep[lo][3]:.1f} -> {sweep[hi][3]:.1f} tok/s", flat)
+    st = check(out, rf"static: steps (\d+), slot utilization {NUMBER}")
+    co = check(out, rf"continuous: steps (\d+), slot utilization {NUMBER}")
+    assert f"here {int(st[0])} steps at {st[1]:.0%} slot utilization" in flat
+    assert f"{int(co[0])} steps at {co[1]:.0%}" in flat
+    data = figure.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 400_000
+
+
+# ---------------------------------------------------------------------------------------------------- lesson 09
+
+L09 = "09_paged_attention.py"
+B09, N09, MAX09, CTX09, SHARED = 4, 3, 12, 512, 3
+MIB = r"([0-9,.]+) MiB"
+
+
+@pytest.fixture(scope="module")
+def lesson_09(real_model_path):
+    return run_lesson(L09, real_model_path, "--requests", str(N09), "--max-tokens", str(MAX09), "--block-size",
+                      str(B09), "--shared", str(SHARED), "--every", "1", "--max-model-len", str(CTX09))
+
+
+def test_09_memory_table_matches_the_kv_formula(lesson_09, real_model):
+    cfg = real_model.config
+    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4 / 2**20      # MiB of K and V per token
+    rows = re.findall(rf"│ (\d+)( \(peak\))? +│ (\d+) +│ (\d+) +│ {MIB} +│ {MIB} +│ {MIB} +│ (\d+) +│ "
+                      rf"{MIB} +│ ([0-9.]+)% +│", lesson_09)
+    assert len(rows) >= 2, lesson_09[:3000]
+    sums = np.zeros(4)                                   # token-steps: used, reserved max_model_len, promised, paged
+    for step, peak, running, tokens, used, ctx, promised, blocks, paged, waste in rows:
+        running, tokens, blocks = int(running), int(tokens), int(blocks)
+        assert float(used) == pytest.approx(tokens * per_token, abs=0.006)
+        assert float(ctx) == pytest.approx(running * CTX09 * per_token, abs=0.006)
+        assert float(paged) == pytest.approx(blocks * B09 * per_token, abs=0.006)
+        assert tokens <= blocks * B09 < tokens + running * B09       # at most one partly filled block per sequence
+        assert float(waste) == pytest.approx(100 * (1 - tokens / (blocks * B09)), abs=0.06)
+        assert float(used) <= float(promised) <= float(ctx)
+        if not peak:                                     # --every 1: one row per step, then the peak repeated
+            sums += [int(tokens), int(running) * CTX09, float(promised) / per_token, int(blocks) * B09]
+    assert [int(r[0]) for r in rows if not r[1]] == list(range(1, len(rows)))
+    flat = " ".join(lesson_09.split())
+    used, ctx, promised, paged = sums
+    assert f"filled {used / ctx:.1%} of what reserving {CTX09} tokens each would hold" in flat
+    printed, = check(flat, rf"{NUMBER}% of exact prompt \+ max_tokens reservations")
+    assert printed == pytest.approx(100 * used / promised, rel=0.01)     # the table's MiB are rounded
+    assert f"{used / paged:.1%} of the paged blocks" in flat
+
+
+def test_09_block_tables_grow_and_slots_follow_the_formula(lesson_09):
+    section = lesson_09.split("2. Block tables grow")[1].split("3. Prefix caching")[0]
+    lines = re.findall(r"^step +(\d+) +free blocks +(\d+) +(.*)$", section, re.M)
+    assert len(lines) >= 4
+    seen = {}
+    for _, free, text in lines:
+        tables = {rid: (int(n), [int(b) for b in t.split(",")])
+                  for rid, n, t in re.findall(r"(\w): +(\d+) tokens -> \[([\d, ]+)\]", text)}
+        owned = [b for _, t in tables.values() for b in t]
+        assert len(owned) == len(set(owned)) and int(free) == 16 - len(owned)   # no sharing without a prefix cache
+        for rid, (n, table) in tables.items():
+            assert len(table) == -(-n // B09), (rid, n, table)                 # exactly the blocks n tokens need
+            assert table[:len(seen.get(rid, []))] == seen.get(rid, [])         # a table only ever grows at its end
+            seen[rid] = table
+    pos, block, offset, slot = map(int, re.search(r"position (\d+) -> .* = (\d+) \* \d+ \+ (\d+) = slot (\d+)",
+                                                  section).groups())
+    assert (block, offset) == (seen["c"][pos // B09], pos % B09) and slot == block * B09 + offset
+
+
+def test_09_prefix_cache_hits_follow_from_the_prompts(lesson_09, real_model):
+    from minitransformer.generate import make_request
+    lesson = load_lesson(L09)
+    prompts = [make_request(real_model, [{"role": "system", "content": lesson.SYSTEM}, {"role": "user", "content": q}],
+                            SamplingParams(max_tokens=4), chat=True).prompt_token_ids
+               for q in lesson.QUESTIONS[:SHARED]]
+    rows = re.findall(r"│ (s\d) +│ (\d+) +│ (\d+) +│ (\d+) +│ (\d+) +│", lesson_09)
+    assert [r[0] for r in rows] == [f"s{i}" for i in range(SHARED)]
+    queries = hits = 0
+    for i, (_, prompt_len, q_total, h_total, computed) in enumerate(rows):
+        P = len(prompts[i])
+        common = max((next((j for j, (x, y) in enumerate(zip(prompts[i], p)) if x != y), min(P, len(p)))
+                      for p in prompts[:i]), default=0)
+        hit = min(common, P - 1) // B09 * B09          # whole blocks only; the last prompt token is recomputed
+        queries, hits = queries + P, hits + hit
+        assert (int(prompt_len), int(q_total), int(h_total), int(computed)) == (P, queries, hits, P - hit)
+    assert hits > 0
+    flat = " ".join(lesson_09.split())
+    assert f"s1 found {int(rows[1][3]) - int(rows[0][3])} of its {rows[1][1]} prompt tokens" in flat
+
+
+# ---------------------------------------------------------------------------------------------------- lesson 10
+
+L10 = "10_priority_and_starvation.py"
+SLOTS10, FLOOD, URGENT, LOW_TOKENS, URGENT_TOKENS, STREAM, AGING = 2, 4, 1, 3, 2, 5, 2
+
+
+@pytest.fixture(scope="module")
+def lesson_10(real_model_path):
+    return run_lesson(L10, real_model_path, "--slots", str(SLOTS10), "--flood", str(FLOOD), "--urgent", str(URGENT),
+                      "--low-tokens", str(LOW_TOKENS), "--urgent-tokens", str(URGENT_TOKENS), "--stream", str(STREAM),
+                      "--aging", str(AGING))
+
+
+def simulate(arrivals, slots, policy, aging=10**9):
+    """The scheduling rules on paper: {id: step of its first token}. arrivals: [(step, id, max_tokens, priority)]
+    in the order they are added. Prompts fit the token budget and the pool, so a request holds one slot from the
+    step it is admitted (its first token comes from that prefill) for max_tokens steps."""
+    order = {rid: i for i, (_, rid, _, _) in enumerate(arrivals)}
+    info = {rid: (n, prio) for _, rid, n, prio in arrivals}
+    waiting, waited, running, first, step = [], {}, {}, {}, 0
+    while len(first) < len(arrivals) or running:
+        waiting += [rid for s, rid, _, _ in arrivals if s == step]
+        while waiting and len(running) < slots:
+            key = ((lambda r: (info[r][1] - waited.get(r, 0) // aging, order[r])) if policy == "priority"
+                   else order.get)
+            rid = min(waiting, key=key)
+            waiting.remove(rid)
+            running[rid] = 0
+        for rid in waiting:
+            waited[rid] = waited.get(rid, 0) + 1
+        for rid in list(running):
+            first.setdefault(rid, step)
+            running[rid] += 1
+            if running[rid] == info[rid][0]:
+                del running[rid]
+        step += 1
+    return first
+
+
+def test_10_urgent_requests_jump_the_queue(lesson_10):
+    arrivals = [(0, f"low{i:02d}", LOW_TOKENS, 1) for i in range(FLOOD)] + \
+               [(3, f"URGENT{i}", URGENT_TOKENS, 0) for i in range(URGENT)]
+    printed = dict(re.findall(r"│ (FCFS|priority) .*?│ \[([\d, ]+)\] +│", lesson_10))
+    for policy, label in (("continuous", "FCFS"), ("priority", "priority")):
+        first = simulate(arrivals, SLOTS10, policy)
+        expected = [first[f"URGENT{i}"] - 3 for i in range(URGENT)]
+        assert [int(x) for x in printed[label].split(",")] == expected, (policy, printed)
+    assert max(simulate(arrivals, SLOTS10, "priority")[f"URGENT{i}"] for i in range(URGENT)) < \
+        max(simulate(arrivals, SLOTS10, "continuous")[f"URGENT{i}"] for i in range(URGENT))
+
+
+def test_10_aging_bounds_the_starved_request(lesson_10):
+    arrivals = [(0, "u000", 3, 0), (0, f"u{STREAM:03d}", 3, 0), (1, "u001", 3, 0), (1, "patient", 4, 1)] + \
+               [(i, f"u{i:03d}", 3, 0) for i in range(2, STREAM)]
+    rows = re.findall(r"│ (off|every \d+ steps) +│ (\d+) +│ (\d+) +│ (\d+) +│ ([0-9.]+) +│ (\d+) +│",
+                      lesson_10)
+    assert [r[0] for r in rows] == ["off", f"every {AGING} steps"]
+    for (label, arrived, first_step, waited, _, ahead), aging in zip(rows, (10**9, AGING)):
+        first = simulate(arrivals, 2, "priority", aging)
+        assert (int(arrived), int(first_step), int(waited)) == (1, first["patient"], first["patient"] - 1)
+        assert int(ahead) == sum(1 for rid, s in first.items() if rid != "patient" and s < first["patient"])
+    assert int(rows[1][3]) < int(rows[0][3])                      # aging shortened the wait
+    flat = " ".join(lesson_10.split())
+    assert f"without aging the patient request waited {rows[0][3]} steps" in flat
+    assert f"every {AGING} steps waited, {rows[1][3]} steps" in flat
