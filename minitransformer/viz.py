@@ -1,0 +1,283 @@
+"""The figures of figures/: each measured afresh on this machine by the engine itself, then drawn with matplotlib.
+
+    minitransformer figures [--out figures] [--quick]     (cli.py calls make_figures)
+
+    ttft_vs_prompt_length.png        generate(max_tokens=1)'s TTFT over prompt lengths: prefill grows with the prompt
+    itl_vs_context_length.png        decode_step time over context lengths, next to the bytes-read floor
+    step_time_cache_vs_no_cache.png  the time of every step of one request, with and without the KV cache
+    kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
+    roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
+
+Measurements come first (measure_*), then the drawings (plot_*), so a reader can rerun one without the other. Every
+figure names the machine it was measured on. --quick runs tiny sweeps (the test uses it); the numbers are then
+too few to read much from, but every figure is still drawn from real measurements.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .bench.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops
+from .decode import decode_step
+from .generate import generate
+from .kv_cache import KVCache, estimate_kv_bytes
+from .metrics import now
+from .prefill import prefill
+from .sampling_params import SamplingParams
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
+        "books were made, how much they cost, and who could read them. ")
+FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
+           "kv_cache_bytes.png", "roofline.png")
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What each figure measures; FULL fits in about 3 minutes on 2 cores, QUICK in seconds."""
+    prompt_lengths: tuple[int, ...]
+    context_lengths: tuple[int, ...]
+    decode_steps: int            # decode steps timed per context length (the median is plotted)
+    repeats: int                 # TTFT runs per prompt length (the median is plotted)
+    no_cache_tokens: int         # new tokens of the cache vs no-cache request
+    kv_lengths: tuple[int, ...]  # prompt lengths whose cache bytes are measured, per batch size
+    kv_batches: tuple[int, ...]
+    copy_bytes: int
+    gemm_n: int
+
+
+FULL = Sweep((32, 64, 128, 256, 512, 1024), (32, 256, 512, 1024, 2048), 5, 3, 128, (16, 64, 128), (1, 4, 16),
+             256 * 2**20, 1024)
+QUICK = Sweep((8, 32), (8, 32), 2, 1, 6, (4, 8), (1, 4), 32 * 2**20, 256)
+
+
+def machine_label() -> str:
+    """The CPU model and core count, e.g. "AMD EPYC, 2 cores (x86_64)": every figure says where it was measured."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            name = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {os.cpu_count()} cores ({platform.machine()})"
+
+
+def _ids(model, n: int) -> list[int]:
+    ids = model.tokenizer.encode(TEXT * (n // 25 + 2))
+    return ids[:n]
+
+
+# ---------------------------------------------------------------------------------------------------- measure
+
+def measure_ttft(model, sweep: Sweep, tick) -> dict:
+    """prompt tokens -> median TTFT and prefill seconds of a 1-token request (generate's own metrics)."""
+    ttft, prefill_s = [], []
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    for n in sweep.prompt_lengths:
+        runs = [generate(model, _ids(model, n), params).metrics for _ in range(sweep.repeats)]
+        ttft.append(statistics.median(m.ttft_s for m in runs))
+        prefill_s.append(statistics.median(m.prefill_s for m in runs))
+        tick()
+    return {"tokens": list(sweep.prompt_lengths), "ttft_s": ttft, "prefill_s": prefill_s, "repeats": sweep.repeats}
+
+
+def measure_itl(model, sweep: Sweep, tick) -> dict:
+    """context tokens -> median seconds of one decode_step with that many tokens already cached."""
+    itl = []
+    for n in sweep.context_lengths:
+        cache = KVCache(model.config, n + sweep.decode_steps + 1, xp=model.xp)
+        prefill(model, _ids(model, n), cache)
+        times = []
+        for _ in range(sweep.decode_steps + 1):                  # the first step is a warm-up
+            start = now()
+            decode_step(model, [42], cache)
+            times.append(now() - start)
+        itl.append(statistics.median(times[1:]))
+        tick()
+    return {"tokens": list(sweep.context_lengths), "itl_s": itl}
+
+
+def measure_cache_vs_no_cache(model, sweep: Sweep, tick) -> dict:
+    """Per-step seconds of one greedy request with the cache and without it (the same tokens, checked)."""
+    params = SamplingParams(max_tokens=sweep.no_cache_tokens, temperature=0.0, ignore_eos=True)
+    prompt = _ids(model, 32)
+    runs = {}
+    for label, use_cache in (("with KV cache", True), ("no cache (recompute)", False)):
+        result = generate(model, prompt, params, use_cache=use_cache)
+        m = result.metrics
+        runs[label] = (result.token_ids, [m.prefill_s] + m.itl_s)    # step 0 = prefill + first sample
+        tick()
+    (a, with_cache), (b, without) = runs.values()
+    if a != b:
+        raise RuntimeError("cache and no-cache tokens differ: the comparison is void")
+    return {"prompt_tokens": len(prompt), "with_cache_s": with_cache, "no_cache_s": without}
+
+
+def measure_kv_bytes(model, sweep: Sweep, tick) -> dict:
+    """KVCache.bytes_used after prefilling `batch` copies of a prompt, at a few lengths and batch sizes."""
+    measured = []
+    for batch in sweep.kv_batches:
+        for n in sweep.kv_lengths:
+            cache = KVCache(model.config, n, batch=batch, xp=model.xp)
+            prefill(model, np.asarray([_ids(model, n)] * batch), cache)
+            measured.append((batch, n, cache.bytes_used))
+            cache.release()
+        tick()
+    return {"measured": measured}
+
+
+def measure_peaks(model, sweep: Sweep, tick) -> dict:
+    bandwidth = measure_copy_bandwidth(model.xp, sweep.copy_bytes, repeats=3)
+    tick()
+    flops = measure_gemm_flops(model.xp, sweep.gemm_n, repeats=3)
+    tick()
+    return {"bandwidth": bandwidth, "flops": flops}
+
+
+# ---------------------------------------------------------------------------------------------------- draw
+
+def _figure(title: str, where: str):
+    """A figure whose title's second line says which model and machine the numbers come from."""
+    import matplotlib
+    matplotlib.use("Agg")                                         # files only, no display needed
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    ax.set_title(f"{title}\n{where}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_ttft(data: dict, where: str, path: Path) -> None:
+    fig, ax = _figure("Time to first token vs prompt length (batch 1)", where)
+    tokens, ttft = data["tokens"], np.array(data["ttft_s"]) * 1e3
+    ax.plot(tokens, ttft, "o-", label=f"TTFT (median of {data['repeats']} runs)")
+    for n, t, p in zip(tokens, ttft, data["prefill_s"]):           # prefill throughput at each point
+        ax.annotate(f"{n / p:.0f} tok/s", (n, t), textcoords="offset points", xytext=(4, -12), fontsize=7)
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(title="labels: prompt tokens / prefill seconds", title_fontsize=7)
+    _save(fig, path)
+
+
+def plot_itl(data: dict, model, bandwidth: float, where: str, path: Path) -> None:
+    fig, ax = _figure("Inter-token latency vs context length (batch 1)", where)
+    tokens = np.array(data["tokens"])
+    floor = [(model.weight_bytes + estimate_kv_bytes(model.config, int(n))) / bandwidth for n in tokens]
+    ax.plot(tokens, np.array(data["itl_s"]) * 1e3, "o-", label="decode step (median)")
+    ax.plot(tokens, np.array(floor) * 1e3, "k:", label=f"floor: (weights + KV cache) / {bandwidth / 1e9:.1f} GB/s")
+    ax.set_xlabel("context length (tokens already in the KV cache)")
+    ax.set_ylabel("inter-token latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    _save(fig, path)
+
+
+def plot_cache_vs_no_cache(data: dict, where: str, path: Path) -> None:
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = _figure(f"Step time with and without the KV cache ({data['prompt_tokens']}-token prompt, greedy)", where)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for key, label, style in (("with_cache_s", "with KV cache", "o-"), ("no_cache_s", "no cache (recompute all)", "s-")):
+        steps = np.array(data[key][1:]) * 1e3                     # decode steps; step 0 (prefill) is the same work
+        ax.plot(np.arange(1, len(steps) + 1), steps, style, markersize=3,
+                label=f"{label}: total {sum(data[key]):.2f} s")
+    ax.set_xlabel("output token number (decode step)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    _save(fig, path)
+
+
+def plot_kv_bytes(data: dict, config, where: str, path: Path) -> None:
+    fig, ax = _figure(f"KV cache bytes vs tokens ({config.n_layers} layers, {config.n_kv_heads} KV heads, "
+                      f"head_dim {config.head_dim}, float32)", where)
+    tokens = np.unique(np.geomspace(1, config.context_length, 60).astype(int))
+    for batch in sorted({b for b, _, _ in data["measured"]} | {16}):
+        line, = ax.plot(tokens, [estimate_kv_bytes(config, int(t), batch) / 2**20 for t in tokens],
+                        label=f"estimate, batch {batch}")
+        points = [(n, used) for b, n, used in data["measured"] if b == batch]
+        if points:
+            ax.plot(*zip(*[(n, used / 2**20) for n, used in points]), "o", color=line.get_color(),
+                    label=f"measured KVCache, batch {batch}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per sequence")
+    ax.set_ylabel("K + V bytes (MiB)")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int, where: str, path: Path) -> None:
+    fig, ax = _figure("Roofline of this machine: prefill vs decode (float32, batch 1)", where)
+    bandwidth, peak = peaks["bandwidth"], peaks["flops"]
+    prefill = [forward_cost(config, n, weight_bytes=weight_bytes) for n in ttft["tokens"]]
+    decode = [forward_cost(config, 1, n, weight_bytes=weight_bytes) for n in itl["tokens"]]
+    points = [c.intensity for c in prefill + decode]
+    x = np.geomspace(min(points + [0.1]) / 2, max(points + [peak / bandwidth]) * 4, 200)
+    ax.plot(x, np.minimum(peak, bandwidth * x) / 1e9, "k-",
+            label=f"roof: {bandwidth / 1e9:.1f} GB/s copy, {peak / 1e9:.0f} GFLOP/s GEMM")
+    ax.plot([c.intensity for c in prefill], [c.flops / s / 1e9 for c, s in zip(prefill, ttft["prefill_s"])], "o",
+            label=f"prefill, {ttft['tokens'][0]}-{ttft['tokens'][-1]} prompt tokens")
+    ax.plot([c.intensity for c in decode], [c.flops / s / 1e9 for c, s in zip(decode, itl["itl_s"])], "s",
+            label=f"decode step, context {itl['tokens'][0]}-{itl['tokens'][-1]}")
+    ax.axvline(peak / bandwidth, color="grey", linestyle=":", label=f"ridge {peak / bandwidth:.3g} FLOP/byte")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------------- all of it
+
+def make_figures(out: str | Path = "figures", quick: bool = False, model_path=None, console=None) -> list[Path]:
+    """Measure everything, draw the five figures into `out`, return their paths. Progress goes to `console`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .model import load_model
+
+    sweep = QUICK if quick else FULL
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = (1 + len(sweep.prompt_lengths) + len(sweep.context_lengths) + 2 + len(sweep.kv_batches) + 2
+             + len(FIGURES))
+    with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console or Console(stderr=True)) as progress:
+        task = progress.add_task("loading the model", total=steps)
+
+        def stage(name: str):
+            progress.update(task, description=name)
+            return lambda: progress.advance(task)
+
+        model = load_model(model_path)
+        progress.advance(task)
+        generate(model, _ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
+        ttft = measure_ttft(model, sweep, stage("TTFT over prompt lengths"))
+        itl = measure_itl(model, sweep, stage("ITL over context lengths"))
+        steps_data = measure_cache_vs_no_cache(model, sweep, stage("cache vs no cache"))
+        kv = measure_kv_bytes(model, sweep, stage("KV cache bytes"))
+        peaks = measure_peaks(model, sweep, stage("bandwidth and GEMM peaks"))
+
+        tick, where = stage("drawing"), f"{model.path.stem} | measured on {machine_label()}"
+        paths = [out / f for f in FIGURES]
+        plot_ttft(ttft, where, paths[0]); tick()                                                # noqa: E702
+        plot_itl(itl, model, peaks["bandwidth"], where, paths[1]); tick()                      # noqa: E702
+        plot_cache_vs_no_cache(steps_data, where, paths[2]); tick()                            # noqa: E702
+        plot_kv_bytes(kv, model.config, where, paths[3]); tick()                               # noqa: E702
+        plot_roofline(ttft, itl, peaks, model.config, model.weight_bytes, where, paths[4]); tick()   # noqa: E702
+    return paths
