@@ -81,7 +81,7 @@ def main():
             logits = decode_step(model, tokens, cache)                               # one new K/V row per layer
     console.print(table_of(rows))
     per_token = history[1][1] - history[0][1] if len(history) > 1 else estimate_kv_bytes(cfg, 1, B)
-    console.print(f"check bytes: " + ", ".join(f"S={s}: {m}" for s, m, _ in history))
+    console.print("check bytes: " + ", ".join(f"S={s}: {m}" for s, m, _ in history))
     console.print(f"check estimator: measured == estimate_kv_bytes at {sum(m == e for _, m, e in history)} of "
                   f"{len(history)} steps; each token adds {per_token:,} bytes (batch {B})")
     table = Table("layer", "K shape", "V shape", "bytes (K + V)")

@@ -143,7 +143,7 @@ def main():
     console.rule(f"[bold]3. Prefix caching: {args.shared} requests with the same system prompt, one after another")
     rows = prefix_caching(model, args)
 
-    (p0, q0, h0, c0), (p1, q1, h1, c1) = rows[0], rows[1]
+    (_, _, h0, c0), (p1, _, h1, c1) = rows[0], rows[1]
     used, B_tokens = total["tokens"], total["blocks"] * B           # token-steps: memory held, summed over steps
     console.rule("[bold]Interview question: what problem does PagedAttention solve, and what does prefix caching add?")
     console.print(

@@ -56,7 +56,7 @@ def test_01_loop_matches_generate_tokens_and_probabilities(lesson_01, real_model
     ids = ints(check(out, r"check ids: \[([0-9, ]+)\]")[0])
     reference = generate(real_model, LOOP_PROMPT, SamplingParams(max_tokens=6, temperature=0.0))
     assert ids == reference.token_ids and len(ids) == 6
-    assert f"after 6 tokens = 6 passes through the model (1 prefill + 5 decode steps)" in out
+    assert "after 6 tokens = 6 passes through the model (1 prefill + 5 decode steps)" in out
     # probability of each chosen token from one no-cache forward pass over prompt + answer
     prompt_ids = real_model.tokenizer.encode(LOOP_PROMPT)
     seq = prompt_ids + ids

@@ -99,7 +99,7 @@ def test_lesson_05_sampling(real_model, real_model_path):
     costs = {name: float(row(out, name)[4]) for name in reference}
     assert slowest == max(costs.values())
     flat = " ".join(out.split())
-    assert f"top_k=20 keeps 20 tokens" in flat and f"top_p=0.9 keeps {row(out, 'top_p=0.9')[1]} " in flat
+    assert "top_k=20 keeps 20 tokens" in flat and f"top_p=0.9 keeps {row(out, 'top_p=0.9')[1]} " in flat
 
 
 # ---------------------------------------------------------------------------------------------------- lesson 06

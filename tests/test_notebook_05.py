@@ -8,39 +8,26 @@ from generate() run here. We also check the committed copy: it carries its outpu
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
 from minitransformer import SamplingParams, generate
 
+from notebook_runner import NOTEBOOKS, execute_notebook, summary
+
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_batching_and_paged_attention.ipynb"
+NOTEBOOK = NOTEBOOKS / "05_batching_and_paged_attention.ipynb"
 
-
-def _summary(nb) -> dict:
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
-    return json.loads(text.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def executed(real_model_path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []                                          # nothing from the committed run survives
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINITRANSFORMER_MODEL", str(real_model_path))   # the notebook's kernel inherits it
-        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    return nb
+    return execute_notebook(NOTEBOOK, real_model_path)
 
 
 def test_pools_and_blocks_have_the_model_shapes(executed, real_model):
-    s, cfg = _summary(executed), real_model.config
+    s, cfg = summary(executed), real_model.config
     assert s["pool_shape"] == [cfg.n_layers, s["num_blocks"], s["block_size"], cfg.n_kv_heads, cfg.head_dim]
     assert s["bytes_per_block"] == 2 * cfg.n_layers * s["block_size"] * cfg.n_kv_heads * cfg.head_dim * 4
     assert s["free_at_end"] == s["num_blocks"]                        # every block came back
@@ -48,7 +35,7 @@ def test_pools_and_blocks_have_the_model_shapes(executed, real_model):
 
 
 def test_step_log_accounts_for_every_token(executed):
-    s = _summary(executed)
+    s = summary(executed)
     # No prefix cache, no preemption: each prompt token is computed once, each output token after the first is a decode.
     assert s["prefill_tokens"] == sum(s["prompt_lens"].values())
     assert s["decode_tokens"] == sum(n - 1 for n in s["max_tokens"].values())
@@ -57,7 +44,7 @@ def test_step_log_accounts_for_every_token(executed):
 
 
 def test_engine_tokens_equal_generate_alone(executed, real_model):
-    s = _summary(executed)
+    s = summary(executed)
     text = ("Paged attention stores the keys and values of every sequence in fixed-size blocks, so memory is handed "
             "out as a sequence grows instead of reserved for its longest possible length. ") * 3
     ids = real_model.tokenizer.encode(text)
@@ -76,4 +63,4 @@ def test_committed_copy_has_outputs_and_is_small():
     assert all(c.outputs for c in code), "commit the notebook executed (with its outputs)"
     images = [o for c in code for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) == 1
-    assert _summary(committed)["paged_diff"] < 1e-5
+    assert summary(committed)["paged_diff"] < 1e-5

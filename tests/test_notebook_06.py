@@ -7,15 +7,14 @@ carries its outputs, its figures, and stays small.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_cuda_kernels.ipynb"
+nbformat = pytest.importorskip("nbformat")
+
+NOTEBOOK = NOTEBOOKS / "06_cuda_kernels.ipynb"
 
 
 def _visited(Tq: int, Tk: int) -> int:
@@ -23,26 +22,14 @@ def _visited(Tq: int, Tk: int) -> int:
     return sum(-(-(Tk - Tq + min(Tq, 16 * (i + 1))) // 32) for i in range(-(-Tq // 16)))
 
 
-def _summary(nb) -> dict:
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
-    return json.loads(text.strip().splitlines()[-1])
-
 
 @pytest.fixture(scope="module")
 def executed(real_model_path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []                                          # nothing from the committed run survives
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINITRANSFORMER_MODEL", str(real_model_path))   # the notebook's kernel inherits it
-        nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                                resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    return nb
+    return execute_notebook(NOTEBOOK, real_model_path)
 
 
 def test_kernels_match_the_array_version(executed):
-    s = _summary(executed)
+    s = summary(executed)
     assert s["layers"] == 30 and s["tokens"] > 64                      # the real model; several tiles each way
     for key in ("max_layer_diff", "chunk_diff", "mirror_out_diff", "mirror_lse_diff", "merge_diff", "decode_diff"):
         assert s[key] < 1e-5, (key, s[key])
@@ -51,7 +38,7 @@ def test_kernels_match_the_array_version(executed):
 
 
 def test_visited_tiles_follow_the_causal_rule(executed):
-    s = _summary(executed)
+    s = summary(executed)
     T = s["tokens"]
     assert s["visited"] == {"whole prompt": _visited(T, T), "chunk of 40 after 36 cached": _visited(40, T)}
     assert s["tiles"]["whole prompt"] == -(-T // 16) * -(-T // 32)
@@ -68,4 +55,4 @@ def test_committed_copy_has_outputs_and_is_small():
     committed = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in committed.cells if c.cell_type == "code"]
     assert all(c.outputs for c in code), "commit the notebook executed (with its outputs)"
-    assert _summary(committed)["max_layer_diff"] < 1e-5
+    assert summary(committed)["max_layer_diff"] < 1e-5

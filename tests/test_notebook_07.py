@@ -7,41 +7,28 @@ keeps the prompt plus the tokens emitted before the correction).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
 from minitransformer import SamplingParams, generate
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "07_speculative_decoding.ipynb"
+nbformat = pytest.importorskip("nbformat")
+
+NOTEBOOK = NOTEBOOKS / "07_speculative_decoding.ipynb"
 PROMPT = ("Here is a list of fruits: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
           "The same list again, comma-separated: apple, banana,")
 
 
-def _summary(nb) -> dict:
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
-    return json.loads(text.strip().splitlines()[-1])
-
 
 @pytest.fixture(scope="module")
 def executed(real_model_path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []                                          # nothing from the committed run survives
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINITRANSFORMER_MODEL", str(real_model_path))   # the notebook's kernel inherits it
-        nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                                resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    return nb
+    return execute_notebook(NOTEBOOK, real_model_path)
 
 
 def test_verify_passes_accept_exactly_what_plain_greedy_decoding_produces(executed, real_model):
-    s = _summary(executed)
+    s = summary(executed)
     plain = generate(real_model, PROMPT, SamplingParams(max_tokens=len(s["tokens"]), temperature=0.0)).token_ids
     assert s["tokens"] == plain and s["matches_plain"]
     position = 1                                           # tokens[0] came from the prefill
@@ -64,6 +51,6 @@ def test_committed_copy_has_outputs_and_is_small():
     committed = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in committed.cells if c.cell_type == "code"]
     assert all(c.outputs for c in code), "commit the notebook executed (with its outputs)"
-    assert _summary(committed)["matches_plain"]
+    assert summary(committed)["matches_plain"]
     images = [o for c in code for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) == 1

@@ -12,16 +12,13 @@ them); on a 2-core machine shared with other jobs the wall time was 4-5 minutes.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+nbformat = pytest.importorskip("nbformat")
 NAMES = {"01": "01_tokenize_and_prefill", "02": "02_kv_cache_and_decode", "03": "03_sampling_and_stopping",
          "04": "04_streaming_and_metrics"}
 IMAGES = {"01": 3, "02": 1, "03": 1, "04": 1}
@@ -31,11 +28,6 @@ LAYERS, KV_HEADS, HEAD_DIM, HEADS, EPS, ROPE_BASE = 30, 3, 64, 9, 1e-5, 100000.0
 KV_BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4            # K and V, float32: 46,080
 
 
-def _summary(nb) -> dict:
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
-    return json.loads(text.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def run(real_model_path):
     """run("01") -> the summary of notebook 01 executed now from a fresh kernel (once per test module)."""
@@ -43,18 +35,11 @@ def run(real_model_path):
 
     def execute(key: str) -> dict:
         if key not in _executed:
-            nb = nbformat.read(NOTEBOOKS / f"{NAMES[key]}.ipynb", as_version=4)
-            for cell in nb.cells:
-                if cell.cell_type == "code":
-                    cell.outputs = []                                   # nothing from the committed run survives
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv("MINITRANSFORMER_MODEL", str(real_model_path))
-                nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                        resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+            nb = execute_notebook(NOTEBOOKS / f"{NAMES[key]}.ipynb", real_model_path)
             images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                       if "image/png" in o.get("data", {})]
             assert len(images) == IMAGES[key], f"notebook {key}: {len(images)} figures"
-            _executed[key] = _summary(nb)
+            _executed[key] = summary(nb)
         return _executed[key]
     return execute
 
@@ -245,4 +230,4 @@ def test_committed_copy_has_outputs_and_is_small(key):
     assert all(c.outputs for c in code), "commit the notebook executed (with its outputs): scripts/make_notebooks.py"
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
     assert "sys.path.insert" in code[0].source                          # runs from a checkout without installing
-    assert _summary(nb)                                                 # the committed run finished
+    assert summary(nb)                                                 # the committed run finished
