@@ -30,6 +30,7 @@ from .backend import DTYPE, array_module
 from .config import ModelConfig
 from .errors import InputError
 from .kv_cache import KVCache
+from .serving.paged_cache import PagedKVCache
 
 SCHEMES = ("f32", "int8", "int4")
 GROUP = 32                      # int4: inputs per group (one scale and one minimum each)
@@ -370,3 +371,45 @@ class Int8KVCache(KVCache):
 
 
 KV_CACHES = {"f32": KVCache, "int8": Int8KVCache}
+
+
+class Int8PagedKVCache(PagedKVCache):
+    """The serving engine's paged pools (serving/paged_cache.py) storing int8 values and one float32 scale per
+    (slot, head): the same quantize_kv / dequantize_kv as Int8KVCache, so a token's keys are stored identically in
+    both, and a block costs (head_dim + 4) / (4 * head_dim) of a float32 block (68 / 256 bytes per head at d = 64).
+
+        k, v (layers, num_blocks, block_size, kv_heads, head_dim) int8; k_scale, v_scale (..., kv_heads) float32
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE):
+        self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
+        self.dtype = np.dtype(np.int8)
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.k = xp.zeros(shape, dtype=np.int8)
+        self.v = xp.zeros(shape, dtype=np.int8)
+        self.k_scale = xp.zeros(shape[:-1], dtype=DTYPE)       # zeros: never-written slots read back as 0.0
+        self.v_scale = xp.zeros(shape[:-1], dtype=DTYPE)
+
+    @property
+    def bytes_total(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return estimate_int8_kv_bytes(self.config, self.block_size)
+
+    def write(self, layer: int, slots, k_new, v_new) -> None:
+        """Quantize and store keys/values of N tokens.   slots (N,) int; k_new, v_new (K, N, d) float32."""
+        K, d = self.config.n_kv_heads, self.config.head_dim
+        for pool, scales, new in ((self.k, self.k_scale, k_new), (self.v, self.v_scale, v_new)):
+            q, scale = quantize_kv(new.transpose(1, 0, 2))                  # (N, K, d) int8, (N, K)
+            pool[layer].reshape(-1, K, d)[slots] = q
+            scales[layer].reshape(-1, K)[slots] = scale
+
+    def gather(self, layer: int, block_tables):
+        """block_tables (R, nb) -> dequantized k, v (R, K, nb * block_size, d) float32, key j at position j."""
+        R, nb = block_tables.shape
+        S, K, d = nb * self.block_size, self.config.n_kv_heads, self.config.head_dim
+        k = dequantize_kv(self.k[layer][block_tables], self.k_scale[layer][block_tables])    # (R, nb, B, K, d)
+        v = dequantize_kv(self.v[layer][block_tables], self.v_scale[layer][block_tables])
+        return k.reshape(R, S, K, d).transpose(0, 2, 1, 3), v.reshape(R, S, K, d).transpose(0, 2, 1, 3)
