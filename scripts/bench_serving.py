@@ -7,8 +7,9 @@ Aggregate tokens/s for --requests concurrent requests (mixed prompts, greedy, fi
 - our own batch-1 loop: generate() one request after another,
 - llama.cpp single stream (llama-cpp-python, n_threads = cores), when `import llama_cpp` works,
 and the ratios between them. Tokens/s counts every generated token over the wall time, prefill included, the same
-way for all three (static vs continuous batching, which differ only with mixed output lengths, is lesson 08's). The batch-1 and llama.cpp figures use the first --baseline-requests prompts (a rate does not need
-all of them). It also prints what bounds a decode step: the weight bytes every step streams, over its time.
+way for all three (static vs continuous batching, which differ only with mixed output lengths, is lesson 08's).
+The batch-1 and llama.cpp figures use --baseline-requests prompts spread over the list (the same mix of lengths; a
+rate does not need all of them). It also prints what bounds a decode step: the weight bytes every step streams, over its time.
 --json prints one JSON object on stdout instead of the table.
 """
 
@@ -75,7 +76,9 @@ def main() -> None:
 
     seconds, results, engine = run_engine(model, prompt_ids, params, "continuous")
     numbers["continuous_tok_s"] = args.requests * args.max_tokens / seconds
-    decode_steps = [r.duration_s for r in engine.step_log if r.num_decode_tokens == args.requests]
+    most = max(r.num_decode_tokens for r in engine.step_log)            # args.requests unless max_tokens is tiny
+    decode_steps = [r.duration_s for r in engine.step_log if r.num_decode_tokens == most]
+    numbers["decode_step_sequences"] = most
     numbers["decode_step_s_median"] = statistics.median(decode_steps)
     numbers["weight_gb_s_in_decode"] = model.weight_bytes / numbers["decode_step_s_median"] / 1e9
     numbers["copy_bandwidth_gb_s"] = measure_copy_bandwidth() / 1e9                # read + write, all cores
@@ -84,7 +87,8 @@ def main() -> None:
 
     alone_tokens, start = 0, time.perf_counter()
     same = True
-    for ids, batched in zip(prompt_ids[:args.baseline_requests], results):
+    spaced = list(range(0, args.requests, max(1, args.requests // args.baseline_requests)))[:args.baseline_requests]
+    for ids, batched in [(prompt_ids[i], results[i]) for i in spaced]:       # the engine run's mix of lengths
         out = generate(model, ids, params)
         alone_tokens += len(out.token_ids)
         same &= out.token_ids == batched.token_ids
@@ -102,7 +106,7 @@ def main() -> None:
         eos = {model.tokenizer.eos_id: -1e9}                    # fixed output length, as ignore_eos above
         llm.create_completion(prompt_ids[0], max_tokens=4, temperature=0.0)                     # warm-up
         tokens, start = 0, time.perf_counter()
-        for ids in prompt_ids[:args.baseline_requests]:
+        for ids in [prompt_ids[i] for i in spaced]:
             out = llm.create_completion(ids, max_tokens=args.max_tokens, temperature=0.0, logit_bias=eos)
             tokens += out["usage"]["completion_tokens"]
         numbers["llama_cpp_tok_s"] = tokens / (time.perf_counter() - start)
@@ -121,7 +125,7 @@ def main() -> None:
         versus = f"{rate / numbers['llama_cpp_tok_s']:.2f}x" if "llama_cpp_tok_s" in numbers else "n/a"
         table.add_row(name, f"{rate:.1f}", f"{rate / numbers['batch1_tok_s']:.2f}x", versus)
     console.print(table)
-    console.print(f"decode step with {args.requests} sequences: {numbers['decode_step_s_median'] * 1e3:.0f} ms "
+    console.print(f"decode step with {numbers['decode_step_sequences']} sequences: {numbers['decode_step_s_median'] * 1e3:.0f} ms "
                   f"(median), streaming all {model.weight_bytes / 2**20:.0f} MiB of weights once: "
                   f"{numbers['weight_gb_s_in_decode']:.1f} GB/s of weights, against a copy bandwidth (read + "
                   f"write) of {numbers['copy_bandwidth_gb_s']:.1f} GB/s on this machine.\n"

@@ -187,6 +187,35 @@ def test_abort_mid_prefill_frees_the_blocks_and_leaves_the_others_untouched(tiny
     engine.abort(victim)                                             # already finished: nothing happens
 
 
+
+def test_abort_mid_decode_streams_each_token_once_and_frees_the_id(tiny_model):
+    """Deltas of a request aborted between steps add up to its Result (the final Delta carries no token: the last
+    one was streamed already), and its id stays taken until that final output has been delivered."""
+    engine = Engine(tiny_model, num_blocks=32, block_size=4)
+    rid = engine.add_request(prompts_of([6], seed=8)[0], greedy(10, ignore_eos=True), request_id="x")
+    deltas = [o.delta for _ in range(3) for o in engine.step()]
+    engine.abort(rid)
+    with pytest.raises(InputError, match="already in use"):
+        engine.add_request([5, 6], greedy(2), request_id="x")
+    final = engine.step()
+    assert [o.finished for o in final] == [True] and final[0].delta.token_ids == []
+    deltas.append(final[0].delta)
+    result = final[0].result
+    assert len(result.token_ids) == 3 and result.finish_reason == "abort"
+    assert [t for d in deltas for t in d.token_ids] == result.token_ids
+    assert "".join(d.text for d in deltas) == result.text
+    engine.add_request([5, 6], greedy(2), request_id="x")              # delivered: the id is free again
+    assert engine.run()["x"].finish_reason in ("stop", "length")
+
+
+def test_a_request_that_exactly_fills_the_pool_is_admitted(tiny_model):
+    """The last sampled token's keys are never computed, so prompt + max_tokens - 1 slots suffice."""
+    engine = Engine(tiny_model, num_blocks=4, block_size=4)              # 16 slots
+    rid = engine.add_request(prompts_of([10], seed=9)[0], greedy(7, ignore_eos=True))
+    assert engine.run()[rid].kv_cache_tokens == 16
+    with pytest.raises(InputError, match="does not fit in the whole KV cache"):
+        engine.add_request(prompts_of([10], seed=9)[0], greedy(8, ignore_eos=True))
+
 def test_prompt_larger_than_the_pool_is_refused_at_add_request(tiny_model):
     engine = Engine(tiny_model, num_blocks=4, block_size=4)
     with pytest.raises(InputError, match=r"the prompt \(17 tokens\) does not fit in the whole KV cache \(4 blocks"):

@@ -9,7 +9,9 @@ Each step: the scheduler picks sequences and token counts (scheduler.py) -> one 
 through the paged KV cache (model_runner.py) -> every sequence whose pending tokens are done samples one token, in
 one batched sample() call -> per sequence, the same stages as generate.py: detokenize, check_stop, stream a Delta,
 and on finish free its blocks and build its Result. A request's tokens do not depend on what it is batched with:
-its logits are its own rows of the matmuls and its own attention, and its sampler row uses its own generator.
+its logits are its own rows of the matmuls and its own attention (equal to its logits alone up to float32 rounding,
+~1e-5: BLAS may sum a row in another order when the batch has other rows), and its sampler row uses its own
+generator. The tests check identical tokens; a near-tie in the logits could in principle still flip one.
 
 Admission control (add_request raises InputError with the numbers): the generate.py checks (context length,
 vocabulary, ...), prompt + max_tokens <= max_model_len, the request must fit in the whole KV pool by itself, and a
@@ -61,7 +63,8 @@ class EngineStats:
     prefix_cache_queries: int        # tokens looked up in the prefix cache
     prefix_cache_hits: int           # of which found
     num_steps: int
-    num_prompt_tokens: int           # prompt tokens computed (recomputation after preemption included)
+    num_prompt_tokens: int           # tokens prefilled (unlike vLLM's prompt_tokens_total, recomputation after a
+                                     # preemption counts again, outputs included, and prefix-cache hits do not)
     num_generation_tokens: int       # tokens sampled
     num_free_blocks: int
     num_blocks: int
@@ -140,7 +143,7 @@ class Engine:
         request = make_request(self.model, prompt, params, chat, arrival_time)
         if request_id is not None:
             request.request_id = str(request_id)
-        if request.request_id in self.sequences:
+        if request.request_id in self.sequences or any(o.request_id == request.request_id for o in self._pending):
             raise InputError(f"request id {request.request_id!r} is already in use by an unfinished request")
         total = len(request.prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
@@ -148,7 +151,7 @@ class Engine:
                              f"= {total} exceeds max_model_len {self.max_model_len}")
         bm = self.block_manager
         capacity = bm.num_blocks * bm.block_size
-        if total > capacity:
+        if total - 1 > capacity:                         # the last sampled token's K/V is never computed
             prompt_len = len(request.prompt_token_ids)
             what = (f"the prompt ({prompt_len} tokens)" if prompt_len > capacity
                     else f"prompt + max_tokens ({total} tokens)")
@@ -178,7 +181,7 @@ class Engine:
         RequestOutput comes with the next step(). Aborting a finished request does nothing."""
         seq = self.sequences.get(request_id)
         if seq is not None:
-            self._pending.append(self._finish(seq, StopDecision("abort", "cancelled")))
+            self._pending.append(self._finish(seq, StopDecision("abort", "cancelled"), new_tokens=[]))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.sequences) or bool(self._pending)
@@ -207,9 +210,12 @@ class Engine:
                 tokens = self._sample(logits, inputs.sampled)                      # (R,) on the host
                 outputs += [self._append_token(seq, int(token)) for seq, token in zip(inputs.sampled, tokens)]
         self.step_log.append(StepRecord(
-            len(self.step_log), [s.request_id for s, _ in plan.scheduled], plan.num_batched_tokens - decode_tokens,
-            decode_tokens, plan.num_batched_tokens, now() - start, self.block_manager.usage,
-            len(self.scheduler.waiting), len(self.scheduler.running), [s.request_id for s in plan.preempted], start))
+            step=len(self.step_log), request_ids=[s.request_id for s, _ in plan.scheduled],
+            num_prefill_tokens=plan.num_batched_tokens - decode_tokens, num_decode_tokens=decode_tokens,
+            num_batched_tokens=plan.num_batched_tokens, duration_s=now() - start,
+            kv_cache_usage=self.block_manager.usage, num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running), preempted=[s.request_id for s in plan.preempted],
+            start_s=start))
         return outputs
 
     def run(self) -> dict[str, Result]:
@@ -251,10 +257,12 @@ class Engine:
                               self.model.tokenizer.eos_id, seq.num_prompt_tokens, self.model.config.context_length)
         if decision is None:
             return RequestOutput(seq.request_id, Delta(seq.detokenizer.take_delta(), [token]), False)
-        return self._finish(seq, decision)
+        return self._finish(seq, decision, new_tokens=[token])
 
-    def _finish(self, seq: Sequence, decision: StopDecision) -> RequestOutput:
-        """Free the blocks, finalize the text and metrics, build the Result (same fields as generate's)."""
+    def _finish(self, seq: Sequence, decision: StopDecision, new_tokens: list[int]) -> RequestOutput:
+        """Free the blocks, finalize the text and metrics, build the Result (same fields as generate's).
+        new_tokens: what the final Delta carries — the token that stopped it, or nothing for an abort between
+        steps (its last token was streamed already)."""
         kv_tokens = seq.num_computed_tokens
         self.scheduler.remove(seq)
         self.block_manager.free(seq)
@@ -268,7 +276,7 @@ class Engine:
                         decision.finish_reason, decision.stop_reason,
                         Usage(seq.num_prompt_tokens, seq.num_output_tokens), seq.metrics, seq.logprobs,
                         kv_tokens, self.kv_bytes(kv_tokens))
-        delta = Delta(final_text, seq.output_ids[-1:], decision.finish_reason, result)
+        delta = Delta(final_text, new_tokens, decision.finish_reason, result)
         return RequestOutput(seq.request_id, delta, True, result)
 
     # ------------------------------------------------------------------ observability

@@ -115,8 +115,7 @@ class Scheduler:
             bm.prefix_cache_hits += num_cached
             self.waiting.remove(seq)
             seq.num_computed_tokens = num_cached
-            seq.status = SequenceStatus.RUNNING
-            seq.waited_steps = 0
+            seq.status = SequenceStatus.RUNNING       # waited_steps is kept: a preempted request keeps its aging
             self.running.append(seq)
             out.scheduled.append((seq, n))
             budget -= n
@@ -133,9 +132,10 @@ class Scheduler:
         return (seq.priority - seq.waited_steps // self.aging_steps, seq.arrival_index)
 
     def _victim(self) -> Sequence:
-        """Whom to preempt: the newest running sequence (vLLM v1), or the least urgent one under "priority"."""
+        """Whom to preempt: the newest running sequence (vLLM v1), or under "priority" the least urgent one by the
+        same aged priority that admitted it (else a request aging just let in would be the first thrown out)."""
         if self.policy == "priority":
-            return max(self.running, key=lambda s: (s.priority, s.arrival_index))
+            return max(self.running, key=self.effective_priority)
         return self.running[-1]
 
     def _preempt(self, seq: Sequence) -> None:

@@ -47,7 +47,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)   # physical block of each logical block, in order
     num_preemptions: int = 0
-    waited_steps: int = 0                           # steps spent waiting since it last entered the queue (aging)
+    waited_steps: int = 0                           # steps spent waiting, over all its waits (aging)
     decision: StopDecision | None = None            # why it finished, once FINISHED
     logprobs: list[dict] | None = None
 
