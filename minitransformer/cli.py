@@ -77,6 +77,9 @@ def _add_model_options(parser) -> None:
                         help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu (NumPy, the default) or gpu (CuPy on an NVIDIA GPU: the 'gpu' extra)")
+    parser.add_argument("--attention", choices=("auto", "arrays", "kernels"), default="auto",
+                        help="attention through layers.attention (arrays) or our CUDA kernels (kernels: on the CPU "
+                             "they run on the slow CPU runner); auto: kernels on the GPU, arrays on the CPU")
     parser.add_argument("--weights", choices=("f32", "int8", "int4"), default="f32",
                         help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13)")
     parser.add_argument("--kv-cache", choices=("f32", "int8"), default="f32",
@@ -87,7 +90,7 @@ def _load(args):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so."""
     from .model import load_model
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, attention=args.attention)
     if args.weights != "f32":
         from .quantize import quantize_model
         model = quantize_model(model, args.weights, use_kernel=args.device == "gpu")

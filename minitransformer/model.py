@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .attention_backend import choose_attention
 from .backend import DTYPE, INDEX_DTYPE, get_xp
 from .config import ModelConfig
 from .errors import InputError, ModelFileError
@@ -73,7 +74,8 @@ class Transformer:
     """A loaded model: config, tokenizer, float32 weights on one device, and `forward`."""
 
     def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
-                 lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0):
+                 lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0,
+                 attention_mode: str = "auto"):
         self.config = config
         self.tokenizer = tokenizer
         self.embedding = embedding          # (V, D): row i is token i's vector
@@ -84,6 +86,7 @@ class Transformer:
         self.device = device
         self.path = path
         self.load_seconds = load_seconds
+        self.kernel_attention = choose_attention(attention_mode, device)   # None: layers.attention
         cos, sin = rope_table(config.context_length, config.head_dim, config.rope_base)
         self.rope_cos, self.rope_sin = xp.asarray(cos), xp.asarray(sin)   # (context, d/2) each
 
@@ -117,7 +120,8 @@ class Transformer:
             k_all, v_all, key_positions = k, v, positions
         else:
             k_all, v_all, key_positions = kv.update(index, k, v, positions)        # (B, K, S, d), (B, S)
-        out = attention(q, k_all, v_all, positions, key_positions)                 # (B, H, T, d)
+        attend = attention if self.kernel_attention is None else self.kernel_attention
+        out = attend(q, k_all, v_all, positions, key_positions)                   # (B, H, T, d)
         return out.transpose(0, 2, 1, 3).reshape(B * T, cfg.q_dim) @ layer.wo      # (B*T, D)
 
     def project_qkv(self, layer: LayerWeights, x, B: int, T: int, cos, sin):
@@ -152,25 +156,32 @@ class Transformer:
         return rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head          # (R, V)
 
     def _check_inputs(self, token_ids, positions):
-        """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong."""
+        """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong.
+
+        Host inputs (lists, NumPy) are checked on the host, where min/max are cheap, then uploaded once. Arrays
+        already on the GPU get the shape and dtype checks only: their range check would read them back to the host
+        (a synchronisation per step), so in-range ids are the caller's contract there.
+        """
         xp = self.xp
         checked = []
         for name, values, limit, what in (("token_ids", token_ids, self.config.vocab_size, "the vocabulary"),
                                           ("positions", positions, self.config.context_length,
                                            "the context window")):
+            on_device = xp is not np and isinstance(values, xp.ndarray)
             try:
-                array = xp.asarray(values)
+                array = values if on_device else np.asarray(values)
             except ValueError:                                   # ragged nested lists
                 raise InputError(f"{name} must be a rectangular (B, T) array of integers") from None
             if array.ndim != 2 or array.size == 0:
                 raise InputError(f"{name} must have shape (B, T) with at least one token; got {tuple(array.shape)}")
             if array.dtype.kind not in "iu":
                 raise InputError(f"{name} must be integers, got dtype {array.dtype}")
-            low, high = int(array.min()), int(array.max())
-            if low < 0 or high >= limit:
-                raise InputError(f"{name[:-1].replace('_id', ' id')} {low if low < 0 else high} is outside "
-                                 f"{what} [0, {limit})")
-            checked.append(array.astype(INDEX_DTYPE, copy=False))
+            if not on_device:
+                low, high = int(array.min()), int(array.max())
+                if low < 0 or high >= limit:
+                    raise InputError(f"{name[:-1].replace('_id', ' id')} {low if low < 0 else high} is outside "
+                                     f"{what} [0, {limit})")
+            checked.append(xp.asarray(array.astype(INDEX_DTYPE, copy=False)))
         if checked[0].shape != checked[1].shape:
             raise InputError(f"token_ids {tuple(checked[0].shape)} and positions {tuple(checked[1].shape)} must "
                              "have the same shape (B, T)")
@@ -190,11 +201,17 @@ class Transformer:
 
 # ---------------------------------------------------------------------------------------------------- loading
 
-def load_model(path: str | Path | None = None, device: str = "cpu") -> Transformer:
+def load_model(path: str | Path | None = None, device: str = "cpu", attention: str = "auto",
+               dtype: str = "float32") -> Transformer:
     """Load a llama-architecture GGUF (the default SmolLM2-135M-Instruct when `path` is None, fetched on first
-    use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32."""
+    use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32.
+
+    attention: "arrays" (layers.attention), "kernels" (flash_prefill / paged_decode, also on the CPU runner) or
+    "auto" (kernels on the GPU, arrays on the CPU); see attention_backend.py.
+    """
     from .tokenizer import Tokenizer
 
+    check_dtype(dtype)
     start = time.perf_counter()
     xp = get_xp(device)
     path = resolve_model_path(path)
@@ -234,4 +251,15 @@ def load_model(path: str | Path | None = None, device: str = "cpu") -> Transform
     lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
     final_norm = load("output_norm.weight", (D,))
     return Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
-                       load_seconds=time.perf_counter() - start)
+                       load_seconds=time.perf_counter() - start, attention_mode=attention)
+
+
+def check_dtype(dtype: str) -> None:
+    """Only float32 storage is implemented; say why for the others instead of silently computing in float32."""
+    if dtype == "float32":
+        return
+    if dtype == "bfloat16":
+        raise InputError("dtype bfloat16 is not available: CuPy (and NumPy) have no bfloat16 type; use float32")
+    if dtype == "float16":
+        raise InputError("dtype float16 (float16 storage, float32 accumulation) is not implemented yet; use float32")
+    raise InputError(f"unknown dtype {dtype!r}; choose float32")

@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..attention_backend import fallback
 from ..backend import INDEX_DTYPE
+from ..kernels.attention import HEAD_DIMS
+from ..kernels.loader import source_constant
+from .paged_cache import PagedKVCache
 
 
 @dataclass
@@ -66,15 +70,37 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
                       logits_rows, sampled)
 
 
+def use_decode_kernel(model, cache) -> bool:
+    """Whether decodes go through the paged_decode kernel: the model asks for kernels and the cache and shapes fit."""
+    if getattr(model, "kernel_attention", None) is None:       # arrays, or a model class without the option
+        return False
+    cfg = model.config
+    reason = None
+    if type(cache) is not PagedKVCache:
+        reason = f"{type(cache).__name__} is not the float paged cache the kernel reads"
+    elif cfg.head_dim not in HEAD_DIMS:
+        reason = f"head_dim {cfg.head_dim} is not one of the compiled {HEAD_DIMS}"
+    elif cfg.n_heads // cfg.n_kv_heads > source_constant("paged_decode.cu", "DECODE_MAX_GROUP"):
+        reason = f"{cfg.n_heads // cfg.n_kv_heads} query heads per KV head exceed the decode kernel's group limit"
+    if reason:
+        fallback(reason)
+    return reason is None
+
+
 def execute(model, cache, inputs: StepInputs):
     """One forward over the step's tokens -> logits (R, V) of the rows in inputs.logits_rows."""
     xp = model.xp
     D = inputs.num_decodes
+    kernel = D > 0 and use_decode_kernel(model, cache)
+    seq_lens = inputs.decode_positions[:, 0] + 1 if kernel else None             # (D,): the new token included
 
     def attend(layer, q, k, v):                     # q (H, N, d), k and v (K, N, d)
         cache.write(layer, inputs.slots, k, v)
         out = xp.empty_like(q)                                                       # (H, N, d)
-        if D:
+        if kernel:
+            out[:, :D] = cache.decode_attention(layer, q[:, :D].transpose(1, 0, 2), seq_lens,
+                                                inputs.decode_tables).transpose(1, 0, 2)
+        elif D:
             qd = q[:, :D].transpose(1, 0, 2)[:, :, None]                             # (D, H, 1, d)
             out[:, :D] = cache.attention(layer, qd, inputs.decode_positions,
                                          inputs.decode_tables)[:, :, 0].transpose(1, 0, 2)

@@ -5,9 +5,10 @@
 A token's keys go to the *slot* the block manager maps it to (block * block_size + offset), so the sequences of a
 batch can each have their own length and grow independently; attention finds a sequence's keys through its block
 table. Here that is done with arrays: gather the table's blocks into a contiguous (K, S, d) view, then the same
-masked attention as the contiguous path (layers.attention); the CUDA kernel kernels/paged_decode.cu reads the blocks
-in place instead. Blocks past a sequence's end (padding in a batch) hold positions beyond every query, so the causal
-mask hides them: no separate length mask is needed.
+masked attention as the contiguous path (layers.attention). With the kernel backend on (load_model(attention=...),
+see attention_backend.py) decodes go through `decode_attention` instead: kernels/paged_decode.cu reads the blocks in
+place, since the pool already has the kernel's layout. Blocks past a sequence's end (padding in a batch) hold
+positions beyond every query, so the causal mask hides them: no separate length mask is needed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from ..backend import DTYPE
 from ..config import ModelConfig
 from ..kv_cache import estimate_kv_bytes
+from ..kernels.attention import paged_decode
 from ..layers import attention
 
 
@@ -68,3 +70,12 @@ class PagedKVCache:
         S = k.shape[2]
         key_positions = self.xp.broadcast_to(self.xp.arange(S), (q.shape[0], S))  # (R, S)
         return attention(q, k, v, q_positions, key_positions)
+
+    def decode_attention(self, layer: int, q, seq_lens, block_tables):
+        """One query per row through the paged_decode kernel, blocks read in place (no gather).
+
+        q (R, H, d), seq_lens (R,) tokens each row attends to, block_tables (R, nb) -> (R, H, d).
+        """
+        xp = self.xp
+        return paged_decode(xp.ascontiguousarray(q), self.k[layer], self.v[layer],
+                            block_tables.astype(np.int32), seq_lens.astype(np.int32))
