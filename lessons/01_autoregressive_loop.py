@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, load_model  # noqa: E402
 from minitransformer.decode import decode_step  # noqa: E402
 from minitransformer.detokenizer import IncrementalDetokenizer  # noqa: E402
@@ -44,11 +45,13 @@ def table_of(rows, last=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--prompt", default=PROMPT, help="text to continue")
     ap.add_argument("--tokens", type=int, default=24, help="most new tokens (the loop also stops at EOS)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy: always the most probable token")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (matters only with --temperature > 0)")
     args = ap.parse_args()
+    if args.tokens < 1:
+        raise InputError(f"--tokens must be at least 1, got {args.tokens}")
     model = load_model()
     tok, cfg = model.tokenizer, model.config
     prompt_ids = tok.encode(args.prompt)
@@ -82,7 +85,8 @@ def main():
             logits = decode_step(model, [token], cache)                  # the new token is the next step's input
     console.print(table_of(rows))
     n = len(out)
-    console.print(f"finished: {decision.finish_reason} ({decision.stop_reason}) after {n} tokens = {n} passes "
+    reason = decision.finish_reason + (f" ({decision.stop_reason!r})" if decision.stop_reason is not None else "")
+    console.print(f"finished: {reason} after {n} tokens = {n} passes "
                   f"through the model (1 prefill + {n - 1} decode steps). Text: {detok.text!r}")
     console.print(f"check ids: {out}")
     console.print("chosen-token probabilities: " + " ".join(f"{p:.4f}" for p in chosen_p))
@@ -136,4 +140,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, load_model  # noqa: E402
 from minitransformer.decode import decode_step  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
@@ -48,10 +49,13 @@ def gib(n: float) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--prompt", default=PROMPT, help="text whose cache we watch grow")
     ap.add_argument("--tokens", type=int, default=12, help="tokens to decode (greedy)")
     ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together")
     args = ap.parse_args()
+    for flag, value in (("--tokens", args.tokens), ("--batch", args.batch)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model()
     cfg, tok, B = model.config, model.tokenizer, args.batch
     prompt_ids = tok.encode(args.prompt)
@@ -80,6 +84,8 @@ def main():
             out.append(int(tokens[0]))
             logits = decode_step(model, tokens, cache)                               # one new K/V row per layer
     console.print(table_of(rows))
+    console.print("reserved is the same on every row: the cache is preallocated once for prompt + max_tokens "
+                  "positions; the measured bytes are the rows filled so far")
     per_token = history[1][1] - history[0][1] if len(history) > 1 else estimate_kv_bytes(cfg, 1, B)
     console.print("check bytes: " + ", ".join(f"S={s}: {m}" for s, m, _ in history))
     console.print(f"check estimator: measured == estimate_kv_bytes at {sum(m == e for _, m, e in history)} of "
@@ -138,4 +144,8 @@ def main():
         "requests fit in memory.")
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, generate, load_model  # noqa: E402
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
@@ -30,12 +31,17 @@ def step_times(result) -> np.ndarray:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompt-tokens", type=int, default=40)
+    ap = argparse.ArgumentParser(description="Lesson 04: the KV cache vs recomputing everything: identical tokens, "
+                                 "flat vs growing step times.")
+    ap.add_argument("--prompt-tokens", type=int, default=40, help="prompt length in tokens (cut from a fixed text)")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens (greedy, EOS ignored)")
     ap.add_argument("--rows", type=int, default=8, help="steps shown in the table")
+    ap.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
     args = ap.parse_args()
-    model = load_model()
+    for flag, value in (("--prompt-tokens", args.prompt_tokens), ("--tokens", args.tokens), ("--rows", args.rows)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
+    model = load_model(args.model)
     prompt = model.tokenizer.encode(TEXT * (1 + args.prompt_tokens // 20))[:args.prompt_tokens]
     P, N = len(prompt), args.tokens
     params = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
@@ -55,8 +61,8 @@ def main():
     fast, slow = step_times(cached), step_times(recompute)                  # (N,) each
     shown = sorted(set(np.linspace(0, N - 1, min(args.rows, N)).round().astype(int)))
     scale = 40 / slow.max()
-    table = Table("step", "tokens through the model", "cache ms", "no cache ms", "no cache", "[green]cache[/] / "
-                  "[red]no cache")
+    table = Table("step", "tokens through the model", "cache ms", "no cache ms", "no-cache / cache",
+                  "step time: [green]cache[/] (top) / [red]no cache[/] (bottom)")
     for i in shown:
         work_fast, work_slow = (P if i == 0 else 1), P + i
         table.add_row(str(i + 1), f"{work_fast} vs {work_slow}", f"{fast[i] * 1e3:.1f}", f"{slow[i] * 1e3:.1f}",
@@ -101,4 +107,8 @@ def main():
         "output: try --tokens 128.")
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
 from minitransformer.decode import decode_step  # noqa: E402
 from minitransformer.metrics import now  # noqa: E402
@@ -64,6 +65,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per setting (the median is shown)")
     parser.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
     args = parser.parse_args()
+    for flag, value in (("--tokens", args.tokens), ("--repeats", args.repeats)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model(args.model)
     tok = model.tokenizer
     ids = tok.encode(args.prompt)
@@ -71,8 +75,8 @@ def main() -> None:
     logits = prefill(model, ids, cache)                                # (1, V) the next token's raw logits
     V = logits.shape[-1]
 
-    console.rule(f"[bold]1. One next-token distribution, seven ways to draw from it ({len(ids)}-token prompt, "
-                 f"{V:,} tokens in the vocabulary)")
+    console.rule(f"[bold]1. One next-token distribution, seven ways to draw ({len(ids)}-token prompt, "
+                 f"{V:,}-token vocab)")
     console.print(f"prompt: {args.prompt!r}")
     table = Table("setting", "candidates (p > 0)", "entropy (bits)", "top 3 after filtering", "sample() ms")
     rows = {}
@@ -125,4 +129,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, generate, load_model, stream  # noqa: E402
 from minitransformer.generate import CachedRunner  # noqa: E402
 
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--cancel-after", type=int, default=5, help="deltas read before the client cancels")
     parser.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
     args = parser.parse_args()
+    for flag, value in (("--emoji-tokens", args.emoji_tokens), ("--cancel-after", args.cancel_after)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model(args.model)
     tok = model.tokenizer
 
@@ -57,11 +61,10 @@ def main() -> None:
     eos = generate(model, args.prompt, greedy(64), chat=True)
     short = generate(model, args.prompt, greedy(5), chat=True)
     stopped = generate(model, args.prompt, greedy(64, stop=[args.stop]), chat=True)
-    table = Table("rule", "settings", "finish_reason", "stop_reason", "tokens", "last ids", "text")
+    table = Table("rule", "settings", "finish_reason", "stop_reason", "tokens", "text")
     for rule, settings, r in (("EOS", "max_tokens=64", eos), ("max_tokens", "max_tokens=5", short),
                               ("stop string", f"stop={args.stop!r}", stopped)):
-        table.add_row(rule, settings, r.finish_reason, repr(r.stop_reason), str(len(r.token_ids)),
-                      " ".join(map(str, r.token_ids[-3:])), repr(r.text))
+        table.add_row(rule, settings, r.finish_reason, repr(r.stop_reason), str(len(r.token_ids)), repr(r.text))
     console.print(table)
     console.print(f"check eos: last id {eos.token_ids[-1]} == eos_id {tok.eos_id} ({tok.decode([tok.eos_id])!r}), "
                   f"{len(eos.token_ids)} tokens")
@@ -96,7 +99,10 @@ def main() -> None:
         table.add_row(str(i), " ".join(map(str, delta.token_ids)), tok.token_bytes(delta.token_ids[0]).hex(" "),
                       str(waiting), repr(delta.text))
         result = delta.result
-    console.print(f"chat message: {args.emoji_prompt!r}, greedy, {args.emoji_tokens} tokens", table)
+    emoji = next((c for c in result.text if ord(c) >= 0x2000), None)  # the first non-ASCII-range symbol
+    what = f"an emoji (here U+{ord(emoji):04X} {emoji})" if emoji else "no emoji in these tokens"
+    console.print(f"chat message: {args.emoji_prompt!r}, greedy, {args.emoji_tokens} tokens; the model wrote {what}",
+                  table)
     held = sum(1 for d in deltas if d == "")                       # one delta per token here
     console.print(f"check utf8: {held} of {len(deltas)} tokens emitted nothing (their bytes end inside a "
                   f"character); deltas joined == final text: {''.join(deltas) == result.text}; "
@@ -131,8 +137,13 @@ def main() -> None:
         f"id ({len(eos.token_ids)} tokens, then stop). Streaming must respect the same mismatch: {held} of "
         f"{len(deltas)} emoji-reply tokens ended inside a character and emitted nothing until its last byte came. "
         f"Cancelling after {args.cancel_after} deltas ended the request with 'abort' after "
-        f"{len(cancelled.token_ids)} tokens and freed its {reserved / 2**20:.1f} MiB KV cache reservation.")
+        f"{len(cancelled.token_ids)} tokens (one more than deltas: the loop checks the flag after each step's token is "
+        f"chosen, so the step that runs when the client asks for the next delta still produces one) and freed its {reserved / 2**20:.1f} MiB KV cache reservation.")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

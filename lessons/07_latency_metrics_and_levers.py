@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, generate, load_model, stream  # noqa: E402
 from minitransformer.bench.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
 from minitransformer.generate import _run, make_request  # noqa: E402
@@ -43,7 +44,14 @@ def main() -> None:
     ap.add_argument("--outputs", default="4,8,16", help="output lengths of the output-length lever")
     ap.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
     args = ap.parse_args()
-    lengths, outputs = [int(x) for x in args.lengths.split(",")], [int(x) for x in args.outputs.split(",")]
+    if args.tokens < 1:
+        raise InputError(f"--tokens must be at least 1, got {args.tokens}")
+    try:
+        lengths, outputs = [int(x) for x in args.lengths.split(",")], [int(x) for x in args.outputs.split(",")]
+    except ValueError:
+        raise InputError("--lengths and --outputs must be comma-separated integers") from None
+    if min(lengths + outputs) < 1:
+        raise InputError("--lengths and --outputs must be at least 1 each")
     model = load_model(args.model)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)   # fixed work per request
     generate(model, "warm-up", SamplingParams(max_tokens=2))                           # first-call costs out
@@ -75,7 +83,7 @@ def main() -> None:
     table.add_row("streamed", ms(first), ms(streamed_total))
     table.add_row("not streamed", ms(blocking_total), ms(blocking_total))
     console.print(table)
-    console.print(f"check streaming: first text {blocking_total / first:.1f}x sooner; total work "
+    console.print(f"check streaming: first text {blocking_total / first:.1f}x sooner; total time "
                   f"{streamed_total / blocking_total:.2f}x the non-streamed one (same tokens, same passes)")
 
     console.rule("[bold]3. The levers, one at a time")
@@ -115,7 +123,11 @@ def main() -> None:
     for _ in range(20):
         sample(logits, [SamplingParams(top_p=0.9)], [gen], [ids], [[]])
     sample_s = (now() - start) / 20
-    ridge = measure_gemm_flops(n=512) / bandwidth          # FLOP/byte where this machine stops being memory-bound
+    gemm = measure_gemm_flops(n=512)
+    ridge = gemm / bandwidth                               # FLOP/byte where this machine stops being memory-bound
+    console.print(f"ridge point = GEMM peak {gemm / 1e9:.1f} GFLOP/s (float32 512x512 matmul) / copy bandwidth "
+                  f"{bandwidth / 1e9:.1f} GB/s = {ridge:.2f} FLOP/byte; both peaks are measured now and vary "
+                  f"between runs")
     pre, dec = forward_cost(model.config, lengths[-1]), forward_cost(model.config, 1, lengths[-1])
     bound = lambda c: f"{'compute' if c.intensity > ridge else 'memory'} ({c.intensity:.2f} FLOP/byte)"  # noqa: E731
     t1 = Table("T1 phase", "processes", f"bottleneck (ridge {ridge:.2f} FLOP/byte)", "user-facing metric", "measured")
@@ -133,8 +145,8 @@ def main() -> None:
                "trim prompts, cache prefixes")
     t2.add_row("output length", f"+{ms(per_token)} ms per token", "longer answers cost linearly",
                "max_tokens caps, stop strings")
-    t2.add_row("quantization", f"{ours[0][1] / ours[1][1]:.1f}x fewer bytes kept 4-bit: floor "
-               f"{ms(ours[1][1] / bandwidth)} ms", "some accuracy", "4/8-bit weights (lesson 13)")
+    t2.add_row("quantization", f"weights kept 4-bit read {ours[0][1] / ours[1][1]:.1f}x fewer bytes: "
+               f"floor {ms(ours[1][1] / bandwidth)} ms/token", "some accuracy", "4/8-bit weights (lesson 13)")
     t4 = Table("T4 tuning step", "what it bought here")
     t4.add_row("smaller or quantized model", f"floor {ms(ours[1][1] / bandwidth)} vs {ms(big[1] / bandwidth)} "
                f"ms/token (ours Q4_1 vs {big[0]})")
@@ -161,4 +173,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, load_model  # noqa: E402
 from minitransformer.serving import Engine  # noqa: E402
 
@@ -106,14 +107,28 @@ def draw(path, runs, requests, max_num_seqs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=16, help="requests in the workload (at least 1)")
     ap.add_argument("--max-num-seqs", type=int, default=8, help="slots per step (the batch size)")
     ap.add_argument("--sweep", default="4,8,16", help="max_num_seqs values for the 'bigger batch?' table")
-    ap.add_argument("--max-prompt", type=int, default=96)
-    ap.add_argument("--max-output", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-prompt", type=int, default=96, help="longest prompt in tokens (at least 8)")
+    ap.add_argument("--max-output", type=int, default=40, help="longest max_tokens of a request (at least 2)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random workload")
     ap.add_argument("--figure", type=Path, help="write the timeline figure here (PNG)")
     args = ap.parse_args()
+    if args.requests < 1:
+        raise InputError(f"--requests must be at least 1, got {args.requests}")
+    if args.max_num_seqs < 1:
+        raise InputError(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
+    if args.max_prompt < 8:
+        raise InputError(f"--max-prompt must be at least 8, got {args.max_prompt}")
+    if args.max_output < 2:
+        raise InputError(f"--max-output must be at least 2, got {args.max_output}")
+    try:
+        sizes = [int(x) for x in args.sweep.split(",")]
+    except ValueError:
+        raise InputError(f"--sweep must be comma-separated integers, got {args.sweep!r}") from None
+    if min(sizes) < 1:
+        raise InputError(f"--sweep values must be at least 1, got {args.sweep!r}")
     model = load_model()
     requests = workload(model.tokenizer, args.requests, args.max_prompt, args.max_output, args.seed)
     runs = {}
@@ -128,7 +143,10 @@ def main():
         console.print(f"{policy}: steps {s['steps']}, slot utilization {s['util']:.3f}, {s['tokens']} tokens = "
                       f"{s['tok_step']:.2f} per step, in {s['wall']:.2f} s = {s['tok_s']:.1f} tok/s, TTFT p50 "
                       f"{s['ttft50']:.3f} s p99 {s['ttft99']:.3f} s", highlight=False)
-    console.print("P prefill, D decode, . queued, - admitted but not scheduled this step, blank done")
+    names = {"P": "P prefill (PP..: a long prompt split over steps by the token budget, chunked prefill)",
+             "D": "D decode", ".": ". queued", "-": "- admitted but not scheduled this step"}
+    seen = {ch for run in runs.values() for lane in run[1].values() for ch in lane}
+    console.print(", ".join(names[ch] for ch in names if ch in seen) + ", blank done", highlight=False)
     same = sum(runs["static"][0][rid].token_ids == runs["continuous"][0][rid].token_ids for rid, _, _ in requests)
     console.print(f"check tokens: static == continuous for {same}/{len(requests)} requests; r00 = "
                   f"{runs['continuous'][0]['r00'].token_ids}")
@@ -137,7 +155,7 @@ def main():
     table = Table("max_num_seqs", "steps", "slot util", "tok/step", "tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 ms",
                   "ITL p99 ms")
     sweep = {}
-    for m in [int(x) for x in args.sweep.split(",")]:
+    for m in sizes:
         if m == args.max_num_seqs:                                        # already measured above
             s = sweep[m] = runs["continuous"][-1]
         else:
@@ -163,7 +181,10 @@ def main():
            "tokens slower (ITL): choose max_num_seqs from the latency target, not from throughput alone."
            if hi["itl50"] > lo["itl50"] and hi["ttft99"] < lo["ttft99"] else
            "This run did not show the usual trade-off (small batch: longer queue; large batch: slower tokens); on a "
-           "shared machine timings are noisy, so run it again or with more requests."))
+           "shared machine timings are noisy, so run it again or with more requests.")
+        + f" The tail pays too: p99 ITL {change(lo['itl99'] * 1e3, hi['itl99'] * 1e3)} ms, because a running request's "
+        "next token waits whenever a newcomer's whole prompt is prefilled in the same step, and a bigger batch admits "
+        "more newcomers at once.")
     console.rule("[bold]Interview question: why does continuous batching beat static batching, and is bigger better?")
     console.print(
         f"Static batching holds a slot until the longest request of its group is done: here {st['steps']} steps at "
@@ -174,4 +195,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, estimate_kv_bytes, load_model  # noqa: E402
 from minitransformer.serving import Engine  # noqa: E402
 
@@ -42,8 +43,8 @@ def memory_table(model, args):
         engine.add_request(QUESTIONS[i % len(QUESTIONS)], SamplingParams(max_tokens=args.max_tokens, temperature=0.0),
                            chat=True, request_id=f"q{i}")
     table = Table("step", "running", "tokens held", "used", f"reserve {args.max_model_len} each",
-                  "reserve prompt+max_tokens", "paged: blocks", "paged", "paged waste")
-    peak, results, total = None, {}, {"tokens": 0, "blocks": 0, "context": 0, "promised": 0}
+                  "reserve prompt+max", "paged: blocks", "paged", "paged waste")
+    peak, results, total, most = None, {}, {"tokens": 0, "blocks": 0, "context": 0, "promised": 0}, {}
     while engine.has_unfinished_requests():
         results.update({o.request_id: o.result for o in engine.step() if o.finished})
         running = engine.scheduler.running
@@ -53,18 +54,20 @@ def memory_table(model, args):
                "context": len(running) * args.max_model_len,
                "promised": sum(s.num_prompt_tokens + s.params.max_tokens for s in running)}
         total = {k: total[k] + row[k] for k in total}
+        most = {k: max(most.get(k, 0), row[k]) for k in ("promised", "blocks")}     # what a pool must hold at once
         if peak is None or row["tokens"] > peak["tokens"]:
             peak = row
         if (row["step"] - 1) % args.every == 0:
             table.add_row(*memory_row(cfg, row, B))
     table.add_row(*memory_row(cfg, peak, B, " (peak)"), style="bold")
-    console.print(table, f"bold: the step holding the most tokens. One token's K and V = {estimate_kv_bytes(cfg, 1):,} "
+    console.print(table, f"(peak): the step holding the most tokens. One token's K and V = {estimate_kv_bytes(cfg, 1):,} "
                          f"bytes (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} kv heads x {cfg.head_dim} x 4 B); "
                          f"a block of {B} = {engine.cache.bytes_per_block:,} bytes")
     lengths = [len(r.token_ids) for r in results.values()]
     console.print(f"outputs: {lengths} tokens (max_tokens {args.max_tokens}; finish reasons "
                   f"{sorted({r.finish_reason for r in results.values()})})", highlight=False)
     total["steps"], total["early"] = len(engine.step_log), sum(n < args.max_tokens for n in lengths)
+    total["most_promised"], total["most_blocks"] = most["promised"], most["blocks"]
     return peak, total
 
 
@@ -126,13 +129,19 @@ def prefix_caching(model, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=8, help="chat requests in part 1 (at least 1)")
     ap.add_argument("--max-tokens", type=int, default=96, help="each request's max_tokens (most stop at EOS first)")
     ap.add_argument("--max-model-len", type=int, default=2048, help="what a contiguous server reserves per request")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--shared", type=int, default=4, help="requests sharing the system prompt in part 3")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (at least 1)")
+    ap.add_argument("--shared", type=int, default=4, help=f"requests sharing the system prompt in part 3 (2 to {len(QUESTIONS)})")
     ap.add_argument("--every", type=int, default=16, help="print every N-th step in part 1")
     args = ap.parse_args()
+    for flag, value, low in (("--requests", args.requests, 1), ("--max-tokens", args.max_tokens, 1),
+                             ("--block-size", args.block_size, 1), ("--every", args.every, 1)):
+        if value < low:
+            raise InputError(f"{flag} must be at least {low}, got {value}")
+    if not 2 <= args.shared <= len(QUESTIONS):
+        raise InputError(f"--shared must be 2 to {len(QUESTIONS)}, got {args.shared}")
     model = load_model()
     B = args.block_size
 
@@ -152,11 +161,19 @@ def main():
         f"{used / total['promised']:.1%} of exact prompt + max_tokens reservations ({total['early']} of "
         f"{args.requests} requests stopped before max_tokens, and output tokens fill memory only as they are "
         f"generated), and {used / B_tokens:.1%} of the paged blocks (only each sequence's last block is partly "
-        f"empty). Paged blocks needed {total['promised'] / B_tokens:.2f}x less memory than prompt + max_tokens "
-        f"reservations: about that many times more requests fit in the same pool. At the busiest step {peak['running']} requests held {peak['tokens']} tokens in "
+        f"empty). Summed over steps, paged blocks held {total['promised'] / B_tokens:.2f}x less than prompt + max_tokens "
+        f"reservations, but a pool must fit the peak, not the sum: at most "
+        f"{mib(estimate_kv_bytes(model.config, total['most_blocks'] * B))} paged vs "
+        f"{mib(estimate_kv_bytes(model.config, total['most_promised']))} reserved at once, "
+        f"{total['most_promised'] / (total['most_blocks'] * B):.2f}x, roughly how many times more requests "
+        f"the same pool would admit here. At the busiest step {peak['running']} requests held {peak['tokens']} tokens in "
         f"{peak['blocks']} blocks. Blocks also make sharing possible: with a shared system prompt, s1 found "
         f"{h1 - h0} of its {p1} prompt tokens in s0's cached blocks and computed only {c1}; s0 computed all {c0}.")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, load_model  # noqa: E402
 from minitransformer.serving import Engine  # noqa: E402
 
@@ -57,7 +58,7 @@ def flood(model, args, policy):
     arrivals = {0: [(f"low{i:02d}", ids[i:i + 40], args.low_tokens, 1) for i in range(args.flood)],
                 3: [(f"URGENT{i}", ids[60 + i:100 + i], args.urgent_tokens, 0) for i in range(args.urgent)]}
     engine = Engine(model, max_num_seqs=args.slots, policy=policy, enable_prefix_caching=False)
-    return run_until_done(engine, arrivals)
+    return run_until_done(engine, arrivals), len(engine.step_log)
 
 
 def starvation(model, args, aging):
@@ -81,15 +82,22 @@ def main():
     ap.add_argument("--stream", type=int, default=24, help="steps during which one urgent request arrives per step")
     ap.add_argument("--aging", type=int, default=8, help="steps of waiting that raise a request one priority level")
     args = ap.parse_args()
+    for flag, value in (("--slots", args.slots), ("--flood", args.flood), ("--urgent", args.urgent),
+                        ("--low-tokens", args.low_tokens), ("--urgent-tokens", args.urgent_tokens),
+                        ("--stream", args.stream), ("--aging", args.aging)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model()
 
     console.rule(f"[bold]1. {args.flood} low-priority requests (priority 1) at step 0, {args.urgent} urgent "
                  f"(priority 0) at step 3, {args.slots} slots")
     table = Table("policy", "urgent: steps to first token", "urgent TTFT p50 s", "urgent TTFT max s",
-                  "low: TTFT p50 s", "low: TTFT max s", "total steps")
+                  "low: TTFT p50 s", "low: TTFT max s", "last first token at step",
+                  "engine steps")
     part1 = {}
     for policy in ("continuous", "priority"):
-        runs = part1[policy] = flood(model, args, policy)
+        runs, steps = flood(model, args, policy)
+        part1[policy] = runs
         urgent = [v for k, v in runs.items() if k.startswith("URGENT")]
         low = [v for k, v in runs.items() if k.startswith("low")]
         waits = [f - a for a, f, _ in urgent]
@@ -97,8 +105,10 @@ def main():
                       f"{np.median([r.metrics.ttft_s for *_, r in urgent]):.3f}",
                       f"{max(r.metrics.ttft_s for *_, r in urgent):.3f}",
                       f"{np.median([r.metrics.ttft_s for *_, r in low]):.3f}",
-                      f"{max(r.metrics.ttft_s for *_, r in low):.3f}", str(max(f for _, f, _ in runs.values()) + 1))
-    console.print(table)
+                      f"{max(r.metrics.ttft_s for *_, r in low):.3f}", str(max(f for _, f, _ in runs.values())),
+                      str(steps))
+    console.print(table, "last first token: when the last-served request started (FCFS: an urgent one behind the "
+                         "flood; priority: a low one); engine steps: the whole run, about equal, as the work is the same")
 
     console.rule(f"[bold]2. Starvation: one patient request (priority 1) vs an urgent arrival every step for "
                  f"{args.stream} steps, 2 slots")
@@ -130,6 +140,26 @@ def main():
         f"{args.aging} steps waited, {f1 - a1} steps. Aging (or a per-tenant quota) bounds how long the least urgent "
         "request can wait, whatever the urgent traffic does.")
 
+    console.rule("[bold]3. Admission control: add_request refuses what could never run, or a tenant over its quota")
+    ids = model.tokenizer.encode(TEXT)
+    engine = Engine(model, max_num_seqs=2, max_model_len=64, tenant_token_quota=100, enable_prefix_caching=False)
+    for what, prompt, n, tenant in (("tenant a, 40 + 8 tokens", ids[:40], 8, "a"),
+                                    ("tenant a again, 40 + 8", ids[40:80], 8, "a"),
+                                    ("tenant a a third time, 40 + 8", ids[80:120], 8, "a"),
+                                    ("tenant b, 60 + 8 tokens", ids[:60], 8, "b"),
+                                    ("tenant b, 40 + 8 tokens", ids[:40], 8, "b")):
+        try:
+            engine.add_request(prompt, params(n), tenant=tenant)
+            console.print(f"{what}: accepted", highlight=False)
+        except InputError as exc:
+            console.print(f"{what}: refused: {exc}", highlight=False)
+    console.print("max_model_len 64 and tenant_token_quota 100 (prompt + max_tokens in flight per tenant): refusing at "
+                  "admission keeps one tenant or one huge request from filling the queue and the KV pool")
+
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

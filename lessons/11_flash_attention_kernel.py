@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
+from minitransformer.errors import MiniTransformerError  # noqa: E402
 import minitransformer.model  # noqa: E402
 from minitransformer import KVCache, load_model  # noqa: E402
 from minitransformer.kernels import flash_prefill, paged_decode  # noqa: E402
@@ -220,4 +221,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MiniTransformerError as exc:          # bad flags or input: one line, as the CLI does
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
