@@ -19,8 +19,10 @@ from .backend import DTYPE, array_module
 def rms_norm(x, weight, eps: float):
     """RMSNorm: x / sqrt(mean(x^2) + eps) * weight.   x (..., D), weight (D,) -> (..., D)."""
     xp = array_module(x)
-    mean_square = (x * x).mean(axis=-1, keepdims=True)           # (..., 1)
-    return x / xp.sqrt(mean_square + eps) * weight               # eps is a Python float: stays float32
+    # sum * (1/D) rather than .mean() (equal to within float32 rounding): mean() adds a Python-level wrapper of
+    # ~5 us, paid 61 times per decode step. eps and 1/D are Python floats: the result stays float32.
+    mean_square = (x * x).sum(axis=-1, keepdims=True) * (1.0 / x.shape[-1])   # (..., 1)
+    return x / xp.sqrt(mean_square + eps) * weight
 
 
 def rope_table(max_positions: int, head_dim: int, base: float):
@@ -47,15 +49,24 @@ def apply_rope(x, cos, sin):
     pairs = x.reshape(B, n_heads, T, d // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]                     # (B, heads, T, d/2) each
     cos, sin = cos[:, None], sin[:, None]                        # (B, 1, T, d/2): same angle for every head
-    rotated = xp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)   # (B, heads, T, d/2, 2)
+    rotated = xp.empty(pairs.shape, dtype=x.dtype)               # (B, heads, T, d/2, 2); filled in place, which
+    rotated[..., 0] = even * cos - odd * sin                     # at decode is ~4 us per call cheaper than
+    rotated[..., 1] = even * sin + odd * cos                     # xp.stack (60 calls per token)
     return rotated.reshape(B, n_heads, T, d)
 
 
-def softmax(x, axis: int = -1):
-    """Numerically stable softmax along `axis` (subtract the max; an all -inf row is not expected here)."""
+def softmax(x, axis: int = -1, in_place: bool = False):
+    """Numerically stable softmax along `axis` (subtract the max; an all -inf row is not expected here).
+
+    in_place=True overwrites x (a scratch array the caller owns): one array instead of three, so the scores of a
+    long prompt pass through memory fewer times (NumPy's element-wise ops run on one core and are memory-bound).
+    """
     xp = array_module(x)
-    shifted = xp.exp(x - x.max(axis=axis, keepdims=True))
-    return shifted / shifted.sum(axis=axis, keepdims=True)
+    out = x if in_place else x.copy()
+    out -= out.max(axis=axis, keepdims=True)
+    xp.exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+    return out
 
 
 def attention_probs(q, k, q_positions, k_positions):
@@ -65,18 +76,21 @@ def attention_probs(q, k, q_positions, k_positions):
     Query head h reads KV head h // G (G = H // K), so the G query heads of a group are stacked as rows of one
     matmul against their shared keys: the KV cache stores K heads, not H — the whole point of GQA.
     A query at position p sees the keys at positions <= p (the causal mask, from positions, not from indices,
-    so the same code serves a prompt, one decode step, or a chunk continuing a cache).
+    so the same code serves a prompt, one decode step, or a chunk continuing a cache). Positions None: no mask,
+    every key is visible (one decode query whose own key is the last, see causal_attention).
     """
     xp = array_module(q)
     B, H, T, d = q.shape
     K, S = k.shape[1], k.shape[2]
     G = H // K
-    q_grouped = q.reshape(B, K, G * T, d)                                   # rows ordered (g, t)
-    scores = q_grouped @ k.transpose(0, 1, 3, 2)                            # (B, K, G*T, S)
-    scores = scores.reshape(B, K, G, T, S) * (1.0 / math.sqrt(d))           # Python float: no float64 promotion
-    visible = k_positions[:, None, :] <= q_positions[:, :, None]            # (B, T, S)
-    scores = xp.where(visible[:, None, None], scores, -xp.inf)
-    return softmax(scores, axis=-1)
+    # The 1/sqrt(d) scale goes on q (T x d numbers) rather than on the scores (T x S): the same product, one pass
+    # over a smaller array. A Python float keeps it float32 (no float64 promotion); for d = 64 it is exactly 1/8.
+    q_grouped = q.reshape(B, K, G * T, d) * (1.0 / math.sqrt(d))            # rows ordered (g, t)
+    scores = (q_grouped @ k.transpose(0, 1, 3, 2)).reshape(B, K, G, T, S)   # (B, K, G, T, S), a fresh array
+    if q_positions is not None:
+        hidden = k_positions[:, None, :] > q_positions[:, :, None]          # (B, T, S): keys in the future
+        xp.copyto(scores, -xp.inf, where=hidden[:, None, None])             # in place, broadcast over K, G
+    return softmax(scores, axis=-1, in_place=True)
 
 
 def attention(q, k, v, q_positions, k_positions):
@@ -86,6 +100,32 @@ def attention(q, k, v, q_positions, k_positions):
     probs = attention_probs(q, k, q_positions, k_positions)                 # (B, K, G, T, S)
     out = probs.reshape(B, K, (H // K) * T, S) @ v                          # (B, K, G*T, d)
     return out.reshape(B, H, T, d)
+
+
+def causal_attention(q, k, v, q_positions, k_positions, block: int = 64):
+    """`attention` for queries that are the last T of the S keys, in order (a prompt, a prefill chunk continuing a
+    cache, one decode step): the same numbers, computed `block` query rows at a time.
+
+    Why: query row t can only see keys up to its own, S - T + t, so block [a, b) of rows reads the first S - T + b
+    keys and skips the rest, which the causal mask would have zeroed: for a whole prompt that is about half the
+    score matrix. And a block's scores, (B, K, G*block, <=S) floats, fit in the CPU's cache where the whole
+    (B, K, G*T, S) matrix (9.4 MB per layer at T = S = 512) does not, so the softmax's passes stay out of DRAM.
+    Measured on 2 cores, a 512-token prefill: attention from ~0.45 s to ~0.1 s of ~1.2 s (scripts/bench_loop.py).
+    q (B, H, T, d), k and v (B, K, S, d) -> (B, H, T, d).
+    """
+    xp = array_module(q)
+    T, S = q.shape[2], k.shape[2]
+    if T == 1:                                   # a decode step: its own key is the newest, all S are visible
+        return attention(q, k, v, None, None)
+    if T <= block:
+        return attention(q, k, v, q_positions, k_positions)
+    out = xp.empty_like(q)                                                  # (B, H, T, d)
+    for a in range(0, T, block):
+        b = min(a + block, T)
+        seen = S - T + b                                                    # keys visible to rows < b
+        out[:, :, a:b] = attention(q[:, :, a:b], k[:, :, :seen], v[:, :, :seen],
+                                   q_positions[:, a:b], k_positions[:, :seen])
+    return out
 
 
 def silu(x):

@@ -11,7 +11,8 @@ Weights are dequantized once at load time and stored once, in the (in, out) layo
 The KV cache is passed in (`kv`), never owned here: prefill.py and decode.py (and the serving engine) decide what
 to keep; the model only asks the cache for the keys and values to attend to. Any object with
 `update(layer, k_new, v_new, positions) -> (k, v, key_positions)` works: k_new, v_new (B, K, T, d) are this call's
-keys/values, k, v (B, K, S, d) everything to attend to, key_positions (B, S) their positions.
+keys/values, k, v (B, K, S, d) everything to attend to, key_positions (B, S) their positions, with this call's
+keys last, in order (k[:, :, S-T:] is k_new): attention skips the keys after each query's own (causal_attention).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .attention_backend import choose_attention
 from .backend import DTYPE, INDEX_DTYPE, get_xp
 from .config import ModelConfig
 from .errors import InputError, ModelFileError
-from .layers import apply_rope, attention, rms_norm, rope_table, swiglu
+from .layers import apply_rope, causal_attention, rms_norm, rope_table, swiglu
 from .weights import dequantize, open_gguf, resolve_model_path
 
 
@@ -106,10 +107,8 @@ class Transformer:
                                          positions, cos, sin, kv)
             h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
         if last_only:
-            h = h.reshape(B, T, -1)[:, -1]                                 # (B, D): only the next token's logits
-            return rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head       # (B, V)
-        logits = rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head         # (B*T, V)
-        return logits.reshape(B, T, -1)
+            return self.output_logits(h.reshape(B, T, -1)[:, -1])         # (B, V): only the next token's logits
+        return self.output_logits(h).reshape(B, T, -1)                     # (B, T, V)
 
     def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, kv):
         """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
@@ -120,7 +119,7 @@ class Transformer:
             k_all, v_all, key_positions = k, v, positions
         else:
             k_all, v_all, key_positions = kv.update(index, k, v, positions)        # (B, K, S, d), (B, S)
-        attend = attention if self.kernel_attention is None else self.kernel_attention
+        attend = causal_attention if self.kernel_attention is None else self.kernel_attention
         out = attend(q, k_all, v_all, positions, key_positions)                   # (B, H, T, d)
         return out.transpose(0, 2, 1, 3).reshape(B * T, cfg.q_dim) @ layer.wo      # (B*T, D)
 
@@ -152,8 +151,20 @@ class Transformer:
             out = attend(index, q[0], k[0], v[0])                          # (H, N, d)
             h = h + out.transpose(1, 0, 2).reshape(N, self.config.q_dim) @ layer.wo       # (N, D)
             h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
-        h = h[logits_rows]                                                 # (R, D): only rows that sample
-        return rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head          # (R, V)
+        return self.output_logits(h[logits_rows])                          # (R, V): only rows that sample
+
+    def output_logits(self, h):
+        """The final RMSNorm and lm_head: h (R, D) last hidden states -> logits (R, V), one score per token.
+
+        For several rows it is computed as (lm_head.T @ x.T).T: with tied embeddings lm_head.T is the row-major
+        (V, D) embedding table itself, and OpenBLAS runs (V, D) @ (D, R) ~1.7x faster than (R, D) @ (D, V) through
+        the transposed view at R = 16 (the serving engine's decode step; scripts/bench_serving.py). The same products,
+        summed in another order: logits agree to float32 rounding. One row (batch-1 decode) costs the same either way.
+        """
+        x = rms_norm(h, self.final_norm, self.config.norm_eps)            # (R, D)
+        if x.shape[0] > 1 and isinstance(self.lm_head, self.xp.ndarray):  # not a quantize.QuantizedLinear
+            return self.xp.ascontiguousarray((self.lm_head.T @ x.T).T)   # (R, V)
+        return x @ self.lm_head                                            # (R, V)
 
     def _check_inputs(self, token_ids, positions):
         """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong.

@@ -41,12 +41,12 @@ def test_gemm_counts_2n3_flops(monkeypatch):
 
 
 def record_attention_shapes(model, run):
-    """(T queries, S keys) of every layers.attention call made while run() executes."""
-    shapes, real = [], minitransformer.model.attention
+    """(T queries, S keys) of every layers.causal_attention call made while run() executes."""
+    shapes, real = [], minitransformer.model.causal_attention
     def spy(q, k, v, q_pos, k_pos):
         shapes.append((q.shape[0], q.shape[2], k.shape[2]))
         return real(q, k, v, q_pos, k_pos)
-    with unittest.mock.patch.object(minitransformer.model, "attention", spy):
+    with unittest.mock.patch.object(minitransformer.model, "causal_attention", spy):
         run()
     return shapes
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from minitransformer.layers import apply_rope, attention, rms_norm, rope_table, silu, softmax, swiglu
+from minitransformer.layers import (apply_rope, attention, causal_attention, rms_norm, rope_table, silu, softmax,
+                                   swiglu)
 
 rng = np.random.default_rng(0)
 
@@ -73,6 +74,31 @@ def test_grouped_query_causal_attention(T, S):
     out = attention(q, k, v, q_pos, k_pos)
     assert out.dtype == np.float32 and out.shape == (B, H, T, d)
     np.testing.assert_allclose(out, naive_attention(q, k, v, q_pos, k_pos), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,S,block", [(1, 40, 4), (12, 12, 4), (13, 13, 4), (7, 30, 3), (9, 20, 16)])
+def test_causal_attention_in_blocks_equals_attention(T, S, block):
+    """Blocks of query rows reading only the keys up to their last row == the whole masked product: a prompt
+    (T == S, ragged last block), a chunk continuing a cache (T < S), a decode step (T == 1, no mask at all)."""
+    B, H, K, d = 2, 6, 2, 8
+    q, k, v = f32(B, H, T, d), f32(B, K, S, d), f32(B, K, S, d)
+    k_pos = np.tile(np.arange(S), (B, 1)) + np.array([[0], [5]])       # row 1 starts at position 5
+    q_pos = k_pos[:, S - T:]
+    out = causal_attention(q, k, v, q_pos, k_pos, block=block)
+    assert out.dtype == np.float32 and out.shape == (B, H, T, d)
+    np.testing.assert_allclose(out, attention(q, k, v, q_pos, k_pos), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, naive_attention(q, k, v, q_pos, k_pos), rtol=1e-4, atol=1e-5)
+
+
+def test_softmax_in_place_overwrites_its_input_only_when_asked():
+    x = f32(3, 7)
+    original = x.copy()
+    probs = softmax(x)
+    np.testing.assert_array_equal(x, original)       # the default leaves its input alone
+    same = softmax(x, in_place=True)
+    assert same is x                                  # in place: the input array now holds the probabilities
+    np.testing.assert_array_equal(same, probs)
+    np.testing.assert_allclose(same.sum(-1), 1.0, rtol=1e-6)
 
 
 def test_softmax_and_silu():

@@ -35,6 +35,7 @@ class StepInputs:
     decode_positions: object   # (num_decodes, 1)
     decode_tables: object      # (num_decodes, max blocks) padded block tables
     chunks: list               # per prefill chunk: (first row, length, positions (1, n), block table (1, nb))
+                               # and keys it reads (its last position + 1)
     logits_rows: list[int]     # rows whose logits are sampled
     sampled: list              # the sequences those rows belong to, in the same order
 
@@ -64,7 +65,7 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
     chunk_list = []
     for (row, n, start), (seq, _) in zip(chunk_meta, chunks):
         table = block_manager.block_tables[seq.request_id][:-(-(start + n) // bs)]
-        chunk_list.append((row, n, as_index(np.arange(start, start + n)[None]), as_index([table])))
+        chunk_list.append((row, n, as_index(np.arange(start, start + n)[None]), as_index([table]), start + n))
     return StepInputs(as_index(ids), as_index(positions), as_index(slots), len(decodes),
                       as_index([[s.num_computed_tokens] for s, _ in decodes]), as_index(padded), chunk_list,
                       logits_rows, sampled)
@@ -104,8 +105,9 @@ def execute(model, cache, inputs: StepInputs):
             qd = q[:, :D].transpose(1, 0, 2)[:, :, None]                             # (D, H, 1, d)
             out[:, :D] = cache.attention(layer, qd, inputs.decode_positions,
                                          inputs.decode_tables)[:, :, 0].transpose(1, 0, 2)
-        for row, n, positions, table in inputs.chunks:
-            out[:, row:row + n] = cache.attention(layer, q[None, :, row:row + n], positions, table)[0]
+        for row, n, positions, table, num_keys in inputs.chunks:
+            out[:, row:row + n] = cache.attention(layer, q[None, :, row:row + n], positions, table,
+                                                  num_keys=num_keys)[0]
         return out
 
     rows = xp.asarray(np.asarray(inputs.logits_rows, dtype=INDEX_DTYPE))                 # (R,)

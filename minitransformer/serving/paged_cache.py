@@ -19,7 +19,7 @@ from ..backend import DTYPE
 from ..config import ModelConfig
 from ..kv_cache import estimate_kv_bytes
 from ..kernels.attention import paged_decode
-from ..layers import attention
+from ..layers import attention, causal_attention
 
 
 class PagedKVCache:
@@ -61,15 +61,20 @@ class PagedKVCache:
         v = self.v[layer][block_tables].reshape(R, S, *self.v.shape[-2:]).transpose(0, 2, 1, 3)   # (R, K, S, d)
         return k, v
 
-    def attention(self, layer: int, q, q_positions, block_tables):
+    def attention(self, layer: int, q, q_positions, block_tables, num_keys: int | None = None):
         """Paged attention: each row's queries against the keys its block table points to.
 
         q (R, H, T, d), q_positions (R, T), block_tables (R, nb) -> (R, H, T, d).
+        num_keys: for one prefill chunk (R = 1) whose T queries are keys [num_keys - T, num_keys) of its sequence,
+        the keys are cut there and go through layers.causal_attention, which skips each query block's future keys.
         """
         k, v = self.gather(layer, block_tables)                                 # (R, K, S, d) each
+        if num_keys is not None:
+            k, v = k[:, :, :num_keys], v[:, :, :num_keys]                       # the rest of the last block: unused
         S = k.shape[2]
         key_positions = self.xp.broadcast_to(self.xp.arange(S), (q.shape[0], S))  # (R, S)
-        return attention(q, k, v, q_positions, key_positions)
+        attend = attention if num_keys is None else causal_attention
+        return attend(q, k, v, q_positions, key_positions)
 
     def decode_attention(self, layer: int, q, seq_lens, block_tables):
         """One query per row through the paged_decode kernel, blocks read in place (no gather).
