@@ -69,6 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files (default: figures)")
     fig.add_argument("--quick", action="store_true", help="tiny sweeps: seconds instead of minutes (for tests)")
     fig.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+
+    bench = commands.add_parser("bench", help="benchmark us against the installed peers and this machine's roofline")
+    bench.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    bench.add_argument("--repeats", type=int, default=3, metavar="N", help="kept runs per figure, median (default 3)")
+    bench.add_argument("--quick", action="store_true", help="fewer lengths, batches and tokens: a first look")
+    bench.add_argument("--peers", default=None, metavar="hf,llama.cpp|none",
+                       help="peers to compare with (default: every installed one)")
+    bench.add_argument("--out", default="bench_results", metavar="DIR",
+                       help="folder for bench.json, bench.md and roofline.png (default: bench_results)")
+    bench.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/bench.json")
+    bench.add_argument("--prefill-lengths", metavar="P,P,...", help="prompt lengths of the prefill rows")
+    bench.add_argument("--batches", metavar="B,B,...", help="batch sizes of the decode rows")
     return parser
 
 
@@ -147,7 +159,7 @@ def sampling_params(args):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
-                "figures": cmd_figures}
+                "figures": cmd_figures, "bench": cmd_bench}
     try:
         return commands[args.command](args)
     except MiniTransformerError as exc:
@@ -323,4 +335,48 @@ def cmd_figures(args) -> int:
 
     for path in make_figures(args.out, quick=args.quick, model_path=args.model):
         print(path)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Measure (progress on stderr), then print the table and the markdown block and write the files."""
+    import importlib.util
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench.peers import PEERS
+    from .bench.report import markdown, print_table, write_outputs
+    from .bench.run import load_systems, make_settings, parse_sizes, run_bench
+    from .model import load_model
+
+    settings = make_settings(args.quick, args.repeats, parse_sizes(args.prefill_lengths, "--prefill-lengths"),
+                             parse_sizes(args.batches, "--batches"))
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.peers is None:                               # every installed one (import checks only, no loading)
+        modules = {"hf": "transformers", "llama.cpp": "llama_cpp"}
+        wanted = [name for name in PEERS if importlib.util.find_spec(modules[name]) is not None]
+    elif args.peers.strip() == "none":
+        wanted = []
+    else:
+        wanted = [name.strip() for name in args.peers.split(",") if name.strip()]
+        unknown = [name for name in wanted if name not in PEERS]
+        if unknown or not wanted:
+            raise InputError(f"--peers takes a comma-separated subset of {', '.join(PEERS)}, or none; "
+                             f"got {args.peers!r}")
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err) as progress:
+        loading = progress.add_task("loading the model and peers", total=1)
+        model = load_model(args.model)
+        systems, status = load_systems(model, wanted)
+        progress.update(loading, completed=1)
+        data = run_bench(model, systems, settings, peers=status, progress=progress)
+    print_table(data, Console(width=200))
+    print(markdown(data))
+    paths = write_outputs(data, Path(args.out), Path(args.json) if args.json else None)
+    for path in paths.values():
+        print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -27,34 +27,11 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer.bench.workloads import run_engine as workloads_run_engine, serving_prompts  # noqa: E402
 from minitransformer.bench.machine import measure_copy_bandwidth  # noqa: E402
 
-TOPICS = ["the printing press", "volcanoes", "the history of tea", "how bridges stay up", "honey bees",
-          "the moon landing", "bread baking", "ocean tides", "the Roman roads", "electric motors", "chess openings",
-          "coral reefs", "the first computers", "glaciers", "paper money", "migrating birds"]
-
-
-def prompts(n: int) -> list[str]:
-    """Prompts of mixed lengths: a short question, or the same with a longer preamble for every third one."""
-    out = []
-    for i in range(n):
-        topic = TOPICS[i % len(TOPICS)]
-        text = f"Write a short paragraph about {topic}."
-        if i % 3 == 0:
-            text = ("You are a patient teacher who explains things to curious students in plain words. " * 2
-                    + text)
-        out.append(text)
-    return out
-
-
-def run_engine(model, prompt_ids: list[list[int]], params, policy: str) -> tuple[float, list, Engine]:
-    """All requests at once through an Engine -> (wall seconds, their Results in request order, the engine)."""
-    engine = Engine(model, max_num_seqs=len(prompt_ids), policy=policy)
-    start = time.perf_counter()
-    rids = [engine.add_request(ids, params) for ids in prompt_ids]
-    results = engine.run()
-    return time.perf_counter() - start, [results[rid] for rid in rids], engine
+# The prompt mix and the engine run are shared with `minitransformer bench` (minitransformer/bench/workloads.py).
+prompts, run_engine = serving_prompts, workloads_run_engine
 
 
 def main() -> None:
