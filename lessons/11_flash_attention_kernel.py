@@ -38,13 +38,13 @@ console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't
 
 
 def record_attention(model, ids):
-    """Prefill `ids` with every layer's call of layers.attention recorded: [(q, k, v, q_pos, k_pos, out)], cache."""
-    calls, real = [], minitransformer.model.attention
+    """Prefill `ids` with every layer's call of layers.causal_attention recorded: [(q, k, v, q_pos, k_pos, out)], cache."""
+    calls, real = [], minitransformer.model.causal_attention
     def spy(*args):
         calls.append([np.ascontiguousarray(a) for a in args] + [real(*args)])
         return calls[-1][-1]
     cache = KVCache(model.config, max_len=len(ids))
-    with unittest.mock.patch.object(minitransformer.model, "attention", spy):
+    with unittest.mock.patch.object(minitransformer.model, "causal_attention", spy):
         prefill(model, ids, cache)
     return calls, cache
 
