@@ -340,32 +340,18 @@ def cmd_figures(args) -> int:
 
 def cmd_bench(args) -> int:
     """Measure (progress on stderr), then print the table and the markdown block and write the files."""
-    import importlib.util
     from pathlib import Path
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .bench.peers import PEERS
     from .bench.report import markdown, print_table, write_outputs
-    from .bench.run import load_systems, make_settings, parse_sizes, run_bench
+    from .bench.run import choose_peers, load_systems, make_settings, parse_sizes, run_bench
     from .model import load_model
 
     settings = make_settings(args.quick, args.repeats, parse_sizes(args.prefill_lengths, "--prefill-lengths"),
                              parse_sizes(args.batches, "--batches"))
-    if args.repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.peers is None:                               # every installed one (import checks only, no loading)
-        modules = {"hf": "transformers", "llama.cpp": "llama_cpp"}
-        wanted = [name for name in PEERS if importlib.util.find_spec(modules[name]) is not None]
-    elif args.peers.strip() == "none":
-        wanted = []
-    else:
-        wanted = [name.strip() for name in args.peers.split(",") if name.strip()]
-        unknown = [name for name in wanted if name not in PEERS]
-        if unknown or not wanted:
-            raise InputError(f"--peers takes a comma-separated subset of {', '.join(PEERS)}, or none; "
-                             f"got {args.peers!r}")
+    wanted = choose_peers(args.peers)
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err) as progress:

@@ -27,11 +27,9 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.workloads import run_engine as workloads_run_engine, serving_prompts  # noqa: E402
 from minitransformer.bench.machine import measure_copy_bandwidth  # noqa: E402
-
-# The prompt mix and the engine run are shared with `minitransformer bench` (minitransformer/bench/workloads.py).
-prompts, run_engine = serving_prompts, workloads_run_engine
+# The prompt mix and the engine run are shared with `minitransformer bench`.
+from minitransformer.bench.workloads import run_engine, serving_prompts as prompts  # noqa: E402
 
 
 def main() -> None:

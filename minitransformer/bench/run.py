@@ -250,6 +250,23 @@ def make_settings(quick: bool, repeats: int, prefill_lengths=None, batches=None)
     return s
 
 
+def choose_peers(text: str | None) -> list[str]:
+    """--peers: None -> every installed peer (an import check only, nothing loaded), "none" -> [], else the list."""
+    import importlib.util
+
+    from .peers import PEERS
+
+    if text is None:
+        modules = {"hf": "transformers", "llama.cpp": "llama_cpp"}
+        return [name for name in PEERS if importlib.util.find_spec(modules[name]) is not None]
+    if text.strip() == "none":
+        return []
+    wanted = [name.strip() for name in text.split(",") if name.strip()]
+    if not wanted or any(name not in PEERS for name in wanted):
+        raise InputError(f"--peers takes a comma-separated subset of {', '.join(PEERS)}, or none; got {text!r}")
+    return wanted
+
+
 def load_systems(model, wanted: list[str]) -> tuple[list, dict]:
     """[Ours, *peers that loaded] and {peer: {"available", "reason"}} for each wanted peer."""
     from .peers import PEERS
