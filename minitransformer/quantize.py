@@ -30,7 +30,7 @@ from .backend import DTYPE, array_module
 from .config import ModelConfig
 from .errors import InputError
 from .kv_cache import KVCache
-from .serving.paged_cache import PagedKVCache
+from .serving.paged_cache import PagedKVCache, reserve
 
 SCHEMES = ("f32", "int8", "int4")
 GROUP = 32                      # int4: inputs per group (one scale and one minimum each)
@@ -385,10 +385,10 @@ class Int8PagedKVCache(PagedKVCache):
         self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
         self.dtype = np.dtype(np.int8)
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
-        self.k = xp.zeros(shape, dtype=np.int8)
-        self.v = xp.zeros(shape, dtype=np.int8)
-        self.k_scale = xp.zeros(shape[:-1], dtype=DTYPE)       # zeros: never-written slots read back as 0.0
-        self.v_scale = xp.zeros(shape[:-1], dtype=DTYPE)
+        self.k = reserve(shape, np.int8, xp)
+        self.v = reserve(shape, np.int8, xp)
+        self.k_scale = reserve(shape[:-1], DTYPE, xp)          # zeros: never-written slots read back as 0.0
+        self.v_scale = reserve(shape[:-1], DTYPE, xp)
 
     @property
     def bytes_total(self) -> int:

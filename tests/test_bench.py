@@ -20,7 +20,7 @@ TINY = ["--quick", "--repeats", "3", "--prefill-lengths", "8,16", "--batches", "
 PEAKS = {"copy_bandwidth_bytes_s": 10e9, "gemm_flops": 50e9}
 SETTINGS = QUICK.__class__(prefill_lengths=(8, 16), batches=(1, 2), decode_prompt_tokens=8, decode_tokens=4,
                            cache_prompt_tokens=8, cache_new_tokens=4, continuous_requests=3, continuous_tokens=4,
-                           repeats=3)
+                           repeats=3, settle_s=0.0)
 
 
 def _cli(argv, capsys):
@@ -122,8 +122,10 @@ def test_markdown_numbers_equal_the_json(bench_run):
 
 
 class FakePeer:
-    """A peer whose measurements we choose: prefill seconds and decode tok/s from lists, every call logged."""
-    name = "fake"
+    """A peer whose measurements we choose: prefill seconds, decode and continuous tok/s from lists, calls logged.
+
+    Named like llama.cpp, so the target ratio that divides by llama.cpp's single-stream figure is computed too."""
+    name = "llama.cpp"
 
     def __init__(self, log, values):
         self.log, self.values, self.reason = log, values, None
@@ -132,7 +134,7 @@ class FakePeer:
         return True
 
     def supports(self, workload, batch=1):
-        return workload in ("prefill", "decode") and batch == 1
+        return workload in ("prefill", "decode", "continuous") and batch == 1
 
     def _next(self, what):
         self.log.append(("fake", what))
@@ -143,6 +145,9 @@ class FakePeer:
 
     def decode_tok_s(self, batch, ids, new_tokens):
         return self._next("decode")
+
+    def continuous_tok_s(self, prompts, new_tokens):
+        return self._next("continuous")
 
 
 class LoggedOurs(Ours):
@@ -158,28 +163,37 @@ class LoggedOurs(Ours):
         self.log.append(("ours", "decode"))
         return super().decode_tok_s(batch, ids, new_tokens)
 
+    def continuous_tok_s(self, prompts, new_tokens):
+        self.log.append(("ours", "continuous"))
+        return super().continuous_tok_s(prompts, new_tokens)
+
 
 def test_alternation_warmup_dropped_and_medians(tiny_model):
     log = []
     # warm-up values are absurd (1000 s, 1e6 tok/s): if they were kept, the medians below would move
     values = {"prefill": [1000.0, 0.5, 0.1, 0.2] + [1000.0, 0.8, 0.4, 0.1],
-              "decode": [1e6, 30.0, 10.0, 20.0]}
+              "decode": [1e6, 30.0, 10.0, 20.0], "continuous": [1e6, 7.0, 5.0, 6.0]}
     settings = SETTINGS.__class__(**{**SETTINGS.__dict__, "batches": (1,)})
     data = run_bench(tiny_model, [LoggedOurs(tiny_model, log), FakePeer(log, values)], settings, peaks=PEAKS)
     prefill = [who for who, what in log if what == "prefill"]
     decode = [who for who, what in log if what == "decode"]
     assert prefill == ["ours", "fake"] * 8                          # (warm-up + 3 repeats) x 2 lengths, alternating
     assert decode == ["ours", "fake"] * 4
+    assert [who for who, what in log if what == "continuous"] == ["ours", "fake"] * 4
     rows = data["rows"]
-    assert rows["prefill_8"]["runs"]["fake"] == [0.5, 0.1, 0.2]
-    assert rows["prefill_8"]["values"]["fake"] == pytest.approx(8 / 0.2)     # P / median seconds
-    assert rows["prefill_16"]["values"]["fake"] == pytest.approx(16 / 0.4)
-    assert rows["decode_b1"]["values"]["fake"] == 20.0
-    assert "fake" not in rows["continuous"]["values"]
+    assert rows["prefill_8"]["runs"]["llama.cpp"] == [0.5, 0.1, 0.2]
+    assert rows["prefill_8"]["values"]["llama.cpp"] == pytest.approx(8 / 0.2)     # P / median seconds
+    assert rows["prefill_16"]["values"]["llama.cpp"] == pytest.approx(16 / 0.4)
+    assert rows["decode_b1"]["values"]["llama.cpp"] == 20.0
+    assert rows["continuous"]["runs"]["llama.cpp"] == [7.0, 5.0, 6.0]
     r = {x["id"]: x for x in data["ratios"]}
-    assert r["decode_b1/fake"]["value"] == pytest.approx(rows["decode_b1"]["values"]["ours"] / 20.0)
+    assert r["decode_b1/llama.cpp"]["value"] == pytest.approx(rows["decode_b1"]["values"]["ours"] / 20.0)
+    # the continuous-batching target divides by the single-stream figure measured in the same rounds (6.0)
+    target = r["continuous/llama.cpp_decode_b1"]
+    assert target["den"] == ["continuous", "llama.cpp"]
+    assert target["value"] == pytest.approx(rows["continuous"]["values"]["ours"] / 6.0)
     cells = report.table_rows(data)
-    assert data["systems"] == ["ours", "fake"] and cells[0][2] == f"{8 / 0.2:.1f}"
+    assert data["systems"] == ["ours", "llama.cpp"] and cells[0][2] == f"{8 / 0.2:.1f}"
 
 
 def test_a_missing_peer_is_reported_with_its_reason(tiny_model_path, tmp_path, capsys, monkeypatch):
@@ -222,6 +236,23 @@ def test_bad_flags_exit_2_with_one_line(tiny_model_path, tmp_path, capsys, argv,
     lines = [line for line in err.splitlines() if line.startswith("minitransformer: error")]
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in err
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_llama_cpp_peer_single_stream(real_model):
+    """Optional: llama.cpp's prefill, decode and one-request-at-a-time decode (skipped without llama-cpp-python)."""
+    pytest.importorskip("llama_cpp")
+    systems, status = load_systems(real_model, ["llama.cpp"])
+    if not status["llama.cpp"]["available"]:
+        pytest.skip(status["llama.cpp"]["reason"])
+    peer = systems[1]
+    prompts = [real_model.tokenizer.encode(t) for t in ("The capital of France is", "Write a poem about the sea.")]
+    assert peer.prefill_seconds(prompts[0]) > 0
+    assert peer.decode_tok_s(1, prompts[0], 4) > 0
+    log = []
+    peer.llm.eval, eval_ = (lambda ids: log.append(len(ids)) or eval_(ids)), peer.llm.eval
+    assert peer.continuous_tok_s(prompts, 4) > 0
+    # each request alone: its whole prompt in one eval, then 3 single-token evals (the 4th token's logits unneeded)
+    assert log == [len(prompts[0]), 1, 1, 1, len(prompts[1]), 1, 1, 1]
 
 
 def test_hf_peer_on_32_tokens(real_model):

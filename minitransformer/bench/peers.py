@@ -13,6 +13,10 @@ import error, a missing file). Nothing is ever downloaded. Definitions, matching
     llama.cpp prefill P   llm.reset(); llm.eval(ids), timed (prompt processing, pp)
     llama.cpp decode      batch 1 only (no batched API here): after eval(prompt), N single-token evals, each token
                           the argmax of the previous logits (greedy, fixed length, no EOS stop) -> N / seconds (tg)
+    llama.cpp continuous  the same requests served one after another (single stream): for each, eval(prompt) (not
+                          timed), then N - 1 single-token evals -> decode tokens / decode seconds of all requests:
+                          the single-stream decode tok/s that continuous batching is compared with, measured in the
+                          same rounds as our engine (so a slow spell of the machine hits both)
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ class LlamaCpp:
         return self.llm is not None
 
     def supports(self, workload: str, batch: int = 1) -> bool:
-        return workload in ("prefill", "decode") and batch == 1
+        return workload in ("prefill", "decode", "continuous") and batch == 1
 
     def versions(self) -> dict:
         return {"llama_cpp": self.version, "llama_cpp_threads": os.cpu_count()}
@@ -133,17 +137,25 @@ class LlamaCpp:
         logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))   # (V,)
         return int(np.argmax(logits))
 
-    def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
-        if batch != 1:
-            raise ValueError("llama.cpp is measured at batch 1 only")
+    def _decode_seconds(self, ids: list[int], steps: int) -> float:
+        """eval(ids) untimed, then `steps` greedy single-token evals, timed -> their seconds."""
         self.llm.reset()
         self.llm.eval(ids)
         token = self._next_token()
         start = time.perf_counter()
-        for _ in range(new_tokens):
+        for _ in range(steps):
             self.llm.eval([token])
             token = self._next_token()
-        return new_tokens / (time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
+        if batch != 1:
+            raise ValueError("llama.cpp is measured at batch 1 only")
+        return new_tokens / self._decode_seconds(ids, new_tokens)
+
+    def continuous_tok_s(self, prompts: list, new_tokens: int) -> float:
+        seconds = sum(self._decode_seconds(list(ids), new_tokens - 1) for ids in prompts)
+        return len(prompts) * (new_tokens - 1) / seconds
 
 
 PEERS = {"hf": HF, "llama.cpp": LlamaCpp}

@@ -25,8 +25,9 @@ Definitions (each figure: the median of the kept runs after one warm-up per syst
   argmax on the host; HF: B * N / (t(generate N+1) - t(generate 1)); llama.cpp: single-token evals, batch 1 only).
 - generate with / without cache: seconds of one greedy generate() of the same prompt and new tokens; our tokens are
   checked equal (a mismatch voids the run); "no cache / cache" is their ratio.
-- continuous: all generated tokens / wall time (prefill included) of the requests through
-  Engine(policy="continuous"); compared with llama.cpp's and our batch-1 decode tok/s.
+- continuous: ours: all generated tokens / wall time (prefill included) of the requests through
+  Engine(policy="continuous"); llama.cpp: the same requests one after another (single stream), decode tokens /
+  decode seconds (its prompt evals not timed), measured in the same rounds. Also compared with our batch-1 decode.
 - roofline: prefill P / max(FLOPs / GEMM peak, bytes / copy bandwidth) with forward_cost; decode
   B / max(FLOPs / peak, (weight bytes + KV bytes at the mean context) / copy bandwidth), measured peaks.
   roofline.png places every system at our float32 step's intensity; llama.cpp reads its quantized weights (fewer

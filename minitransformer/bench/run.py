@@ -25,6 +25,7 @@ import importlib.metadata
 import os
 import platform
 import statistics
+import time
 from dataclasses import asdict, dataclass, replace
 
 from ..errors import InputError
@@ -49,6 +50,7 @@ class Settings:
     repeats: int = 3
     copy_bytes: int = 256 * 2**20
     gemm_n: int = 1024
+    settle_s: float = 0.2                 # idle pause before each timed call (see alternate)
 
 
 DEFAULT = Settings()
@@ -100,14 +102,21 @@ def machine_info(peaks: dict, systems) -> dict:
     return info
 
 
-def alternate(systems, call, repeats: int, tick) -> dict[str, list[float]]:
-    """One warm-up call per system (dropped), then `repeats` rounds of ours, hf, llama.cpp... -> runs per system."""
+def alternate(systems, call, repeats: int, tick, settle_s: float = 0.0) -> dict[str, list[float]]:
+    """One warm-up call per system (dropped), then `repeats` rounds of ours, hf, llama.cpp... -> runs per system.
+
+    settle_s: seconds of idle before each timed call. The thread pools of all three systems (OpenBLAS, torch's
+    OpenMP, ggml) spin-wait for a while after a call ends, so a system timed right after another shares the cores
+    with its predecessor's spinning threads: in one measured round our prefill of 512 tokens fell from ~600 to
+    ~480-540 tok/s right after llama.cpp's, and llama.cpp's from ~300 to ~255 right after ours.
+    """
     for system in systems:
         call(system)
         tick()
     runs = {system.name: [] for system in systems}
     for _ in range(repeats):
         for system in systems:
+            time.sleep(settle_s)
             runs[system.name].append(call(system))
             tick()
     return runs
@@ -147,7 +156,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         ids = prompt_ids(tokenizer, p)
         tick = stage(f"prefill {p} tokens")
         live = [x for x in systems if x.supports("prefill")]
-        runs = alternate(live, lambda x: x.prefill_seconds(ids), s.repeats, tick)
+        runs = alternate(live, lambda x: x.prefill_seconds(ids), s.repeats, tick, s.settle_s)
         cost = forward_cost(cfg, p, weight_bytes=wb)
         values = {name: p / statistics.median(r) for name, r in runs.items()}
         values["roofline"] = p / max(cost.flops / peak, cost.bytes / bw)
@@ -159,7 +168,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     for b in s.batches:
         tick = stage(f"decode batch {b}")
         live = [x for x in systems if x.supports("decode", b)]
-        runs = alternate(live, lambda x: x.decode_tok_s(b, ids, s.decode_tokens), s.repeats, tick)
+        runs = alternate(live, lambda x: x.decode_tok_s(b, ids, s.decode_tokens), s.repeats, tick, s.settle_s)
         cost = forward_cost(cfg, 1, context, batch=b, weight_bytes=wb)
         values = {name: statistics.median(r) for name, r in runs.items()}
         values["roofline"] = b / max(cost.flops / peak, (wb + estimate_kv_bytes(cfg, context, b)) / bw)
@@ -176,7 +185,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     for use_cache, row in ((True, "generate_cache"), (False, "generate_no_cache")):
         tick = stage("generate " + ("with" if use_cache else "without") + " the cache")
         live = [x for x in systems if x.supports("generate")]
-        runs = alternate(live, lambda x: timed(x, use_cache), s.repeats, tick)
+        runs = alternate(live, lambda x: timed(x, use_cache), s.repeats, tick, s.settle_s)
         rows[row] = dict(workload=row, size=s.cache_new_tokens, unit="s", runs_unit="s", runs=runs,
                          values={name: statistics.median(r) for name, r in runs.items()})
     equal = {name: tokens.get((name, True)) == tokens.get((name, False)) for name in rows["generate_cache"]["runs"]}
@@ -188,7 +197,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     prompts = [tokenizer.encode(t)[:room] for t in serving_prompts(s.continuous_requests)]
     tick = stage(f"continuous batching, {s.continuous_requests} requests")
     live = [x for x in systems if x.supports("continuous")]
-    runs = alternate(live, lambda x: x.continuous_tok_s(prompts, s.continuous_tokens), s.repeats, tick)
+    runs = alternate(live, lambda x: x.continuous_tok_s(prompts, s.continuous_tokens), s.repeats, tick, s.settle_s)
     rows["continuous"] = dict(workload="continuous", size=s.continuous_requests, unit="tok/s", runs_unit="tok/s",
                               runs=runs, values={name: statistics.median(r) for name, r in runs.items()})
     stage("done")
@@ -223,7 +232,7 @@ def ratios(rows: dict, names: list[str]) -> list[dict]:
                 add(f"{key}/{peer}", (key, "ours"), (key, peer))
     for name in names:
         add(f"cache_speedup/{name}", ("generate_no_cache", name), ("generate_cache", name))
-    add("continuous/llama.cpp_decode_b1", ("continuous", "ours"), ("decode_b1", "llama.cpp"))
+    add("continuous/llama.cpp_decode_b1", ("continuous", "ours"), ("continuous", "llama.cpp"))
     add("continuous/ours_decode_b1", ("continuous", "ours"), ("decode_b1", "ours"))
     return out
 
