@@ -102,7 +102,19 @@ def attention(q, k, v, q_positions, k_positions):
     return out.reshape(B, H, T, d)
 
 
-def causal_attention(q, k, v, q_positions, k_positions, block: int = 64):
+QUERY_BLOCK = 64      # query rows per block in causal_attention
+
+
+def causal_pairs(T: int, S: int, block: int = QUERY_BLOCK) -> int:
+    """(query, key) pairs causal_attention computes for T queries that are the last T of S keys: all T x S in one
+    masked product when T <= block, else each block of rows against the keys it can see (bench/machine.py's
+    forward_cost counts attention's FLOPs with this)."""
+    if T <= block:
+        return T * S
+    return sum((min(a + block, T) - a) * (S - T + min(a + block, T)) for a in range(0, T, block))
+
+
+def causal_attention(q, k, v, q_positions, k_positions, block: int = QUERY_BLOCK):
     """`attention` for queries that are the last T of the S keys, in order (a prompt, a prefill chunk continuing a
     cache, one decode step): the same numbers, computed `block` query rows at a time.
 

@@ -1,7 +1,7 @@
 """minitransformer.bench.machine: the peaks are plausible numbers and forward_cost counts what the model does.
 
 forward_cost's references are independent of its formula: FLOPs are summed from the loaded tiny model's actual
-weight arrays and a spy on layers.attention that records each call's (T, S); bytes from the arrays' nbytes.
+weight arrays and a spy on layers.attention that records each product's (T, S); bytes from the arrays' nbytes.
 Timings are never asserted beyond "positive and finite" (shared, noisy machine).
 """
 
@@ -13,7 +13,7 @@ import unittest.mock
 import numpy as np
 import pytest
 
-import minitransformer.model
+import minitransformer.layers
 from minitransformer import KVCache, ModelConfig
 from minitransformer.bench.machine import (PhaseCost, forward_cost, measure_copy_bandwidth, measure_gemm_flops,
                                            roofline_tokens_per_s)
@@ -41,36 +41,41 @@ def test_gemm_counts_2n3_flops(monkeypatch):
 
 
 def record_attention_shapes(model, run):
-    """(T queries, S keys) of every layers.causal_attention call made while run() executes."""
-    shapes, real = [], minitransformer.model.causal_attention
+    """(B, T queries, S keys) of every product layers.attention computes while run() executes: one per decode
+    step or short prompt, one per block of 64 queries (against only its visible keys) in a longer prompt."""
+    shapes, real = [], minitransformer.layers.attention
     def spy(q, k, v, q_pos, k_pos):
         shapes.append((q.shape[0], q.shape[2], k.shape[2]))
         return real(q, k, v, q_pos, k_pos)
-    with unittest.mock.patch.object(minitransformer.model, "causal_attention", spy):
+    with unittest.mock.patch.object(minitransformer.layers, "attention", spy):
         run()
     return shapes
 
 
-def reference_flops(model, shapes):
-    """2 x (weights each token row meets) x rows + lm_head on the last position + 4 H d per (query, key) pair."""
+def reference_flops(model, shapes, rows):
+    """2 x (weights each token row meets) x rows + lm_head on the last position + 4 H d per computed pair."""
     cfg = model.config
     matrices = sum(layer.w_qkv.size + layer.wo.size + layer.w_gate_up.size + layer.w_down.size
                    for layer in model.layers)
-    B, T, _ = shapes[0]
+    B = shapes[0][0]
     attention = sum(4 * cfg.n_heads * cfg.head_dim * b * t * s for b, t, s in shapes)
-    return 2 * matrices * B * T + 2 * model.lm_head.size * B + attention
+    return 2 * matrices * rows + 2 * model.lm_head.size * B + attention
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_forward_cost_flops_match_the_models_matmuls(tiny_model, batch):
-    cfg, P = tiny_model.config, 11
+@pytest.mark.parametrize("batch, P", [(1, 11), (3, 11), (2, 100)])
+def test_forward_cost_flops_match_the_models_matmuls(tiny_model, batch, P):
+    cfg, L = tiny_model.config, tiny_model.config.n_layers
     cache = KVCache(cfg, P + 1, batch=batch)
     ids = np.arange(5, 5 + P * batch).reshape(batch, P) % cfg.vocab_size
     prefill_shapes = record_attention_shapes(tiny_model, lambda: prefill(tiny_model, ids, cache))
     decode_shapes = record_attention_shapes(tiny_model, lambda: decode_step(tiny_model, ids[:, -1], cache))
-    assert prefill_shapes[0] == (batch, P, P) and decode_shapes[0] == (batch, 1, P + 1)
-    assert forward_cost(cfg, P, batch=batch).flops == reference_flops(tiny_model, prefill_shapes)
-    assert forward_cost(cfg, 1, P, batch=batch).flops == reference_flops(tiny_model, decode_shapes)
+    if P <= 64:
+        assert prefill_shapes == [(batch, P, P)] * L                    # one masked product per layer
+    else:                                                               # rows [0, 64) see 64 keys, [64, 100) all
+        assert prefill_shapes == [(batch, 64, 64), (batch, P - 64, P)] * L
+    assert decode_shapes == [(batch, 1, P + 1)] * L
+    assert forward_cost(cfg, P, batch=batch).flops == reference_flops(tiny_model, prefill_shapes, batch * P)
+    assert forward_cost(cfg, 1, P, batch=batch).flops == reference_flops(tiny_model, decode_shapes, batch)
 
 
 def test_forward_cost_bytes(tiny_model):

@@ -26,6 +26,7 @@ import numpy
 
 from ..backend import synchronize
 from ..config import ModelConfig
+from ..layers import causal_pairs
 
 
 def _median_time(xp, run, repeats: int) -> float:
@@ -101,8 +102,9 @@ def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, 
     What is counted (the engine's forward with last_only=True, as prefill.py and decode.py call it):
     - FLOPs: 2 per weight per token for the layer matmuls (N = batch * new_tokens rows), 2 * D * V per sequence for
       the lm_head (only the last position's logits are computed), and attention's two matmuls, q k^T and probs v,
-      4 * H * d per (query, key) pair over all new_tokens x (context + new) pairs: the engine computes every pair
-      and masks the future ones, so that is the work done (a causal-aware kernel would skip up to half in prefill).
+      4 * H * d per (query, key) pair that layers.causal_attention computes (layers.causal_pairs): every pair for
+      up to 64 new tokens (the future ones masked), and for a longer prompt each block of 64 queries against only
+      the keys it can see, about half of all new_tokens x (context + new) pairs.
       Norms, RoPE, softmax and SiLU are elementwise and left out (under 1% of the FLOPs here).
     - bytes: every weight read once (`weight_bytes` if given, e.g. Transformer.weight_bytes; otherwise the
       matrices, norms and lm_head at dtype_bytes each), the KV cache read (all context + new keys and values, every
@@ -116,7 +118,7 @@ def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, 
     matrices = _matrix_shapes(c)
     layer_params = sum(i * o for i, o in matrices)
     matmul_flops = 2 * c.n_layers * layer_params * rows + 2 * c.d_model * c.vocab_size * batch
-    pairs = batch * new_tokens * keys                           # (query, key) pairs per head
+    pairs = batch * causal_pairs(new_tokens, keys)              # (query, key) pairs computed per head
     attention_flops = c.n_layers * 4 * c.n_heads * c.head_dim * pairs
 
     if weight_bytes is None:
