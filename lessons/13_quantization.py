@@ -5,7 +5,7 @@
 
 Part 1 unpacks one Q4_1 block of the GGUF file itself by hand (scale, minimum, 32 four-bit values) and compares it
 with the library's dequantize; then quantizes the same 32 weights with our own int4 format. Part 2 builds int8 and int4
-copies of the model (minitransformer/quantize.py) and an int8 KV cache, and measures each against float32 on the
+copies of the model (minitransformer/quantize/) and an int8 KV cache, and measures each against float32 on the
 docstrings of Python's standard library (minitransformer/quality.py). Part 3 runs the CUDA dequantize-GEMV kernel on
 the CPU runner against the NumPy path.
 """

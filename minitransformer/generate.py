@@ -7,7 +7,7 @@ Each stage lives in the file with its name (prefill.py, decode.py, sampling.py, 
 metrics.py); this file only calls them in order, so the whole request flow reads top to bottom in `_run`.
 `stream()` yields the text as it is produced; `generate()` runs the same loop to the end. With use_cache=False the
 same loop runs on no_cache.py's recompute-everything baseline (lesson 04_cache_vs_no_cache compares them), and with
-speculative=... on speculative.py's draft-and-verify runner (lesson 12_speculative_decoding), which also picks each
+speculative=... on speculative/'s draft-and-verify runner (lesson 12_speculative_decoding), which also picks each
 verified row's token (accept the draft or resample) — every other stage is unchanged.
 """
 
@@ -98,7 +98,7 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
     cancel: anything with is_set() (a threading.Event); when set, the reply stops with stop_reason "cancelled".
     speculative: "ngram", "self:L" (the first L layers draft), a draft Transformer of the same vocabulary, or a
     speculative.SpeculativeConfig; num_speculative_tokens: the k tokens drafted per target pass. Greedy output is
-    the same as without it; sampled output has the same distribution (speculative.py).
+    the same as without it; sampled output has the same distribution (speculative/).
     kv_cache: "f32" (KVCache) or "int8" (quantize.Int8KVCache: 3.8x smaller, lesson 13 measures what it costs).
     """
     arrival = now()
@@ -124,7 +124,7 @@ def kv_cache_class(name: str):
     """"f32" -> KVCache, "int8" -> quantize.Int8KVCache (the same constructor and update protocol)."""
     if name == "f32":
         return KVCache
-    from .quantize import KV_CACHES                       # quantize.py builds on kv_cache.py, so it is imported late
+    from .quantize import KV_CACHES                       # quantize/ builds on kv_cache.py, so it is imported late
     if name not in KV_CACHES:
         raise InputError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {name!r}")
     return KV_CACHES[name]

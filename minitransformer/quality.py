@@ -1,6 +1,6 @@
 """Measuring what quantization costs: perplexity, KL vs float32, top-1 and greedy agreement, memory, decode speed.
 
-Quantization lowers memory and bandwidth (quantize.py); whether the answers stay the same has to be measured on text,
+Quantization lowers memory and bandwidth (quantize/); whether the answers stay the same has to be measured on text,
 not assumed. The corpus needs no download: the docstrings of ~50 Python standard-library modules (~300 KB of English
 with code, in a fixed order), read from this interpreter. Every setting is compared with the float32 model on the same
 tokens, window by window:

@@ -1,6 +1,6 @@
 """The figures of figures/: each measured afresh on this machine by the engine itself, then drawn with matplotlib.
 
-    minitransformer figures [--out figures] [--quick]     (cli.py calls make_figures)
+    minitransformer figures [--out figures] [--quick]     (cli/tools.py calls make_figures)
 
     ttft_vs_prompt_length.png        generate(max_tokens=1)'s TTFT over prompt lengths: prefill grows with the prompt
     itl_vs_context_length.png        decode_step time over context lengths, next to the bytes-read floor

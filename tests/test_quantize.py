@@ -1,4 +1,4 @@
-"""Quantization (minitransformer/quantize.py) and its quality measures (quality.py).
+"""Quantization (minitransformer/quantize/) and its quality measures (quality.py).
 
 References are independent of the code under test: round-trip bounds from the definition (error <= scale / 2 plus
 float32 rounding of the arithmetic itself), bytes from the formats written out here by hand, a quantized model

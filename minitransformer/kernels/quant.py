@@ -1,4 +1,4 @@
-"""The dequantize-GEMV kernels as a Python function: check, size the launch, call (lesson 13, quantize.py).
+"""The dequantize-GEMV kernels as a Python function: check, size the launch, call (lesson 13, quantize/).
 
 `dequant_gemv(x, w)` takes x (N, in) float32 and a QuantizedLinear `w`, and returns x @ w (N, out) float32, computed
 by kernels/dequant_gemv.cu: on the GPU for CuPy arrays, on the CPU runner (g++, the same source) for NumPy arrays.

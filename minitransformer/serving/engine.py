@@ -102,7 +102,7 @@ class Engine:
         config = model.config
         if kv_cache == "f32":
             cache_class, kv_bytes = PagedKVCache, estimate_kv_bytes
-        elif kv_cache == "int8":                         # quantize.py builds on serving/, so imported late
+        elif kv_cache == "int8":                         # quantize/ builds on serving/, so imported late
             from ..quantize import Int8PagedKVCache as cache_class, estimate_int8_kv_bytes as kv_bytes
         else:
             raise InputError(f"kv_cache must be one of f32, int8, got {kv_cache!r}")

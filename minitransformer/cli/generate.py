@@ -1,0 +1,140 @@
+"""generate and chat: the two subcommands that run the model and stream its text to stdout.
+
+They share the streaming printer, the one-line footer of numbers, the logprobs table and the Ctrl-C handling, so a
+reader finds here everything either of them prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+
+from ..errors import InputError
+from .options import _load, sampling_params
+
+
+def cmd_generate(args) -> int:
+    from ..generate import generate, stream
+    from ..speculative import MAX_SPECULATIVE_TOKENS, describe, from_cli
+
+    params = sampling_params(args)
+    if args.timeout is not None and not args.timeout > 0:
+        raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not 1 <= args.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise InputError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
+                         f"got {args.num_speculative_tokens}")
+    model = _load(args)
+    speculative = from_cli(args.speculative, args.draft_model, args.device)
+    with _ctrl_c_cancels() as cancel:
+        options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel,
+                       speculative=speculative, num_speculative_tokens=args.num_speculative_tokens,
+                       kv_cache=args.kv_cache)
+        if args.json:                                    # stdout holds exactly one JSON object
+            print(json.dumps(generate(model, args.prompt, params, **options).to_dict(), ensure_ascii=False))
+            return 0
+        result = _print_stream(stream(model, args.prompt, params, **options))
+    print(footer(result, model), file=sys.stderr)
+    if result.speculative:
+        print(describe(result.speculative), file=sys.stderr)
+    if result.logprobs is not None:
+        _print_logprobs(result.logprobs, model.tokenizer)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    """Read a line, stream the reply, keep both in the history; the whole history is the next prompt."""
+    from ..generate import stream
+
+    params = sampling_params(args)
+    model = _load(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(system)
+    print(f"[{model.path.name}: /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply]",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            print()                                      # end the last "you> " line
+            return 0
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            history = list(system)
+            print("[conversation cleared]", file=sys.stderr)
+            continue
+        if not line:
+            continue
+        messages = history + [{"role": "user", "content": line}]     # the whole conversation is prefilled again
+        with _ctrl_c_cancels() as cancel:
+            try:
+                deltas = stream(model, messages, params, chat=True, cancel=cancel,    # checks the request
+                                kv_cache=args.kv_cache)
+            except InputError as exc:                    # e.g. the history outgrew the context: say so, go on
+                print(f"minitransformer: error: {exc} (/reset starts over)", file=sys.stderr)
+                continue
+            sys.stdout.write("model> ")
+            result = _print_stream(deltas)
+        history = messages + [{"role": "assistant", "content": result.text}]
+        print(footer(result, model), file=sys.stderr)
+        if result.logprobs is not None:
+            _print_logprobs(result.logprobs, model.tokenizer)
+
+
+def _print_stream(deltas):
+    """Write each delta's text as it arrives; return the final Result."""
+    last = None
+    for last in deltas:
+        sys.stdout.write(last.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return last.result
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels():
+    """While a reply streams, Ctrl-C sets an Event the loop checks between tokens: the reply ends with
+    finish_reason "abort" and its partial text, instead of the process dying mid-step."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def footer(result, model) -> str:
+    """One line for stderr: the numbers a learner should look at after every reply."""
+    m, u = result.metrics, result.usage
+    reason = result.stop_reason
+    if result.finish_reason == "stop" and isinstance(reason, str) and reason != "eos":
+        reason = repr(reason)                                    # a stop string, quoted so its spaces show
+    parts = [f"{u.prompt_tokens} prompt + {u.completion_tokens} new token{'' if u.completion_tokens == 1 else 's'}",
+             f"TTFT {_ms(m.ttft_s)}", f"ITL p50 {_ms(m.itl_summary()['p50'])}",
+             f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "tok/s n/a",
+             f"KV cache {result.kv_cache_tokens} tokens = {result.kv_cache_bytes / 2**20:.2f} MiB",
+             f"finish {result.finish_reason}" + ("" if reason is None else f" ({reason})")]
+    return "[" + " | ".join(parts) + "]"
+
+
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def _print_logprobs(logprobs, tokenizer) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="log-probabilities of the raw logits", title_justify="left")
+    for column in ("#", "token", "logprob", "top alternatives"):
+        table.add_column(column)
+    for index, entry in enumerate(logprobs):
+        top = ", ".join(f"{tokenizer.id_to_piece(i)!r} {lp:.2f}" for i, lp in entry["top"])
+        table.add_row(str(index), repr(tokenizer.id_to_piece(entry["token_id"])), f"{entry['logprob']:.3f}", top)
+    Console(stderr=True).print(table)

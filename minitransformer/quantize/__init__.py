@@ -1,0 +1,42 @@
+"""Quantization: int8 / int4 weights and an int8 KV cache, the levers that cut memory and bandwidth (lesson 13).
+
+Decode reads every weight once per token (decode.py), so its speed is about bytes / bandwidth: fewer bytes per weight
+is a direct lever, paid for in quality, which quality.py measures. Our own formats, both kept in the (out, in) layout
+of GGUF (one row per output channel), so a row block is a block of output channels and holds whole groups:
+
+- int8, symmetric per output channel: scale[o] = max_i |w[o, i]| / 127, q = round(w / scale) in [-127, 127].
+  1 byte per weight + one float32 scale per row. Error per element <= scale[o] / 2.
+- int4, groups of 32 inputs with a scale and a minimum (the idea of llama.cpp's Q4_1): scale = (max - min) / 15,
+  q = round((w - min) / scale) in [0, 15], w ~ q * scale + min. Two values per byte, packed our own way: byte k of a
+  row holds value 2k in its low nibble and 2k + 1 in its high nibble (ggml's Q4_1 pairs j with j + 16 instead:
+  lesson 13 part 1 unpacks one of its blocks by hand). scale and min are float16, rounded so that every w of the
+  group still lies in [min, min + 15 * scale]: 4 + 32 / 32 = 5 bits per weight. Error per element <= scale / 2.
+
+`QuantizedLinear` stands where a float (in, out) matrix stood in `x @ w` and dequantizes on the fly, a block of output
+rows at a time (bounded extra memory: one float32 block of at most `block_bytes`), or, for decode-sized inputs, through
+the CUDA dequantize-GEMV kernel (kernels/dequant_gemv.cu) when `use_kernel` is set. `quantize_model` builds a
+Transformer from these without touching model.py. `Int8KVCache` is KVCache with int8 storage and one float32 scale per
+(token, head); its `quantize_kv` / `dequantize_kv` work on any array whose last axis is head_dim, so a paged pool can
+reuse them.
+
+All float math in float32 with Python-float constants (DESIGN.md "float32 pitfall").
+
+Modules, in reading order: schemes.py (the int8 / int4 formats: quantize, dequantize, unpack), linear.py
+(QuantizedLinear, quantize_model, set_use_kernel, expected_weight_bytes), kv_cache.py (Int8KVCache,
+Int8PagedKVCache). Every name is re-exported here, so `from minitransformer.quantize import X` works as before.
+"""
+
+from .kv_cache import (KV_CACHES, Int8KVCache, Int8PagedKVCache, dequantize_kv, estimate_int8_kv_bytes,
+                       quantize_kv)
+from .linear import (DEFAULT_BLOCK_BYTES, KERNEL_MAX_ROWS, QuantizedLinear, expected_weight_bytes, quantize_model,
+                     quantized_bytes, set_use_kernel)
+from .schemes import (GROUP, INT4_LEVELS, INT8_MAX, SCHEMES, dequantize_int4, dequantize_int8, quantize_int4,
+                      quantize_int8, unpack_int4)
+
+__all__ = [
+    "SCHEMES", "GROUP", "INT8_MAX", "INT4_LEVELS", "quantize_int8", "dequantize_int8",
+    "quantize_int4", "unpack_int4", "dequantize_int4",
+    "DEFAULT_BLOCK_BYTES", "KERNEL_MAX_ROWS", "quantized_bytes", "QuantizedLinear", "quantize_model",
+    "set_use_kernel", "expected_weight_bytes",
+    "quantize_kv", "dequantize_kv", "estimate_int8_kv_bytes", "Int8KVCache", "KV_CACHES", "Int8PagedKVCache",
+]

@@ -1,0 +1,131 @@
+"""SpeculativeRunner, which stands where generate.CachedRunner stands: draft, verify all k in one target pass, roll
+back the rejected drafts' K/V; and SpeculativeStats, its counts for --json (lesson 12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..kv_cache import KVCache, estimate_kv_bytes
+from ..metrics import now
+from ..prefill import prefill
+from .acceptance import accept_or_resample, processed_probs
+from .config import SpeculativeConfig
+from .drafters import NgramDrafter, SecondModelDrafter, SelfDrafter
+
+
+@dataclass
+class SpeculativeStats:
+    """Counts for one request (the "speculative" object of --json)."""
+    method: str
+    k: int
+    draft_tokens: int = 0            # guesses checked against the target (drafts past a stop are never checked)
+    accepted_tokens: int = 0         # guesses the target kept
+    target_passes: int = 0           # forward passes of the target, the prefill included
+    output_tokens: int = 0           # tokens the loop took from those passes
+    draft_s: float = 0.0             # time spent drafting
+    verify_s: float = 0.0            # time spent in verify passes
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_target_pass(self) -> float | None:
+        """1.0 for plain decoding; the most speculation can gain if drafting and a longer pass were free."""
+        return self.output_tokens / self.target_passes if self.target_passes else None
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "num_speculative_tokens": self.k, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
+                "target_passes": self.target_passes, "tokens_per_target_pass": self.tokens_per_target_pass,
+                "draft_s": self.draft_s, "verify_s": self.verify_s}
+
+
+class SpeculativeRunner:
+    """Stands where generate.CachedRunner stands: first_logits / next_logits / sample_next / release.
+
+    Invariant between calls: the target cache holds K/V for context[:-1] once next_logits has run (the newest token
+    is fed by the next verify pass), and `rows` are the logits of the last verify pass, row i following draft i.
+    """
+
+    def __init__(self, model, request, config: SpeculativeConfig, cache_class=None):
+        self.model, self.config, self.params = model, config, request.params
+        self.prompt = list(request.prompt_token_ids)
+        self.context = list(self.prompt)
+        max_len = len(self.prompt) + self.params.max_tokens
+        self.cache = (cache_class or KVCache)(model.config, max_len, xp=model.xp)   # KVCache or Int8KVCache
+        seed = self.params.seed
+        if config.method == "ngram":
+            self.drafter = NgramDrafter(config)
+        elif config.method == "self":
+            self.drafter = SelfDrafter(model, config.layers, self.cache, seed)
+        else:
+            if max_len > config.draft.config.context_length:
+                raise InputError(f"prompt + max_tokens = {max_len} exceeds the draft model's context length of "
+                                 f"{config.draft.config.context_length} tokens")
+            self.drafter = SecondModelDrafter(config.draft, max_len, seed)
+        self.rows, self.drafts, self.qs, self.row = None, [], None, 0
+        self.stats = SpeculativeStats(config.name, config.k)
+
+    def first_logits(self):
+        self.stats.target_passes += 1
+        return prefill(self.model, self.prompt, self.cache)                    # (1, V)
+
+    def next_logits(self, token: int):
+        """The logits after `token`: the next verified row when `token` was the draft there, else a new pass."""
+        self.context.append(token)
+        if self.row < len(self.drafts) and token == self.drafts[self.row]:
+            self.row += 1
+            return self.rows[:, self.row]                                      # (1, V), already computed
+        self.cache.truncate(len(self.context) - 1)        # drop the rejected drafts' K/V (a no-op after a bonus)
+        return self._draft_and_verify(token)
+
+    def _draft_and_verify(self, token: int):
+        emitted = len(self.context) - len(self.prompt)
+        k = min(self.config.k, self.params.max_tokens - emitted - 1)         # never draft past max_tokens
+        start = now()
+        drafts, qs = self.drafter.propose(self.context, k, self.params, len(self.prompt), self.model.tokenizer.eos_id) \
+            if k > 0 else ([], None)
+        self.stats.draft_s += now() - start
+        xp, base = self.model.xp, len(self.context) - 1
+        ids = xp.asarray([token] + drafts)[None]                               # (1, 1 + k)
+        positions = xp.arange(base, base + 1 + len(drafts))[None]              # (1, 1 + k)
+        start = now()
+        self.rows = self.model.forward(ids, positions, kv=self.cache)          # (1, 1 + k, V): one target pass
+        self.stats.verify_s += now() - start
+        self.stats.target_passes += 1
+        self.drafts, self.qs, self.row = drafts, qs, 0
+        return self.rows[:, 0]                                                 # (1, V)
+
+    def sample_next(self, logits, request, generator, output_ids, eos_id, sample_plain) -> int:
+        """The token for this row: plain sampling where there is no draft to check (and for greedy, whose plain
+        choice decides acceptance by itself); speculative sampling against the draft otherwise."""
+        self.stats.output_tokens += 1
+        if self.row >= len(self.drafts):                                       # a bonus row, or no drafts
+            return sample_plain(logits, request, generator, output_ids, eos_id)
+        draft = self.drafts[self.row]
+        if request.params.greedy:
+            token = sample_plain(logits, request, generator, output_ids, eos_id)
+        else:
+            p = processed_probs(logits, request.params, request.prompt_token_ids, output_ids, eos_id)   # (V,)
+            token = accept_or_resample(p, None if self.qs is None else self.qs[self.row], draft, generator)
+        self.stats.draft_tokens += 1
+        self.stats.accepted_tokens += token == draft
+        return token
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens verified and emitted into the context (drafts accepted past a stop are not counted): the same
+        number plain decoding's cache holds at the same point."""
+        return len(self.context)
+
+    @property
+    def kv_bytes(self) -> int:
+        return estimate_kv_bytes(self.model.config, self.kv_tokens, dtype=self.cache.dtype)
+
+    def release(self) -> None:
+        self.cache.release()
+        if isinstance(self.drafter, SecondModelDrafter):
+            self.drafter.cache.release()
