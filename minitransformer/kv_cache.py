@@ -58,17 +58,21 @@ class KVCache:
 
         k_new, v_new (B, K, T, d) -> k, v (B, K, length + T, d) views into the cache, key positions (B, length + T).
         """
-        if self.k is None:
-            raise InputError("this KV cache was released; allocate a new one")
-        T = k_new.shape[2]
-        start, end = self.length, self.length + T
-        if end > self.max_len:
-            raise InputError(f"KV cache is full: {start} tokens stored + {T} new > {self.max_len} reserved")
+        start, end = self.next_slots(k_new.shape[2])
         self.k[layer, :, :, start:end] = k_new
         self.v[layer, :, :, start:end] = v_new
         if layer == self.config.n_layers - 1:      # the last layer has written: the step is complete
             self.length = end
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end], self.key_positions[:, :end]
+
+    def next_slots(self, T: int) -> tuple[int, int]:
+        """[start, end) of the slots T new tokens go to, or the InputError of a released or full cache."""
+        if self.k is None:
+            raise InputError("this KV cache was released; allocate a new one")
+        start, end = self.length, self.length + T
+        if end > self.max_len:
+            raise InputError(f"KV cache is full: {start} tokens stored + {T} new > {self.max_len} reserved")
+        return start, end
 
     def truncate(self, length: int) -> None:
         """Forget every token from `length` on (speculative decoding rolls back rejected drafts this way).

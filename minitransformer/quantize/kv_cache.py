@@ -62,12 +62,7 @@ class Int8KVCache(KVCache):
 
     def update(self, layer: int, k_new, v_new, positions):
         """k_new, v_new (B, K, T, d) float32 -> dequantized k, v (B, K, length + T, d), positions (B, length + T)."""
-        if self.k is None:
-            raise InputError("this KV cache was released; allocate a new one")
-        T = k_new.shape[2]
-        start, end = self.length, self.length + T
-        if end > self.max_len:
-            raise InputError(f"KV cache is full: {start} tokens stored + {T} new > {self.max_len} reserved")
+        start, end = self.next_slots(k_new.shape[2])
         self.k[layer, :, :, start:end], self.k_scale[layer, :, :, start:end] = quantize_kv(k_new)
         self.v[layer, :, :, start:end], self.v_scale[layer, :, :, start:end] = quantize_kv(v_new)
         if layer == self.config.n_layers - 1:
