@@ -269,3 +269,20 @@ def test_hf_peer_on_32_tokens(real_model):
     _, cached = hf.generate_seconds(ids, 8, True)
     ours = Ours(real_model).generate_seconds(ids, 8, True)[1]
     assert cached == ours                                              # same greedy tokens as ours (float32 both)
+
+
+def test_each_timed_call_waits_settle_seconds_first(monkeypatch):
+    """The idle pause before every timed call (not before warm-ups): other runtimes' threads go quiet first."""
+    import minitransformer.bench.run as run
+    events = []
+    monkeypatch.setattr(run.time, "sleep", lambda s: events.append(("sleep", s)))
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+    runs = run.alternate([Stub("ours"), Stub("peer")], lambda x: events.append(("call", x.name)) or 1.0,
+                         repeats=2, tick=lambda: None, settle_s=0.25)
+    assert runs == {"ours": [1.0, 1.0], "peer": [1.0, 1.0]}
+    assert events == [("call", "ours"), ("call", "peer")] + [("sleep", 0.25), ("call", "ours"),
+                                                             ("sleep", 0.25), ("call", "peer")] * 2
