@@ -230,6 +230,10 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
 
     attention: "arrays" (layers.attention), "kernels" (flash_prefill / paged_decode, also on the CPU runner) or
     "auto" (kernels on the GPU, arrays on the CPU); see attention_backend.py.
+    dtype: "float32" (the default: exact comparison with the CPU and HF) or "float16": float16 storage of every
+    matrix, embedding included, with float32 accumulation = this float32 load, then quantize.quantize_model(model,
+    "f16", embedding="f16") (half the weight bytes; norms, activations, KV cache and logits stay float32).
+    "bfloat16" is refused (check_dtype says why).
     """
     from .tokenizer import Tokenizer
 
@@ -272,16 +276,21 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
     embedding = load("token_embd.weight", (V, D))
     lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
     final_norm = load("output_norm.weight", (D,))
-    return Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
-                       load_seconds=time.perf_counter() - start, attention_mode=attention)
+    model = Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
+                        load_seconds=time.perf_counter() - start, attention_mode=attention)
+    if dtype == "float16":
+        from .quantize import quantize_model      # here, not at the top: quantize/ imports this module
+        model = quantize_model(model, "f16", embedding="f16")
+        model.load_seconds = time.perf_counter() - start
+    return model
 
 
 def check_dtype(dtype: str) -> None:
-    """Only float32 storage is implemented; say why for the others instead of silently computing in float32."""
-    if dtype == "float32":
+    """float32 and float16 (storage; float32 accumulation) are implemented; say why for the others instead of
+    silently computing in float32."""
+    if dtype in ("float32", "float16"):
         return
     if dtype == "bfloat16":
-        raise InputError("dtype bfloat16 is not available: CuPy (and NumPy) have no bfloat16 type; use float32")
-    if dtype == "float16":
-        raise InputError("dtype float16 (float16 storage, float32 accumulation) is not implemented yet; use float32")
-    raise InputError(f"unknown dtype {dtype!r}; choose float32")
+        raise InputError("dtype bfloat16 is not available: CuPy (and NumPy) have no bfloat16 type; use float32 or "
+                         "float16")
+    raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")

@@ -19,18 +19,22 @@ def _add_model_options(parser) -> None:
     parser.add_argument("--attention", choices=("auto", "arrays", "kernels"), default="auto",
                         help="attention through layers.attention (arrays) or our CUDA kernels (kernels: on the CPU "
                              "they run on the slow CPU runner); auto: kernels on the GPU, arrays on the CPU")
-    parser.add_argument("--weights", choices=("f32", "int8", "int4"), default="f32",
-                        help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13)")
+    parser.add_argument("--weights", choices=("f32", "int8", "int4", "f16"), default="f32",
+                        help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13), "
+                             "or f16: float16 storage, float32 accumulation (on the CPU slower than f32, since NumPy "
+                             "has no half GEMM: it is there to check the GPU's arithmetic anywhere)")
     parser.add_argument("--kv-cache", choices=("f32", "int8"), default="f32",
                         help="keys and values stored as float32 (default) or int8 with a scale per token and head")
 
 
 def _load(args):
-    """The model as the options ask: loaded once as float32, then quantized when --weights says so."""
+    """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
+    load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only)."""
     from ..model import load_model
 
-    model = load_model(args.model, device=args.device, attention=args.attention)
-    if args.weights != "f32":
+    dtype = "float16" if args.weights == "f16" else "float32"
+    model = load_model(args.model, device=args.device, attention=args.attention, dtype=dtype)
+    if args.weights in ("int8", "int4"):
         from ..quantize import quantize_model
         model = quantize_model(model, args.weights, use_kernel=args.device == "gpu")
     return model

@@ -1,4 +1,5 @@
-"""Quantization: int8 / int4 weights and an int8 KV cache, the levers that cut memory and bandwidth (lesson 13).
+"""Quantization: int8 / int4 / float16 weights and an int8 KV cache, the levers that cut memory and bandwidth
+(lesson 13).
 
 Decode reads every weight once per token (decode.py), so its speed is about bytes / bandwidth: fewer bytes per weight
 is a direct lever, paid for in quality, which quality.py measures. Our own formats, both kept in the (out, in) layout
@@ -11,6 +12,10 @@ of GGUF (one row per output channel), so a row block is a block of output channe
   row holds value 2k in its low nibble and 2k + 1 in its high nibble (ggml's Q4_1 pairs j with j + 16 instead:
   lesson 13 part 1 unpacks one of its blocks by hand). scale and min are float16, rounded so that every w of the
   group still lies in [min, min + 15 * scale]: 4 + 32 / 32 = 5 bits per weight. Error per element <= scale / 2.
+- f16, float16 storage with float32 accumulation (issue 8): each weight rounded to the nearest float16, relative
+  error <= 2^-11; activations are rounded to float16 at each product too, and the products summed in float32
+  (backend.matmul_float16: cuBLAS on the GPU, an emulation of its arithmetic on NumPy). 2 bytes per weight.
+  load_model(dtype="float16") is the float32 load followed by quantize_model(model, "f16", embedding="f16").
 
 `QuantizedLinear` stands where a float (in, out) matrix stood in `x @ w` and dequantizes on the fly, a block of output
 rows at a time (bounded extra memory: one float32 block of at most `block_bytes`), or, for decode-sized inputs, through
@@ -21,7 +26,7 @@ reuse them.
 
 All float math in float32 with Python-float constants (DESIGN.md "float32 pitfall").
 
-Modules, in reading order: schemes.py (the int8 / int4 formats: quantize, dequantize, unpack), linear.py
+Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quantize, dequantize, unpack), linear.py
 (QuantizedLinear, quantize_model, set_use_kernel, expected_weight_bytes), kv_cache.py (Int8KVCache,
 Int8PagedKVCache). Every name is re-exported here, so `from minitransformer.quantize import X` works as before.
 """
@@ -30,12 +35,12 @@ from .kv_cache import (KV_CACHES, Int8KVCache, Int8PagedKVCache, dequantize_kv, 
                        quantize_kv)
 from .linear import (DEFAULT_BLOCK_BYTES, KERNEL_MAX_ROWS, QuantizedLinear, expected_weight_bytes, quantize_model,
                      quantized_bytes, set_use_kernel)
-from .schemes import (GROUP, INT4_LEVELS, INT8_MAX, SCHEMES, dequantize_int4, dequantize_int8, quantize_int4,
-                      quantize_int8, unpack_int4)
+from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, INT8_MAX, SCHEMES, dequantize_float16, dequantize_int4,
+                      dequantize_int8, quantize_float16, quantize_int4, quantize_int8, unpack_int4)
 
 __all__ = [
     "SCHEMES", "GROUP", "INT8_MAX", "INT4_LEVELS", "quantize_int8", "dequantize_int8",
-    "quantize_int4", "unpack_int4", "dequantize_int4",
+    "quantize_int4", "unpack_int4", "dequantize_int4", "FLOAT16_MAX", "quantize_float16", "dequantize_float16",
     "DEFAULT_BLOCK_BYTES", "KERNEL_MAX_ROWS", "quantized_bytes", "QuantizedLinear", "quantize_model",
     "set_use_kernel", "expected_weight_bytes",
     "quantize_kv", "dequantize_kv", "estimate_int8_kv_bytes", "Int8KVCache", "KV_CACHES", "Int8PagedKVCache",

@@ -2,16 +2,21 @@
 quantized Transformer from them without touching model.py (lesson 13).
 
 The matrix keeps the formats of schemes.py and multiplies a block of output rows at a time (bounded extra memory), or
-hands decode-sized inputs to the CUDA dequantize-GEMV kernel when `use_kernel` is set. quantized_bytes and
-expected_weight_bytes are the computed memory that the stored arrays must match.
+hands decode-sized inputs to the CUDA dequantize-GEMV kernel when `use_kernel` is set. float16 storage ("f16") is one
+product with float32 accumulation instead (backend.matmul_float16): load_model(dtype="float16") is quantize_model(...,
+"f16", embedding="f16"). quantized_bytes and expected_weight_bytes are the computed memory that the stored arrays
+must match.
 """
 
 from __future__ import annotations
 
-from ..backend import DTYPE, array_module
+import numpy as np
+
+from ..backend import DTYPE, array_module, matmul_float16
 from ..config import ModelConfig
 from ..errors import InputError
-from .schemes import GROUP, SCHEMES, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from .schemes import (GROUP, SCHEMES, dequantize_float16, dequantize_int4, dequantize_int8, quantize_float16,
+                      quantize_int4, quantize_int8)
 
 DEFAULT_BLOCK_BYTES = 1 << 20   # the float32 block dequantized at a time by the NumPy path (1 MiB)
 KERNEL_MAX_ROWS = 8             # decode-sized inputs (<= 8 rows) go to the GEMV kernel (use_kernel) or int4's
@@ -27,6 +32,8 @@ def quantized_bytes(out_features: int, in_features: int, scheme: str) -> int:
         return out_features * in_features + 4 * out_features                   # int8 values + float32 scales
     if scheme == "int4":
         return out_features * in_features // 2 + 2 * 2 * out_features * (in_features // GROUP)
+    if scheme == "f16":
+        return 2 * out_features * in_features
     if scheme == "f32":
         return 4 * out_features * in_features
     raise InputError(f"unknown weight scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
@@ -45,7 +52,7 @@ class QuantizedLinear:
     def __init__(self, scheme: str, data: tuple, shape_out_in: tuple[int, int], block_bytes: int = DEFAULT_BLOCK_BYTES,
                  use_kernel: bool = False):
         self.scheme = scheme
-        self.data = data                      # int8: (q, scale); int4: (packed, scale, min)
+        self.data = data                      # int8: (q, scale); int4: (packed, scale, min); f16: (w16,)
         self.out_features, self.in_features = shape_out_in
         self.block_bytes = block_bytes
         self.use_kernel = use_kernel
@@ -53,13 +60,14 @@ class QuantizedLinear:
     @classmethod
     def from_float(cls, w_out_in, scheme: str, **options) -> "QuantizedLinear":
         """Quantize a float (out, in) matrix (GGUF's layout; pass `w.T` for model.py's (in, out) matrices)."""
-        w_out_in = array_module(w_out_in).ascontiguousarray(w_out_in)   # rows contiguous: row blocks are slices
-        if scheme == "int8":
-            data = quantize_int8(w_out_in)
-        elif scheme == "int4":
-            data = quantize_int4(w_out_in)
+        xp = array_module(w_out_in)
+        if scheme == "f16":                   # rounded first, so the contiguous copy is the half-size one
+            data = (xp.ascontiguousarray(quantize_float16(w_out_in)),)
+        elif scheme in ("int8", "int4"):
+            w_out_in = xp.ascontiguousarray(w_out_in)                   # rows contiguous: row blocks are slices
+            data = quantize_int8(w_out_in) if scheme == "int8" else quantize_int4(w_out_in)
         else:
-            raise InputError(f"QuantizedLinear takes 'int8' or 'int4', got {scheme!r}")
+            raise InputError(f"QuantizedLinear takes 'int8', 'int4' or 'f16', got {scheme!r}")
         return cls(scheme, data, tuple(w_out_in.shape), **options)
 
     @property
@@ -71,10 +79,15 @@ class QuantizedLinear:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.data)
 
+    def _dequantize(self, parts: tuple):
+        """The same rows of every stored array (`self.data`, sliced or indexed) -> float32 (rows, in)."""
+        if self.scheme == "f16":
+            return dequantize_float16(*parts)
+        return dequantize_int8(*parts) if self.scheme == "int8" else dequantize_int4(*parts)
+
     def dequantize_rows(self, start: int = 0, stop: int | None = None):
         """Output rows [start, stop) as float32 (rows, in)."""
-        parts = tuple(a[start:stop] for a in self.data)
-        return dequantize_int8(*parts) if self.scheme == "int8" else dequantize_int4(*parts)
+        return self._dequantize(tuple(a[start:stop] for a in self.data))
 
     def dequantize(self):
         """The whole matrix as float32 (out, in): for tests and quality checks, not for the forward pass."""
@@ -82,13 +95,14 @@ class QuantizedLinear:
 
     def __getitem__(self, ids):
         """Dequantized rows for integer ids (N,) -> (N, in): the embedding lookup."""
-        parts = tuple(a[ids] for a in self.data)
-        return dequantize_int8(*parts) if self.scheme == "int8" else dequantize_int4(*parts)
+        return self._dequantize(tuple(a[ids] for a in self.data))
 
     def __rmatmul__(self, x):
         """x (N, in) float32 -> x @ W (N, out), W the quantized matrix, one block of output rows at a time."""
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise InputError(f"x @ w needs x of shape (N, {self.in_features}), got {tuple(x.shape)}")
+        if self.scheme == "f16":              # before use_kernel: the dequantize-GEMV kernel is int8 / int4 only
+            return self._matmul_float16(x)
         if self.use_kernel and x.shape[0] <= KERNEL_MAX_ROWS:
             from ..kernels.quant import dequant_gemv
             return dequant_gemv(x, self)
@@ -98,6 +112,16 @@ class QuantizedLinear:
         """[start, stop) ranges of output rows whose temporaries take at most block_bytes."""
         rows = max(1, self.block_bytes // bytes_per_row)
         return [(a, min(a + rows, self.out_features)) for a in range(0, self.out_features, rows)]
+
+    def _matmul_float16(self, x):
+        """x rounded to float16, one float16 product with float32 accumulation (backend.matmul_float16), widened
+        back to float32: float16 is the storage, the activations stay float32. No row blocks: on the GPU it is one
+        cublasGemmEx that reads the float16 weights as they are, so no float32 copy of the weights exists to bound.
+        On NumPy the emulation makes one, of the whole matrix at every call (the tied lm_head: V x D x 4 bytes), the
+        price of checking the GPU's arithmetic on a CPU: on this 2-core CPU f16 decodes SmolLM2-135M at 4.0 tok/s
+        vs 46 tok/s for f32 (batch 1, 24 tokens, 4 runs each alternating in one process, medians)."""
+        (w16,) = self.data                                                              # (out, in) float16
+        return matmul_float16(x.astype(np.float16), w16.T).astype(DTYPE)               # (N, out)
 
     def _matmul_int8(self, x):
         """One scale per output row commutes with the dot product: (x @ q.T) * scale, so only a float32 copy of the
@@ -142,9 +166,10 @@ class QuantizedLinear:
 
 def quantize_model(model, weights: str = "int8", embedding: str | None = "int8", use_kernel: bool = False,
                    block_bytes: int = DEFAULT_BLOCK_BYTES):
-    """A new Transformer whose matrices are `weights` ("int8" | "int4"; "f32" returns `model` itself).
+    """A new Transformer whose matrices are `weights` ("int8" | "int4" | "f16"; "f32" returns `model` itself).
 
-    Every layer matrix (q|k|v, o, gate|up, down) is quantized per output channel / per group. The tied embedding and
+    Every layer matrix (q|k|v, o, gate|up, down) is quantized per output channel / per group, or rounded to float16
+    ("f16": float16 storage, float32 accumulation; use_kernel does nothing for it). The tied embedding and
     lm_head are one (vocab, d_model) QuantizedLinear in `embedding` format (default "int8", as llama.cpp keeps
     token_embd at 8 bits in its 4-bit files; None = same as `weights`): `embedding[ids]` dequantizes the looked-up
     rows, `h @ lm_head` multiplies by it. Norms stay float32 and are shared with `model`, as are the tokenizer,
@@ -170,8 +195,9 @@ def quantize_model(model, weights: str = "int8", embedding: str | None = "int8",
     else:
         table = QuantizedLinear.from_float(model.embedding, emb_scheme, **options)      # (V, D): rows are tokens
         lm_head = table if model.config.tied_embeddings else q(model.lm_head, emb_scheme)
+    attention = "arrays" if model.kernel_attention is None else "kernels"     # as `model` was loaded, not "auto"
     quantized = Transformer(model.config, model.tokenizer, table, layers, model.final_norm, lm_head, model.xp,
-                            model.device, model.path, load_seconds=model.load_seconds)
+                            model.device, model.path, load_seconds=model.load_seconds, attention_mode=attention)
     quantized.weight_scheme = weights
     return quantized
 

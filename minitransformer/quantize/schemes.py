@@ -1,4 +1,5 @@
-"""The weight formats of quantize/: int8 per output channel and int4 in groups of 32, quantize / dequantize / unpack.
+"""The weight formats of quantize/: int8 per output channel, int4 in groups of 32 and plain float16 storage,
+quantize / dequantize / unpack.
 
 Pure functions over (out, in) arrays, GGUF's layout; the package docstring (quantize/__init__.py) gives each format's
 definition and error bound, lesson 13 measures what they cost in quality. linear.py builds the matrix on them,
@@ -12,10 +13,11 @@ import numpy as np
 from ..backend import DTYPE, array_module
 from ..errors import InputError
 
-SCHEMES = ("f32", "int8", "int4")
+SCHEMES = ("f32", "int8", "int4", "f16")
 GROUP = 32                      # int4: inputs per group (one scale and one minimum each)
 INT8_MAX = 127                  # symmetric: -127..127, so -w quantizes to -q (no lone -128)
 INT4_LEVELS = 15                # 0..15
+FLOAT16_MAX = 65504.0           # the largest finite float16: anything beyond rounds to inf
 
 
 # ------------------------------------------------------------------------------------------------- int8 weights
@@ -94,3 +96,20 @@ def dequantize_int4(packed, scale, low):
     q *= scale.astype(DTYPE)[..., None]
     q += low.astype(DTYPE)[..., None]
     return q.reshape(rows, -1)
+
+
+# ---------------------------------------------------------------------------------------------- float16 weights
+
+def quantize_float16(w):
+    """w (out, in) float32 -> (out, in) float16, each weight rounded to the nearest float16 (relative error
+    <= 2^-11 for normal values). A weight beyond float16's range is an error: it would silently become inf."""
+    largest = float(array_module(w).abs(w).max()) if w.size else 0.0        # checked before the cast overflows
+    if largest > FLOAT16_MAX:
+        raise InputError(f"float16 cannot store these weights: the largest |w| is {largest:g}, above float16's "
+                         f"maximum {FLOAT16_MAX:g}; use f32")
+    return w.astype(np.float16)
+
+
+def dequantize_float16(w16):
+    """(out, in) float16 -> (out, in) float32 (exact: every float16 is a float32)."""
+    return w16.astype(DTYPE)
