@@ -11,7 +11,8 @@ The rules a captured step must follow (CUDA stream capture):
   depends on the step's values (a Python int that changes per step, like KVCache.length, is baked in at capture);
 - memory allocated during capture must never be handed to anyone else: the capture runs on a private memory pool
   that this object keeps for as long as the graph lives.
-Needs CuPy and a GPU; this module imports cupy only inside the functions, so it loads on any machine.
+The serving engine captures its decode steps this way (serving/graph_runner.py); scripts/gpu_check.py measures
+graphs against plain launches. Needs CuPy and a GPU; cupy is imported inside the class, so this loads anywhere.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class GraphedStep:
         self.inputs = static_inputs
         self.pool = cupy.cuda.MemoryPool()              # private: the graph's intermediates live here for good
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        cupy.cuda.get_current_stream().synchronize()   # the inputs are written; the warm-up reads them
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
             for _ in range(warmup):                     # compile kernels, load modules, plan cuBLAS outside capture
                 fn(*static_inputs)
@@ -36,31 +38,14 @@ class GraphedStep:
                 self.graph = self.stream.end_capture()
 
     def replay(self):
-        """Launch the captured graph on its stream, wait for it, and return the (overwritten) outputs."""
+        """Launch the captured graph on its stream, wait for it, and return the (overwritten) outputs.
+
+        The static inputs were written on the caller's stream; the graph's stream is non-blocking (no implicit order
+        with the default stream), so it first waits for an event recorded there.
+        """
+        import cupy
+        self.stream.wait_event(cupy.cuda.get_current_stream().record())
         self.graph.launch(self.stream)
         self.stream.synchronize()
         return self.outputs
 
-
-def time_replay_vs_plain(fn, *static_inputs, iters: int = 50) -> dict:
-    """Seconds per call of fn launched normally and of its captured graph (CUDA events, after warm-up)."""
-    import cupy
-    step = GraphedStep(fn, *static_inputs)
-    stream = step.stream
-
-    def timed(run) -> float:
-        run()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        with stream:
-            start.record(stream)
-            for _ in range(iters):
-                run()
-            end.record(stream)
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters
-
-    def plain():
-        with cupy.cuda.using_allocator(step.pool.malloc), stream:
-            fn(*static_inputs)
-
-    return {"plain_s": timed(plain), "graph_s": timed(lambda: step.graph.launch(stream))}

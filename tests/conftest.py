@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
+import tiny_model as tiny
 from tiny_model import write_tiny_llama
 
 
@@ -17,6 +20,14 @@ def tiny_model_path(tmp_path_factory):
 def tiny_model(tiny_model_path):
     from minitransformer import load_model
     return load_model(tiny_model_path)
+
+
+@pytest.fixture(scope="session")
+def kernel_sized_path(tmp_path_factory):
+    """The tiny model with head_dim 64 (a compiled kernel size): 2 query heads sharing 1 KV head, 2 layers."""
+    dims = {**tiny.DIMS, "d_model": 128, "n_heads": 2, "n_kv_heads": 1, "head_dim": 64}
+    with mock.patch.object(tiny, "DIMS", dims):
+        return write_tiny_llama(tmp_path_factory.mktemp("hd64") / "tiny-hd64.gguf")
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,10 @@ the array implementation's tokens and logits; GPU-only parts (CuPy, CUDA graphs)
 from __future__ import annotations
 
 import logging
-from unittest import mock
 
 import numpy as np
 import pytest
 
-import tiny_model
 from minitransformer import load_model
 from minitransformer.attention_backend import KernelAttention
 from minitransformer.errors import InputError
@@ -27,14 +25,6 @@ def has_gpu() -> bool:
 
 
 gpu = pytest.mark.skipif(not has_gpu(), reason="needs CuPy and an NVIDIA GPU (none on this machine)")
-
-
-@pytest.fixture(scope="module")
-def kernel_sized_path(tmp_path_factory):
-    """The tiny model with head_dim 64 (a compiled kernel size): 2 query heads sharing 1 KV head, 2 layers."""
-    dims = {**tiny_model.DIMS, "d_model": 128, "n_heads": 2, "n_kv_heads": 1, "head_dim": 64}
-    with mock.patch.object(tiny_model, "DIMS", dims):
-        return tiny_model.write_tiny_llama(tmp_path_factory.mktemp("hd64") / "tiny-hd64.gguf")
 
 
 def relative_error(got, expected) -> float:

@@ -35,6 +35,7 @@ from ..stopping import StopDecision, check_stop, tokens_to_suppress
 from ..detokenizer import IncrementalDetokenizer
 from . import model_runner
 from .block_manager import BlockManager
+from .graph_runner import DecodeGraphs
 from .paged_cache import PagedKVCache
 from .scheduler import POLICIES, Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -92,13 +93,16 @@ class Engine:
     max_num_seqs and max_num_batched_tokens bound one step (sequences, tokens); num_blocks x block_size tokens of
     K and V are allocated once (num_blocks=None: as many as max_num_seqs full contexts need, capped at
     kv_cache_bytes); policy "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8"
-    (quantize.Int8PagedKVCache: 3.8x more tokens in the same bytes, lesson 13 measures the quality cost).
+    (quantize.Int8PagedKVCache: 3.8x more tokens in the same bytes, lesson 13 measures the quality cost);
+    cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU; on the CPU True runs the same
+    static-buffer step without capture, which is how its equivalence is tested).
     """
 
     def __init__(self, model, max_num_seqs: int = 16, num_blocks: int | None = None, block_size: int = 16,
                  policy: str = "continuous", max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, tenant_token_quota: int | dict | None = None,
-                 aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32"):
+                 aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32",
+                 cuda_graphs: bool | None = None):
         config = model.config
         if kv_cache == "f32":
             cache_class, kv_bytes = PagedKVCache, estimate_kv_bytes
@@ -123,7 +127,16 @@ class Engine:
                                     kv_cache_bytes // per_block))
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.cache = cache_class(config, num_blocks, block_size, xp=model.xp)
+        # cuda_graphs (None: on a GPU): decode-only steps replay a CUDA graph per padded batch size, whose padding
+        # rows write into one scratch block past the block manager's (graph_runner.py)
+        self.cuda_graphs = model.device == "gpu" if cuda_graphs is None else bool(cuda_graphs)
+        self.cache = cache_class(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp)
+        self.graphs = None
+        if self.cuda_graphs:
+            self.graphs = DecodeGraphs(model, self.cache, max_num_seqs, -(-self.max_model_len // block_size),
+                                       scratch_block=num_blocks,
+                                       use_kernel=model_runner.use_decode_kernel(model, self.cache),
+                                       capture=model.device == "gpu")
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
         self.tenant_token_quota = tenant_token_quota
         self.sequences: dict[str, Sequence] = {}         # unfinished requests
@@ -199,7 +212,11 @@ class Engine:
                 if seq.metrics.scheduled_time is None:
                     seq.metrics.mark_scheduled()                         # queue time ends at the first schedule
             inputs = model_runner.prepare(plan.scheduled, self.block_manager, self.model.xp)
-            logits = model_runner.execute(self.model, self.cache, inputs)          # (R, V)
+            logits = None
+            if self.graphs is not None and self.graphs.can_run(inputs):
+                logits = self.graphs.run(inputs)                                   # (R, V), or None: no graph
+            if logits is None:
+                logits = model_runner.execute(self.model, self.cache, inputs)      # (R, V)
             for seq, n in plan.scheduled:
                 if n == 1 and seq.output_ids and seq.num_computed_tokens == seq.num_tokens - 1:
                     decode_tokens += 1                                   # the last sampled token's own step
