@@ -41,3 +41,23 @@ def test_cli_device_gpu_without_gpu_is_one_line_exit_2():
     assert run.stdout == ""
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "--device gpu" in lines[0] and "Traceback" not in run.stderr
+
+
+def test_gpu_check_dry_run_on_the_cpu_measures_and_checks_everything_but_the_gpu_parts(tmp_path, tiny_model_path):
+    """--device cpu runs the measuring code of parts 2-4 on the tiny model, so a GPU run does not meet it first."""
+    out = tmp_path / "report.json"
+    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--model", str(tiny_model_path),
+                          "--json", str(out), "--tokens", "4", "--batches", "1,3", "--prefill", "32"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["gpu"] is False and "tests" not in report and "kernels" not in report
+    assert all(r["tokens_equal"] and r["max_logits_diff"] == 0.0 for r in report["cpu_vs_gpu"])   # same code, CPU
+    for batch, row in report["engine_decode"].items():
+        assert row["tokens_equal"] and row["graphs_disabled"] is None
+        assert row["replays"] >= 60                                  # 64 tokens: all but the first from a replay
+        assert row["plain_tok_s"] > 0 and row["graphs_tok_s"] > 0
+    assert set(report["engine_decode"]) == {"1", "3"} and set(report["prefill_tok_s"]) == {"32"}
+    f16 = report["float16"]
+    assert 0.45 < f16["weight_bytes"] / f16["float32_weight_bytes"] < 0.55 and 0 <= f16["tokens_equal_to_float32"] <= 64
+    assert "engine decode, batch" in run.stdout and "float16 weights" in run.stdout
