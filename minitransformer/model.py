@@ -291,6 +291,6 @@ def check_dtype(dtype: str) -> None:
     if dtype in ("float32", "float16"):
         return
     if dtype == "bfloat16":
-        raise InputError("dtype bfloat16 is not available: CuPy (and NumPy) have no bfloat16 type; use float32 or "
-                         "float16")
+        raise InputError("dtype bfloat16 is not available: NumPy has no bfloat16 type, so the CPU could not check "
+                         "the GPU's arithmetic; use float16 or float32")
     raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
