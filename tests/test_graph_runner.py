@@ -107,8 +107,19 @@ def test_a_failed_capture_is_logged_and_steps_run_plainly(tiny_model, monkeypatc
     assert sum(engine.graphs.replays.values()) == 0
 
 
-def test_graphs_are_off_by_default_on_the_cpu(tiny_model):
-    assert Engine(tiny_model, num_blocks=8).graphs is None
+def test_graphs_are_on_by_default_only_on_a_gpu_with_the_decode_kernel(tiny_model, kernel_sized_path):
+    """The default rule, with models that claim to be on a GPU (nothing runs): the array path would gather
+    max_model_len keys per sequence and layer in every graphed step, so it keeps plain steps."""
+    import copy
+    assert Engine(tiny_model, num_blocks=8).graphs is None                           # the CPU
+    on_gpu = copy.copy(tiny_model)
+    on_gpu.device = "gpu"
+    assert Engine(on_gpu, num_blocks=8).graphs is None                               # arrays: head_dim 16
+    kernels = copy.copy(load_model(kernel_sized_path, attention="kernels"))
+    kernels.device = "gpu"
+    engine = Engine(kernels, num_blocks=8)
+    assert engine.graphs is not None and engine.graphs.capture and engine.graphs.use_kernel
+    assert Engine(kernels, num_blocks=8, kv_cache="int8").graphs is None             # the kernel reads float pools
 
 
 def has_gpu() -> bool:

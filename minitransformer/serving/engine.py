@@ -94,8 +94,8 @@ class Engine:
     K and V are allocated once (num_blocks=None: as many as max_num_seqs full contexts need, capped at
     kv_cache_bytes); policy "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8"
     (quantize.Int8PagedKVCache: 3.8x more tokens in the same bytes, lesson 13 measures the quality cost);
-    cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU; on the CPU True runs the same
-    static-buffer step without capture, which is how its equivalence is tested).
+    cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU with the paged_decode kernel; on the
+    CPU True runs the same static-buffer step without capture, which is how its equivalence is tested).
     """
 
     def __init__(self, model, max_num_seqs: int = 16, num_blocks: int | None = None, block_size: int = 16,
@@ -127,15 +127,16 @@ class Engine:
                                     kv_cache_bytes // per_block))
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        # cuda_graphs (None: on a GPU): decode-only steps replay a CUDA graph per padded batch size, whose padding
-        # rows write into one scratch block past the block manager's (graph_runner.py)
-        self.cuda_graphs = model.device == "gpu" if cuda_graphs is None else bool(cuda_graphs)
+        # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
+        # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
+        # the array path would gather max_model_len keys per sequence and layer in every graphed step.
+        use_kernel = model_runner.use_decode_kernel(model, cache_class)
+        self.cuda_graphs = (model.device == "gpu" and use_kernel) if cuda_graphs is None else bool(cuda_graphs)
         self.cache = cache_class(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp)
         self.graphs = None
         if self.cuda_graphs:
             self.graphs = DecodeGraphs(model, self.cache, max_num_seqs, -(-self.max_model_len // block_size),
-                                       scratch_block=num_blocks,
-                                       use_kernel=model_runner.use_decode_kernel(model, self.cache),
+                                       scratch_block=num_blocks, use_kernel=use_kernel,
                                        capture=model.device == "gpu")
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
         self.tenant_token_quota = tenant_token_quota

@@ -71,14 +71,15 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
                       logits_rows, sampled)
 
 
-def use_decode_kernel(model, cache) -> bool:
-    """Whether decodes go through the paged_decode kernel: the model asks for kernels and the cache and shapes fit."""
+def use_decode_kernel(model, cache_type: type) -> bool:
+    """Whether decodes go through the paged_decode kernel: the model asks for kernels, and the cache (its class)
+    and the shapes fit."""
     if getattr(model, "kernel_attention", None) is None:       # arrays, or a model class without the option
         return False
     cfg = model.config
     reason = None
-    if type(cache) is not PagedKVCache:
-        reason = f"{type(cache).__name__} is not the float paged cache the kernel reads"
+    if cache_type is not PagedKVCache:
+        reason = f"{cache_type.__name__} is not the float paged cache the kernel reads"
     elif cfg.head_dim not in HEAD_DIMS:
         reason = f"head_dim {cfg.head_dim} is not one of the compiled {HEAD_DIMS}"
     elif cfg.n_heads // cfg.n_kv_heads > source_constant("paged_decode.cu", "DECODE_MAX_GROUP"):
@@ -92,7 +93,7 @@ def execute(model, cache, inputs: StepInputs):
     """One forward over the step's tokens -> logits (R, V) of the rows in inputs.logits_rows."""
     xp = model.xp
     D = inputs.num_decodes
-    kernel = D > 0 and use_decode_kernel(model, cache)
+    kernel = D > 0 and use_decode_kernel(model, type(cache))
     seq_lens = inputs.decode_positions[:, 0] + 1 if kernel else None             # (D,): the new token included
 
     def attend(layer, q, k, v):                     # q (H, N, d), k and v (K, N, d)
