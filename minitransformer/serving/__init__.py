@@ -2,11 +2,13 @@
 
 One concept per file, named after its vLLM counterpart, in the order a request meets them:
 sequence.py (a request's state) -> scheduler.py (who runs this step) -> block_manager.py (which cache blocks)
--> model_runner.py + paged_cache.py (one forward over all scheduled tokens) -> engine.py (the loop and the API).
+-> model_runner.py + paged_cache.py (one forward over all scheduled tokens; graph_runner.py replays decode-only
+steps from CUDA graphs on a GPU) -> engine.py (the loop and the API) -> outputs.py (what it reports).
 """
 
 from .block_manager import BlockManager
-from .engine import Engine, EngineStats, RequestOutput, StepRecord
+from .engine import Engine
+from .outputs import EngineStats, RequestOutput, StepRecord
 from .paged_cache import PagedKVCache
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus

@@ -22,7 +22,6 @@ Lessons 08 (static vs continuous), 09 (paged attention) and 10 (priority) drive 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from ..detokenizer import IncrementalDetokenizer
 from . import model_runner
 from .block_manager import BlockManager
 from .graph_runner import DecodeGraphs
+from .outputs import EngineStats, RequestOutput, StepRecord
 from .paged_cache import PagedKVCache
 from .scheduler import POLICIES, Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -43,48 +43,6 @@ from .sequence import Sequence, SequenceStatus
 # num_blocks=None: enough blocks for max_num_seqs full contexts, but no more than this many bytes of K and V
 # (16 full 8192-token contexts of the default model would be 6 GiB).
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20
-
-
-@dataclass
-class RequestOutput:
-    """What step() reports for one request: the new text (Delta), and the Result once finished."""
-    request_id: str
-    delta: Delta
-    finished: bool
-    result: Result | None = None
-
-
-@dataclass
-class EngineStats:
-    """A snapshot with vLLM's metric names (vllm:num_requests_running, vllm:kv_cache_usage_perc, ...)."""
-    num_running_reqs: int
-    num_waiting_reqs: int
-    kv_cache_usage: float            # fraction of blocks in use, 0..1
-    num_preemptions: int
-    prefix_cache_queries: int        # tokens looked up in the prefix cache
-    prefix_cache_hits: int           # of which found
-    num_steps: int
-    num_prompt_tokens: int           # tokens prefilled (unlike vLLM's prompt_tokens_total, recomputation after a
-                                     # preemption counts again, outputs included, and prefix-cache hits do not)
-    num_generation_tokens: int       # tokens sampled
-    num_free_blocks: int
-    num_blocks: int
-
-
-@dataclass
-class StepRecord:
-    """One step, for timelines: who ran, how many tokens of each kind, how long it took."""
-    step: int
-    request_ids: list[str]
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_batched_tokens: int
-    duration_s: float
-    kv_cache_usage: float            # after the step
-    num_waiting: int                 # after the step
-    num_running: int
-    preempted: list[str]
-    start_s: float                   # on metrics.now()'s clock
 
 
 class Engine:
