@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from minitransformer.errors import MiniTransformerError
-from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, ORDERS, CpuModule, KernelError, measure_overheads
+from minitransformer.kernels.cpu_overheads import measure_overheads
+from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, ORDERS, CpuModule, KernelError
 
 PLANTED = Path(__file__).parent / "kernels_planted"
 MODES = ["fibers", "threads"]

@@ -1,7 +1,7 @@
 // What a CUDA kernel sees when the CPU runner compiles it with g++: the keywords, the built-in variables, barriers,
 // warp collectives, atomics and math intrinsics, each mapped onto the scheduler in cuda_cpu_scheduler.h.
 //
-// cpu_runner.py includes this file first, then the kernel source under `#line` directives (so g++ errors name the
+// cpu_compile.py includes this file first, then the kernel source under `#line` directives (so g++ errors name the
 // .cu file and line), then the launchers. `#include <cuda_fp16.h>` in a kernel finds the stub next to this file.
 #pragma once
 #include <cmath>
@@ -22,9 +22,9 @@
 #define __grid_constant__
 #define __constant__ static
 // A function-local static is one object shared by every emulated thread of the block: exactly shared memory.
-// cpu_runner.py finds these objects in the compiled library to poison them before each block and to add up each
-// kernel's static shared memory. `extern __shared__ T name[];` is rewritten by cpu_runner.py into a pointer to the
-// dynamic shared buffer (the same address for every such name, as in CUDA).
+// cpu_compile.py finds these objects in the compiled library, and cpu_runner.py poisons them before each block and
+// adds up each kernel's static shared memory. `extern __shared__ T name[];` is rewritten by cpu_compile.py into a
+// pointer to the dynamic shared buffer (the same address for every such name, as in CUDA).
 #define __shared__ static
 
 // ---- built-in variables: per emulated thread (threadIdx) or per block ----------------------------------------------

@@ -1,7 +1,7 @@
-// The launchers: for each kernel cpu_runner.py asked for, a table entry `entry(&kernel)` built from the kernel's
+// The launchers: for each kernel cpu_compile.py asked for, a table entry `entry(&kernel)` built from the kernel's
 // function pointer. The parameter types come from the C++ compiler (template argument deduction on `void (*)(A...)`),
 // never from parsing the source: `args` holds one pointer per parameter, to the value to pass (the layout of CUDA's
-// kernelParams). cpu_runner.py writes the table and the four extern "C" functions Python calls after this header.
+// kernelParams). cpu_compile.py writes the table and the four extern "C" functions Python calls after this header.
 #pragma once
 #include "cuda_cpu.h"
 
