@@ -1,4 +1,4 @@
-"""Decode steps over static buffers (serving/graph_runner.py): what a CUDA graph replays gives the tokens of plain steps.
+"""Decode steps over static buffers (serving/graph_runner.py): what a CUDA graph replays gives plain steps' tokens.
 
 On the CPU nothing is captured, but the static-buffer step runs as the graph would replay it: padded to a capture
 size, padding rows writing into the scratch block, full-width block tables, lengths as arrays. So every test here

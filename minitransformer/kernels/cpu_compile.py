@@ -3,8 +3,8 @@
 Why a file of its own: this is the part of the emulator that turns `.cu` text into a shared library (rewriting
 `extern __shared__`, wrapping the source with cuda_cpu/*.h under `#line`, caching the .so by a hash of everything
 that affects it) and then reads back what the launch needs from the library's symbols (function addresses, the
-function-local statics that are our __shared__ arrays). cpu_runner.py loads the library and launches from it. KernelError
-lives here because compiling is where it is first raised; cpu_runner imports it for its launch checks.
+function-local statics that are our __shared__ arrays). cpu_runner.py loads the library and launches from it.
+KernelError lives here because compiling is where it is first raised; cpu_runner imports it for its launch checks.
 """
 
 from __future__ import annotations

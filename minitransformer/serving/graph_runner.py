@@ -109,7 +109,8 @@ class DecodeGraphs:
             try:
                 step = GraphedStep(lambda *b: self._forward(rows, *b), *buffers)
             except Exception as exc:  # a capture rule broken somewhere in the forward: say so, run plainly
-                self.disabled = f"CUDA graph capture of a {size}-sequence decode step failed: {type(exc).__name__}: {exc}"
+                self.disabled = (f"CUDA graph capture of a {size}-sequence decode step failed: "
+                                 f"{type(exc).__name__}: {exc}")
                 log.warning("%s; decode steps run without graphs", self.disabled)
                 return None
         self.steps[size] = step
