@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -129,64 +130,92 @@ def hf_decode_speed(model_path: Path, steps: int = 64) -> dict:
     return {"tok_per_s": (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)}
 
 
-def run_gpu_parts(args, report: dict) -> bool:
-    """Every measurement into `report`; True when all checks passed. args.device "cpu" is the dry run."""
+def run_gpu_parts(args, report: dict, save) -> bool:
+    """Every measurement into `report`, one part at a time; True when all checks passed.
+
+    A part that raises is recorded as {"failed": ...} and the others still run; `save(report)` after each part, so a
+    run cut short by a time limit keeps what it measured. args.device "cpu" is the dry run (GPU-only parts left out).
+    """
     from minitransformer import load_model
     on_gpu = args.device == "gpu"
-    ok = True
-    if on_gpu:
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_gpu_backend.py",
-                                "tests/test_kernels.py", "tests/test_graph_runner.py"],
-                               cwd=ROOT, capture_output=True, text=True)
-        report["tests"] = {"returncode": tests.returncode, "summary": tests.stdout.strip().splitlines()[-1:]}
-        ok &= tests.returncode == 0
+    attention = "auto" if on_gpu else "arrays"                  # auto: the kernels on the GPU
+    loaded = {}
 
-    cpu = load_model(args.model, attention="arrays")
-    device = load_model(args.model, device=args.device, attention="auto" if on_gpu else "arrays")
-    rows = []
-    for text in PROMPTS:
-        ids = cpu.tokenizer.encode(text)
-        tokens_c, logits_c = greedy(cpu, ids, args.tokens)
-        tokens_g, logits_g = greedy(device, ids, args.tokens)
-        rows.append({"prompt": text, "tokens_equal": tokens_c == tokens_g,
-                     "max_logits_diff": float(np.abs(logits_c - logits_g).max())})
-    report["cpu_vs_gpu"] = rows
-    ok &= all(r["tokens_equal"] for r in rows)
+    def model(dtype: str = "float32"):
+        if dtype not in loaded:
+            loaded[dtype] = load_model(args.model, device=args.device, attention=attention, dtype=dtype)
+        return loaded[dtype]
 
-    serving = {}
-    for batch in args.batches:
-        plain, graphed = engine_decode(device, batch, False), engine_decode(device, batch, True)
-        serving[str(batch)] = {"plain_tok_s": plain["tok_s"], "graphs_tok_s": graphed["tok_s"],
-                               "speedup": graphed["tok_s"] / plain["tok_s"], "replays": graphed["replays"],
-                               "tokens_equal": graphed["tokens"] == plain["tokens"],
-                               "graphs_disabled": graphed["graphs_disabled"]}
-        ok &= serving[str(batch)]["tokens_equal"] and graphed["graphs_disabled"] is None
-    report["engine_decode"] = serving
-    report["generate_decode_tok_s"] = {"1": decode_speed(device, 1)}
-    report["prefill_tok_s"] = {str(t): prefill_speed(device, t) for t in args.prefill}
+    def gpu_tests():
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_gpu_backend.py",
+                              "tests/test_kernels.py", "tests/test_graph_runner.py"],
+                             cwd=ROOT, capture_output=True, text=True)
+        return {"returncode": run.returncode, "summary": run.stdout.strip().splitlines()[-1:]}, run.returncode == 0
 
-    half = load_model(args.model, device=args.device, dtype="float16", attention="auto" if on_gpu else "arrays")
-    f16 = engine_decode(half, 1, True)
-    f32_tokens = engine_decode(device, 1, True)["tokens"][0]
-    agree = next((i for i, (a, b) in enumerate(zip(f16["tokens"][0], f32_tokens)) if a != b), len(f32_tokens))
-    report["float16"] = {"graphs_tok_s": f16["tok_s"], "weight_bytes": half.weight_bytes,
-                         "float32_weight_bytes": device.weight_bytes, "tokens_equal_to_float32": agree}
+    def cpu_vs_gpu():
+        cpu, rows = load_model(args.model, attention="arrays"), []
+        for text in PROMPTS:
+            ids = cpu.tokenizer.encode(text)
+            tokens_c, logits_c = greedy(cpu, ids, args.tokens)
+            tokens_g, logits_g = greedy(model(), ids, args.tokens)
+            rows.append({"prompt": text, "tokens_equal": tokens_c == tokens_g,
+                         "max_logits_diff": float(np.abs(logits_c - logits_g).max())})
+        return rows, all(r["tokens_equal"] for r in rows)
 
-    if on_gpu:
+    def engine():
+        rows = {}
+        for batch in args.batches:
+            plain, graphed = engine_decode(model(), batch, False), engine_decode(model(), batch, True)
+            rows[str(batch)] = {"plain_tok_s": plain["tok_s"], "graphs_tok_s": graphed["tok_s"],
+                                "speedup": graphed["tok_s"] / plain["tok_s"], "replays": graphed["replays"],
+                                "tokens_equal": graphed["tokens"] == plain["tokens"],
+                                "graphs_disabled": graphed["graphs_disabled"]}
+        return rows, all(r["tokens_equal"] and r["graphs_disabled"] is None for r in rows.values())
+
+    def speeds():
+        return {"generate_decode_tok_s": {"1": decode_speed(model(), 1)},
+                "prefill_tok_s": {str(t): prefill_speed(model(), t) for t in args.prefill}}, True
+
+    def float16():
+        f16, f32 = engine_decode(model("float16"), 1, True), engine_decode(model(), 1, True)
+        agree = next((i for i, (a, b) in enumerate(zip(f16["tokens"][0], f32["tokens"][0])) if a != b),
+                     len(f32["tokens"][0]))
+        return {"graphs_tok_s": f16["tok_s"], "float32_graphs_tok_s": f32["tok_s"],
+                "weight_bytes": model("float16").weight_bytes, "float32_weight_bytes": model().weight_bytes,
+                "tokens_equal_to_float32": agree, "graphs_disabled": f16["graphs_disabled"]}, True
+
+    def kernels():
         kernels_json = Path(args.json).with_suffix(".kernels.json")
-        kernels = subprocess.run([sys.executable, "scripts/gpu_check_kernels.py", "--quick", "--json",
-                                  str(kernels_json)], cwd=ROOT, capture_output=True, text=True)
-        report["kernels"] = (json.loads(kernels_json.read_text()) if kernels_json.exists()
-                             else {"failed": kernels.stderr.strip()[-500:]})
-        ok &= kernels.returncode == 0
+        run = subprocess.run([sys.executable, "scripts/gpu_check_kernels.py", "--quick", "--json", str(kernels_json)],
+                             cwd=ROOT, capture_output=True, text=True)
+        result = json.loads(kernels_json.read_text()) if kernels_json.exists() else {"failed": run.stderr[-500:]}
+        return result, run.returncode == 0
+
+    def hf_transformers():
+        return hf_decode_speed(Path(model().path)), True         # a skip (no torch, no CUDA) is not a failure
+
+    ok = True
+    parts = [("tests", gpu_tests, on_gpu), ("cpu_vs_gpu", cpu_vs_gpu, True), ("engine_decode", engine, True),
+             ("speeds", speeds, True), ("float16", float16, True), ("kernels", kernels, on_gpu),
+             ("hf_transformers", hf_transformers, on_gpu)]
+    for name, part, wanted in parts:
+        if not wanted:
+            continue
+        start = time.perf_counter()
         try:
-            report["hf_transformers"] = hf_decode_speed(Path(device.path))
-        except Exception as exc:  # a transformers version without GGUF support for this model, etc.
-            report["hf_transformers"] = {"skipped": f"{type(exc).__name__}: {exc}"}
-        hf = report["hf_transformers"].get("tok_per_s")
-        if hf and "1" in serving:
-            ratio = serving["1"]["graphs_tok_s"] / hf
-            report["target_decode_b1_graphs_over_hf"] = {"ratio": ratio, "target": 5.0, "met": ratio >= 5.0}
+            result, passed = part()
+        except Exception as exc:  # recorded, not fatal: the other parts' numbers still matter
+            result = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+            passed = False
+        report[name], ok = result, ok and passed
+        report.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 1)
+        print(f"[{name}] {'ok' if passed else 'FAILED'} in {report['seconds'][name]:.0f} s", file=sys.stderr,
+              flush=True)
+        save(report)
+    hf = report.get("hf_transformers", {}).get("tok_per_s")
+    ours = report.get("engine_decode", {}).get("1", {}).get("graphs_tok_s")
+    if hf and ours:
+        report["target_decode_b1_graphs_over_hf"] = {"ratio": ours / hf, "target": 5.0, "met": ours / hf >= 5.0}
     return ok
 
 
@@ -196,26 +225,36 @@ def print_table(report: dict) -> None:
         for part in report["parts"]:
             print(f"  skipped: {part}")
         return
-    if "tests" in report:
+    failed = [name for name, value in report.items() if isinstance(value, dict) and "failed" in value]
+    for name in failed:
+        print(f"{name}: FAILED {report[name]['failed']}")
+    if "tests" in report and "tests" not in failed:
         print(f"tests: {report['tests']}")
-    print(f"{'prompt':<36}{'tokens GPU == CPU':>18}{'max |logits diff|':>20}")
-    for r in report["cpu_vs_gpu"]:
-        print(f"{r['prompt'][:35]:<36}{str(r['tokens_equal']):>18}{r['max_logits_diff']:>20.2e}")
-    print(f"{'engine decode, batch':<22}{'plain tok/s':>12}{'graphs tok/s':>14}{'speedup':>9}{'same tokens':>13}")
-    for batch, r in report["engine_decode"].items():
-        print(f"{batch:<22}{r['plain_tok_s']:>12,.0f}{r['graphs_tok_s']:>14,.0f}{r['speedup']:>8.2f}x"
-              f"{str(r['tokens_equal']):>13}")
-    for name in ("generate_decode_tok_s", "prefill_tok_s"):
-        print(name + ": " + ", ".join(f"{k}: {v:,.0f}" for k, v in report[name].items()))
-    f16 = report["float16"]
-    print(f"float16 weights: decode b1 {f16['graphs_tok_s']:,.0f} tok/s with graphs, {f16['weight_bytes'] / 2**20:,.1f}"
-          f" MiB (float32 {f16['float32_weight_bytes'] / 2**20:,.1f}), first {f16['tokens_equal_to_float32']} "
-          "tokens equal to float32's")
+    if "cpu_vs_gpu" in report and "cpu_vs_gpu" not in failed:
+        print(f"{'prompt':<36}{'tokens GPU == CPU':>18}{'max |logits diff|':>20}")
+        for r in report["cpu_vs_gpu"]:
+            print(f"{r['prompt'][:35]:<36}{str(r['tokens_equal']):>18}{r['max_logits_diff']:>20.2e}")
+    if "engine_decode" in report and "engine_decode" not in failed:
+        print(f"{'engine decode, batch':<22}{'plain tok/s':>12}{'graphs tok/s':>14}{'speedup':>9}{'same tokens':>13}")
+        for batch, r in report["engine_decode"].items():
+            print(f"{batch:<22}{r['plain_tok_s']:>12,.0f}{r['graphs_tok_s']:>14,.0f}{r['speedup']:>8.2f}x"
+                  f"{str(r['tokens_equal']):>13}")
+    if "speeds" in report and "speeds" not in failed:
+        for name, values in report["speeds"].items():
+            print(name + ": " + ", ".join(f"{k}: {v:,.0f}" for k, v in values.items()))
+    if "float16" in report and "float16" not in failed:
+        f16 = report["float16"]
+        print(f"float16 weights: decode b1 {f16['graphs_tok_s']:,.0f} tok/s with graphs (float32 "
+              f"{f16['float32_graphs_tok_s']:,.0f}), {f16['weight_bytes'] / 2**20:,.1f} MiB (float32 "
+              f"{f16['float32_weight_bytes'] / 2**20:,.1f}), first {f16['tokens_equal_to_float32']} tokens equal to "
+              "float32's")
     for name in ("hf_transformers", "target_decode_b1_graphs_over_hf"):
-        if name in report:
+        if name in report and name not in failed:
             print(f"{name}: {report[name]}")
-    if "kernels" in report:
+    if "kernels" in report and "kernels" not in failed:
         print(f"kernels: copy {report['kernels'].get('copy', {})}")
+    if "seconds" in report:
+        print("seconds per part: " + ", ".join(f"{k} {v:.0f}" for k, v in report["seconds"].items()))
 
 
 def main(argv=None) -> int:
@@ -233,6 +272,7 @@ def main(argv=None) -> int:
     args.prefill = ([int(t) for t in args.prefill.split(",")] if args.prefill
                     else [512] if args.quick else [512, 4096])
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device}
+    save = lambda r: Path(args.json).write_text(json.dumps(r, indent=2))   # noqa: E731
     reason = gpu_reason() if args.device == "gpu" else None
     ok = True
     if reason:
@@ -241,9 +281,9 @@ def main(argv=None) -> int:
                              "float16 weights", "kernel bandwidth", "HF transformers"])
     else:
         report["gpu"] = args.device == "gpu"
-        ok = run_gpu_parts(args, report)
+        ok = run_gpu_parts(args, report, save)
     print_table(report)
-    Path(args.json).write_text(json.dumps(report, indent=2))
+    save(report)
     print(f"wrote {args.json}")
     return 0 if ok else 1
 
