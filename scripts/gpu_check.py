@@ -14,7 +14,9 @@ No network: the model file comes from --model or $MINITRANSFORMER_MODEL. It repo
    the target ratio: our decode at batch 1 with graphs / HF's (issue 8 asks >= 5x).
 Without a GPU every GPU part is skipped with its reason, the JSON says so, and the exit code is 0.
 `--device cpu` runs parts 2-4 on the CPU instead (a dry run of this script's own code: the tests use it on a tiny
-model; parts 1, 5 and 6 are GPU-only). Exit code 1 when a check fails (tests, token mismatch, kernel correctness).
+model; parts 1, 5 and 6 are GPU-only). Exit code 1 when a check fails (tests, token mismatch, kernel correctness)
+or a part raises: that part is recorded with its traceback and the others still run; the JSON is rewritten after
+every part, so a run stopped by a time limit keeps what it measured.
 """
 
 from __future__ import annotations
