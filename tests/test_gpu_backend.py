@@ -113,13 +113,48 @@ def test_serving_engine_decodes_through_the_paged_kernel(kernel_sized_path, monk
     results = {}
     for mode in ("arrays", "kernels"):
         engine = Engine(load_model(kernel_sized_path, attention=mode), max_num_seqs=3, num_blocks=16, block_size=4)
-        ids = [engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        ids = [engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2))
                for p in prompts]
         done = engine.run()
-        results[mode] = [done[i].token_ids for i in ids]
-    assert results["kernels"] == results["arrays"]
+        results[mode] = [(done[i].token_ids, [[lp for _, lp in e["top"]] for e in done[i].logprobs]) for i in ids]
+    for (tokens_k, top_k), (tokens_a, top_a) in zip(results["kernels"], results["arrays"]):
+        assert tokens_k == tokens_a
+        np.testing.assert_allclose(top_k, top_a, atol=1e-4)        # runner-ups: they move with attention
     # decodes went through the kernel; the first decode step of layer 0 attends to each prompt plus its new token
     assert calls[0] == sorted(len(p) + 1 for p in prompts)
+
+
+def test_serving_engine_prefills_chunks_through_flash_prefill(kernel_sized_path, monkeypatch):
+    """Prompts split over several steps by a small token budget (a chunk attends to its cached prefix and to itself)
+    and an int8 pool (gathered keys are dequantized): every chunk goes through the kernel, same tokens as arrays."""
+    from minitransformer.sampling_params import SamplingParams
+    from minitransformer.serving import paged_cache
+    from minitransformer.serving.engine import Engine
+    chunks = []
+    original = paged_cache.PagedKVCache.prefill_attention
+    monkeypatch.setattr(paged_cache.PagedKVCache, "prefill_attention",
+                        lambda self, layer, q, table, num_keys: chunks.append((layer, q.shape[2], num_keys))
+                        or original(self, layer, q, table, num_keys))
+    prompts = [[5, 17, 42, 99, 3, 8, 250, 7, 61, 12, 88, 140, 33], [9, 70, 21, 200, 4, 77, 31]]
+    for kv_cache in ("f32", "int8"):
+        results = {}
+        for mode in ("arrays", "kernels"):
+            engine = Engine(load_model(kernel_sized_path, attention=mode), max_num_seqs=2, num_blocks=16,
+                            block_size=4, max_num_batched_tokens=6, kv_cache=kv_cache)
+            ids = [engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2))
+                   for p in prompts]
+            done = engine.run()
+            results[mode] = [(done[i].token_ids, [[lp for _, lp in e["top"]] for e in done[i].logprobs])
+                             for i in ids]
+        for (tokens_k, top_k), (tokens_a, top_a) in zip(results["kernels"], results["arrays"]):
+            assert tokens_k == tokens_a, kv_cache
+            # the tiny model's picks are near one-hot (log-probability ~0) and hardly move with attention; the
+            # runner-up's log-probability (~-20) does: a chunk that skipped its cached prefix moves it by ~2.4
+            np.testing.assert_allclose(top_k, top_a, atol=1e-4)
+    # (queries, keys) of each chunk at layer 0, per pool: with 6 tokens a step, prompt 0 (13 tokens) goes as 6, then
+    # 6 over its cached 6 (then its last token as a one-token row beside the decodes); prompt 1 (7) as 5, then 2
+    layer0 = [(t, keys) for layer, t, keys in chunks if layer == 0]
+    assert layer0 == [(6, 6), (6, 12), (5, 5), (2, 7)] * 2
 
 
 def test_paged_decode_attention_matches_the_gather_path(kernel_sized_path):

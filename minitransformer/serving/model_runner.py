@@ -89,11 +89,22 @@ def use_decode_kernel(model, cache_type: type) -> bool:
     return reason is None
 
 
+def use_prefill_kernel(model) -> bool:
+    """Whether prefill chunks go through flash_prefill: the model asks for kernels and its head_dim is compiled."""
+    if getattr(model, "kernel_attention", None) is None:
+        return False
+    if model.config.head_dim not in HEAD_DIMS:
+        fallback(f"head_dim {model.config.head_dim} is not one of the compiled {HEAD_DIMS}")
+        return False
+    return True
+
+
 def execute(model, cache, inputs: StepInputs):
     """One forward over the step's tokens -> logits (R, V) of the rows in inputs.logits_rows."""
     xp = model.xp
     D = inputs.num_decodes
     kernel = D > 0 and use_decode_kernel(model, type(cache))
+    prefill_kernel = bool(inputs.chunks) and use_prefill_kernel(model)
     seq_lens = inputs.decode_positions[:, 0] + 1 if kernel else None             # (D,): the new token included
 
     def attend(layer, q, k, v):                     # q (H, N, d), k and v (K, N, d)
@@ -107,8 +118,11 @@ def execute(model, cache, inputs: StepInputs):
             out[:, :D] = cache.attention(layer, qd, inputs.decode_positions,
                                          inputs.decode_tables)[:, :, 0].transpose(1, 0, 2)
         for row, n, positions, table, num_keys in inputs.chunks:
-            out[:, row:row + n] = cache.attention(layer, q[None, :, row:row + n], positions, table,
-                                                  num_keys=num_keys)[0]
+            if prefill_kernel:
+                out[:, row:row + n] = cache.prefill_attention(layer, q[None, :, row:row + n], table, num_keys)[0]
+            else:
+                out[:, row:row + n] = cache.attention(layer, q[None, :, row:row + n], positions, table,
+                                                      num_keys=num_keys)[0]
         return out
 
     rows = xp.asarray(np.asarray(inputs.logits_rows, dtype=INDEX_DTYPE))                 # (R,)

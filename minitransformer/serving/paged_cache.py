@@ -7,7 +7,8 @@ batch can each have their own length and grow independently; attention finds a s
 table. Here that is done with arrays: gather the table's blocks into a contiguous (K, S, d) view, then the same
 masked attention as the contiguous path (layers.attention). With the kernel backend on (load_model(attention=...),
 see attention_backend.py) decodes go through `decode_attention` instead: kernels/paged_decode.cu reads the blocks in
-place, since the pool already has the kernel's layout. Blocks past a sequence's end (padding in a batch) hold
+place, since the pool already has the kernel's layout; prefill chunks go through `prefill_attention`
+(kernels/flash_prefill.cu on the gathered keys). Blocks past a sequence's end (padding in a batch) hold
 positions beyond every query, so the causal mask hides them: no separate length mask is needed.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..backend import DTYPE
 from ..config import ModelConfig
 from ..kv_cache import estimate_kv_bytes
-from ..kernels.attention import paged_decode
+from ..kernels.attention import flash_prefill, paged_decode
 from ..layers import attention, causal_attention
 
 
@@ -91,6 +92,18 @@ class PagedKVCache:
         key_positions = self.xp.broadcast_to(self.xp.arange(S), (q.shape[0], S))  # (R, S)
         attend = attention if num_keys is None else causal_attention
         return attend(q, k, v, q_positions, key_positions)
+
+    def prefill_attention(self, layer: int, q, block_tables, num_keys: int):
+        """One prefill chunk through the flash_prefill kernel: its T queries are keys [num_keys - T, num_keys) of its
+        sequence, the layout the kernel assumes (queries are the last Tq of Tk keys, causal).
+
+        q (1, H, T, d), block_tables (1, nb) -> (1, H, T, d). The chunk's blocks are gathered into contiguous
+        (1, K, num_keys, d) keys and values first (the kernel reads one contiguous sequence).
+        """
+        xp = self.xp
+        k, v = self.gather(layer, block_tables)                                 # (1, K, nb * block_size, d) each
+        return flash_prefill(xp.ascontiguousarray(q), xp.ascontiguousarray(k[:, :, :num_keys]),
+                             xp.ascontiguousarray(v[:, :, :num_keys]))
 
     def decode_attention(self, layer: int, q, seq_lens, block_tables):
         """One query per row through the paged_decode kernel, blocks read in place (no gather).
