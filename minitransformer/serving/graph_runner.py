@@ -84,7 +84,7 @@ class DecodeGraphs:
         bs = self.cache.block_size
         token_ids[:D], positions[:D], slots[:D] = inputs.token_ids, inputs.positions, inputs.slots
         seq_lens[:D] = inputs.positions + 1                                 # the new token's key included
-        tables[:D, :inputs.decode_tables.shape[1]] = inputs.decode_tables  # entries past a table's end: unread
+        tables[:D, :inputs.decode_tables.shape[1]] = inputs.decode_tables  # past a table's end: unread / masked
         token_ids[D:], positions[D:], slots[D:], seq_lens[D:] = 0, 0, self.scratch_block * bs, 1
         tables[D:] = self.scratch_block
         self.replays[size] += 1

@@ -71,32 +71,30 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
                       logits_rows, sampled)
 
 
-def use_decode_kernel(model, cache_type: type) -> bool:
-    """Whether decodes go through the paged_decode kernel: the model asks for kernels, and the cache (its class)
-    and the shapes fit."""
-    if getattr(model, "kernel_attention", None) is None:       # arrays, or a model class without the option
-        return False
-    cfg = model.config
-    reason = None
-    if cache_type is not PagedKVCache:
-        reason = f"{cache_type.__name__} is not the float paged cache the kernel reads"
-    elif cfg.head_dim not in HEAD_DIMS:
-        reason = f"head_dim {cfg.head_dim} is not one of the compiled {HEAD_DIMS}"
-    elif cfg.n_heads // cfg.n_kv_heads > source_constant("paged_decode.cu", "DECODE_MAX_GROUP"):
-        reason = f"{cfg.n_heads // cfg.n_kv_heads} query heads per KV head exceed the decode kernel's group limit"
-    if reason:
-        fallback(reason)
-    return reason is None
-
-
 def use_prefill_kernel(model) -> bool:
     """Whether prefill chunks go through flash_prefill: the model asks for kernels and its head_dim is compiled."""
-    if getattr(model, "kernel_attention", None) is None:
+    if getattr(model, "kernel_attention", None) is None:       # arrays, or a model class without the option
         return False
     if model.config.head_dim not in HEAD_DIMS:
         fallback(f"head_dim {model.config.head_dim} is not one of the compiled {HEAD_DIMS}")
         return False
     return True
+
+
+def use_decode_kernel(model, cache_type: type) -> bool:
+    """Whether decodes go through the paged_decode kernel: what the prefill kernel needs, and the cache (its class)
+    and the heads per KV head fit."""
+    if not use_prefill_kernel(model):
+        return False
+    cfg = model.config
+    reason = None
+    if cache_type is not PagedKVCache:
+        reason = f"{cache_type.__name__} is not the float paged cache the kernel reads"
+    elif cfg.n_heads // cfg.n_kv_heads > source_constant("paged_decode.cu", "DECODE_MAX_GROUP"):
+        reason = f"{cfg.n_heads // cfg.n_kv_heads} query heads per KV head exceed the decode kernel's group limit"
+    if reason:
+        fallback(reason)
+    return reason is None
 
 
 def execute(model, cache, inputs: StepInputs):
