@@ -11,7 +11,7 @@ The algorithm is GPT-2's byte-level BPE, and llama.cpp is our reference for the 
 2. The pre-tokenizer splits the rest into words with regexes. SmolLM2's ("smollm") first isolates every digit,
    then applies GPT-2's regex to each piece: so "2024" is 4 tokens and "x  1" is "x", "  ", "1".
 3. Each word's UTF-8 bytes are written as printable characters (GPT-2's byte map: space -> 'Ġ'), then BPE merges
-   adjacent symbols, always the pair that comes first in the merges list, until no listed pair is left.
+   adjacent symbols, always the pair that comes first in the merges list, until no listed pair is left (bpe.py).
 4. Each final symbol is a vocabulary entry: its index is the token id. No BOS is added.
 """
 
@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import regex
 
+from .bpe import bpe
 from .chat_template import ChatTemplate
 from .errors import InputError, ModelFileError
 
@@ -104,31 +105,6 @@ def pre_tokenize(text: str, patterns: Sequence[regex.Pattern]) -> list[str]:
     for pattern in patterns:
         pieces = split_by(pattern, pieces)
     return pieces
-
-
-def bpe(symbols: list[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
-    """Merge adjacent symbols of one word, always the pair ranked first in the merges list, until none is listed.
-
-    All occurrences of the chosen pair merge in one pass, left to right ("a a" on "aaa" gives "aa", "a").
-    Written for clarity, not speed: each pass rescans the word, so a word of n symbols costs O(n^2). Real words
-    are short and the tokenizer caches them; a 20,000-letter run without spaces takes seconds.
-    """
-    while len(symbols) > 1:
-        pairs = set(zip(symbols, symbols[1:]))
-        best = min(pairs, key=lambda pair: ranks.get(pair, len(ranks)))
-        if best not in ranks:
-            break
-        first, second = best
-        merged, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and symbols[i] == first and symbols[i + 1] == second:
-                merged.append(first + second)
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
-    return symbols
 
 
 class Tokenizer:

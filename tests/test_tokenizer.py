@@ -1,5 +1,5 @@
-"""Tokenizer: same ids as llama.cpp (golden fixture + live when installed), lossless round trips, control tokens,
-chat template, errors."""
+"""Tokenizer: same ids as llama.cpp (golden fixture + live when installed), the fast BPE merge equals the plain one,
+lossless round trips, control tokens, chat template, errors."""
 
 import json
 import random
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minitransformer.errors import InputError, ModelFileError
-from minitransformer.tokenizer import BYTE_TO_CHAR, Tokenizer
+from minitransformer.tokenizer import BYTE_TO_CHAR, NORMAL, Tokenizer, bpe
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_llamacpp.json"
 CONTROL_TEXTS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<file_sep>", "<jupyter_code>",
@@ -76,6 +76,57 @@ def test_live_against_llamacpp(tokenizer):
                      "ids": llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)})
     bad = mismatches(tokenizer, rows)
     assert not bad, f"seed {seed}: {len(bad)} of {len(rows)} differ from llama.cpp:\n" + "\n".join(bad[:5])
+
+
+# ---- the heap-based merge (bpe.py) gives the pieces of the plain loop
+
+
+def plain_bpe(symbols, ranks):
+    """The textbook loop: find the best-ranked adjacent pair, merge all its occurrences left to right, repeat."""
+    while len(symbols) > 1:
+        best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, float("inf")))
+        if best not in ranks:
+            return symbols
+        merged, i = [], 0
+        while i < len(symbols):
+            if tuple(symbols[i : i + 2]) == best:
+                merged.append(symbols[i] + symbols[i + 1])
+                i += 2
+            else:
+                merged.append(symbols[i])
+                i += 1
+        symbols = merged
+    return symbols
+
+
+@pytest.fixture(scope="module")
+def vocabulary_pieces(tokenizer):
+    return [t for t, kind in zip(tokenizer.tokens, tokenizer.token_types) if kind == NORMAL]
+
+
+@hyp
+@given(data=st.data())
+def test_fast_bpe_equals_plain_bpe_on_words_of_vocabulary_pieces(tokenizer, vocabulary_pieces, data):
+    # Concatenated pieces make words whose merges reach deep into the list (and across the pieces' borders).
+    pieces = data.draw(st.lists(st.sampled_from(vocabulary_pieces), min_size=1, max_size=30))
+    symbols = list("".join(pieces))
+    assert bpe(symbols, tokenizer.ranks) == plain_bpe(symbols, tokenizer.ranks)
+
+
+def test_fast_bpe_equals_plain_bpe_on_long_random_words(tokenizer):
+    rng = random.Random(0)
+    alphabets = ["ab", "abcdefghijklmnopqrstuvwxyz", "aeiou ĠĊ0123456789", "".join(BYTE_TO_CHAR.values())]
+    for alphabet in alphabets:
+        for length in (2, 3, 50, 700):
+            symbols = [rng.choice(alphabet) for _ in range(length)]
+            assert bpe(symbols, tokenizer.ranks) == plain_bpe(symbols, tokenizer.ranks), (alphabet, length)
+
+
+def test_equal_pairs_merge_leftmost_first():
+    ranks = {("a", "a"): 0, ("aa", "aa"): 1}
+    assert bpe(list("aaa"), ranks) == ["aa", "a"]
+    assert bpe(list("aaaaa"), ranks) == ["aaaa", "a"]
+    assert bpe(["a"], ranks) == ["a"] and bpe([], ranks) == []
 
 
 # ---- the pre-tokenizer facts DESIGN.md relies on

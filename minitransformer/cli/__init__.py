@@ -7,6 +7,7 @@ This file wires the subcommands to their functions; each lives in one short file
     options.py    --model/--device/... and the sampling options shared by generate and chat, loading the model
     generate.py   generate and chat: streaming to stdout, the footer, the logprobs table, Ctrl-C
     tools.py      tokenize, download, figures, bench
+    bench_serve.py  bench serve: the HTTP load generator's flags and command
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import sys
 
 from ..errors import MiniTransformerError
+from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
 from .options import _add_model_options, _add_sampling_options
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
@@ -83,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/bench.json")
     bench.add_argument("--prefill-lengths", metavar="P,P,...", help="prompt lengths of the prefill rows")
     bench.add_argument("--batches", metavar="B,B,...", help="batch sizes of the decode rows")
+    add_bench_serve_parser(bench, _Parser)
     return parser
 
 

@@ -55,6 +55,9 @@ def cmd_figures(args) -> int:
 
 def cmd_bench(args) -> int:
     """Measure (progress on stderr), then print the table and the markdown block and write the files."""
+    if getattr(args, "bench_mode", None) == "serve":
+        from .bench_serve import cmd_bench_serve
+        return cmd_bench_serve(args)
     from pathlib import Path
 
     from rich.console import Console

@@ -1,0 +1,313 @@
+"""`minitransformer bench serve`: a load generator that speaks only the OpenAI streaming API.
+
+Because it knows nothing about the server but its HTTP API, the same command measures ours, llama.cpp's or a vLLM
+deployment, with the same prompts at the same arrival times. Reading order:
+
+    make_prompts      mixed-length slices of a real text shipped with the package (serve_text.txt)
+    poisson_gaps      the arrival process: exponential gaps at rate R (a Poisson process), all zeros for R = inf
+    SSEParser         server-sent events -> the `data:` payloads, whatever the network's read boundaries
+    send_request      one streamed request -> a RequestRecord (timings, tokens, or the error that ended it)
+    run_rate          every prompt at its arrival time -> the records and the wall time of the run
+    run_sweep         one server: its model name, a warm-up request, then run_rate for each request rate
+
+The metrics follow vLLM's benchmark (vllm/benchmarks/serve.py and lib/endpoint_request_func.py in
+github.com/vllm-project/vllm): TTFT from sending to the first content, ITL the gaps between content chunks, E2EL
+from sending to the last content chunk, TPOT = (E2EL - TTFT) / (output tokens - 1). serve_report.py summarizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.resources import files
+
+import numpy as np
+
+from ..errors import MiniTransformerError
+
+# Prompt lengths in words, drawn with these weights: mostly short chat-like prompts, some long documents, so that
+# prefill work varies from request to request as it does in real traffic.
+PROMPT_WORDS = ((16, 0.5), (64, 0.3), (200, 0.2))
+
+
+class BenchServeError(MiniTransformerError):
+    """The server cannot be benchmarked at all (unreachable, no model, the warm-up request refused)."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What every server is asked, identical across servers and rates so their numbers compare."""
+
+    rates: tuple[float, ...] = (1.0, 2.0, 4.0)
+    num_prompts: int = 32
+    max_concurrency: int | None = None
+    seed: int = 0
+    endpoint: str = "completions"            # or "chat"
+    max_tokens: int = 48
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    model: str | None = None                 # None: the first model GET /v1/models lists
+    timeout_s: float = 300.0
+    slo_ttft_ms: float = 1000.0
+    slo_tpot_ms: float = 100.0
+    slo_e2el_ms: float | None = None
+
+
+def make_prompts(n: int, seed: int) -> list[str]:
+    """n slices of the shipped text, each starting at a random word, of a length drawn from PROMPT_WORDS."""
+    words = files(__package__).joinpath("serve_text.txt").read_text(encoding="utf-8").split()
+    rng = random.Random(seed)
+    sizes, weights = zip(*PROMPT_WORDS)
+    prompts = []
+    for _ in range(n):
+        size = rng.choices(sizes, weights)[0]
+        start = rng.randrange(len(words))
+        prompts.append(" ".join(words[(start + i) % len(words)] for i in range(size)))
+    return prompts
+
+
+def poisson_gaps(rate: float, n: int, seed: int) -> np.ndarray:
+    """n gaps in seconds between arrivals: exponential with mean 1/rate (Poisson arrivals), zeros when rate is inf."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    if np.isinf(rate):
+        return np.zeros(n)
+    return np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+
+
+def arrival_times(rate: float, n: int, seed: int) -> np.ndarray:
+    """Seconds after the start at which each request is sent: the first at 0, then the cumulated gaps."""
+    gaps = poisson_gaps(rate, n, seed)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else gaps
+
+
+class SSEParser:
+    """Incremental server-sent-events parser: feed it bytes as they arrive, get whole events' `data` back.
+
+    A network read can end anywhere: inside a JSON object, between `\\r` and `\\n`, even inside a UTF-8 character,
+    so bytes are decoded incrementally and only complete lines are interpreted. An event ends at a blank line; its
+    data lines are joined with newlines (the SSE specification); comment lines (`:` first) are keep-alives.
+    """
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._buffer = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._buffer += self._decoder.decode(chunk)
+        events = []
+        while True:
+            cut = self._buffer.find("\n")
+            if cut < 0:
+                return events
+            line, self._buffer = self._buffer[:cut].rstrip("\r"), self._buffer[cut + 1:]
+            if line == "":
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith("data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(" ") else value)
+            # other fields (event:, id:, retry:) and comments carry nothing a completion needs
+
+    def close(self) -> list[str]:
+        """The last event when the stream ends without its blank line."""
+        events = self.feed(b"\n\n" if self._buffer or self._data else b"")
+        return events
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it. Times in seconds from sending it; `error` set means it failed."""
+
+    prompt_words: int
+    sent_s: float = 0.0                      # when it was sent, from the start of the run
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    e2el_s: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    content_chunks: int = 0
+    usage_reported: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first; undefined for one token (goodput then counts it as 0, as vLLM)."""
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "tpot_s": self.tpot_s}
+
+
+def build_payload(prompt: str, model: str, s: ServeSettings) -> dict:
+    """The request body; `stream_options.include_usage` asks for the exact token count in a last chunk."""
+    body = {"model": model, "max_tokens": s.max_tokens, "temperature": s.temperature, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if s.ignore_eos:
+        body["ignore_eos"] = True            # a vLLM extension; servers that do not know it may ignore it
+    if s.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def _content(event: dict, endpoint: str) -> str:
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    if endpoint == "chat":
+        return (choices[0].get("delta") or {}).get("content") or ""
+    return choices[0].get("text") or ""
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace").strip()
+
+
+async def send_request(client, url: str, payload: dict, endpoint: str, record: RequestRecord) -> RequestRecord:
+    """POST one streaming request and fill `record`; every way it can fail ends in record.error, never raises."""
+    import httpx
+
+    start = last = time.perf_counter()
+    parser, done = SSEParser(), False
+
+    def handle(data: str):
+        nonlocal last, done
+        if data == "[DONE]":
+            done = True
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise RuntimeError(f"server error in stream: {event['error']}")
+        text, now = _content(event, endpoint), time.perf_counter()
+        if text:
+            if record.ttft_s is None:
+                record.ttft_s = now - start
+            else:
+                record.itl_s.append(now - last)
+            last = now
+            record.content_chunks += 1
+        usage = event.get("usage")
+        if usage and usage.get("completion_tokens") is not None:
+            record.output_tokens, record.usage_reported = usage["completion_tokens"], True
+            record.prompt_tokens = usage.get("prompt_tokens")
+
+    try:
+        async with client.stream("POST", url, json=payload) as response:
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {_error_message(await response.aread())}"
+                return record
+            async for chunk in response.aiter_raw():
+                for data in parser.feed(chunk):
+                    handle(data)
+            for data in parser.close():
+                handle(data)
+    except httpx.TimeoutException as exc:
+        record.error = f"timed out ({type(exc).__name__})"
+    except httpx.HTTPError as exc:
+        record.error = f"disconnected: {type(exc).__name__}: {exc}"
+    except (ValueError, RuntimeError) as exc:
+        record.error = f"bad stream: {exc}"
+    if record.error is None and not done:
+        record.error = "the stream ended before data: [DONE]"
+    if record.error is None and record.ttft_s is None:
+        record.error = "no content in the stream"
+    if record.error is None:
+        record.e2el_s = last - start
+        if not record.usage_reported:
+            record.output_tokens = record.content_chunks       # one chunk per token: the usual streaming shape
+    return record
+
+
+def api_base(url: str) -> str:
+    """`http://host:port`, `.../` and `.../v1` all mean the same server."""
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+async def first_model(client, base: str) -> str:
+    """The first model GET /v1/models lists: what `--model` defaults to, as in vLLM's benchmark."""
+    import httpx
+
+    try:
+        response = await client.get(f"{base}/v1/models")
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise BenchServeError(f"cannot list the models at {base}/v1/models ({type(exc).__name__}: {exc})") from None
+
+
+async def run_rate(client, url: str, model: str, prompts: list[str], rate: float, s: ServeSettings,
+                   on_done=None) -> tuple[list[RequestRecord], float]:
+    """Send every prompt at its Poisson arrival time (at most max_concurrency in flight) -> (records, wall s).
+
+    A request's clock starts when it is sent, after waiting for a concurrency slot, as vLLM's does; the wall time
+    runs from the first send to the last answer, the denominator of every throughput.
+    """
+    times = arrival_times(rate, len(prompts), s.seed)
+    slots = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency else None
+    start = time.perf_counter()
+
+    async def one(prompt: str, at: float) -> RequestRecord:
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        record = RequestRecord(prompt_words=len(prompt.split()))
+        if slots:
+            await slots.acquire()
+        try:
+            record.sent_s = time.perf_counter() - start
+            await send_request(client, url, build_payload(prompt, model, s), s.endpoint, record)
+        finally:
+            if slots:
+                slots.release()
+        if on_done:
+            on_done(record)
+        return record
+
+    records = await asyncio.gather(*(one(p, t) for p, t in zip(prompts, times)))
+    return list(records), time.perf_counter() - start
+
+
+async def run_sweep(url: str, s: ServeSettings, on_done=None, on_rate=None) -> dict:
+    """One server through every rate: {"url", "model", "endpoint", "warmup", "runs": [{"rate", "wall_s", records}]}."""
+    import httpx
+
+    base = api_base(url)
+    endpoint_url = f"{base}/v1/chat/completions" if s.endpoint == "chat" else f"{base}/v1/completions"
+    prompts = make_prompts(s.num_prompts, s.seed)
+    limits = httpx.Limits(max_connections=s.max_concurrency, max_keepalive_connections=s.max_concurrency)
+    timeout = httpx.Timeout(s.timeout_s, connect=10.0)
+    key = os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    # A proxy from the environment must not sit between us and a server on this machine.
+    loopback = httpx.URL(base).host in ("127.0.0.1", "localhost", "::1")
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers, trust_env=not loopback) as client:
+        model = s.model or await first_model(client, base)
+        # One request first, not counted: lazy start-up work in the server must not land in the first rate's p99.
+        warm = await send_request(client, endpoint_url, build_payload(prompts[0], model, s), s.endpoint,
+                                  RequestRecord(prompt_words=len(prompts[0].split())))
+        if not warm.ok:
+            raise BenchServeError(f"the warm-up request to {endpoint_url} failed: {warm.error}")
+        runs = []
+        for rate in s.rates:
+            if on_rate:
+                on_rate(rate)
+            records, wall = await run_rate(client, endpoint_url, model, prompts, rate, s, on_done)
+            runs.append({"rate": rate, "wall_s": wall, "records": records})
+    return {"url": base, "model": model, "endpoint": endpoint_url, "runs": runs}

@@ -1,0 +1,187 @@
+"""What `minitransformer bench serve` computes from its records, prints and writes.
+
+    percentile      linear interpolation between closest ranks (numpy's default, as vLLM's benchmark uses)
+    is_good         one request within the SLO: TTFT, TPOT (and E2EL if set) each at most its bound
+    summarize       one rate's records -> counts, throughputs, goodput, p50/p90/p99 of TTFT, TPOT, ITL, E2EL
+    ratios          ours / llama.cpp at each rate, when both ran
+    print_tables    the rich tables: one row per (server, rate), then the ratios
+    plot            TTFT p50/p99 and output tokens/s against request rate, one line per server
+    write_outputs   serve.json (settings, summaries, every request) and serve.png
+
+Definitions as in vLLM's benchmark (vllm/benchmarks/serve.py, calculate_metrics, in github.com/vllm-project/vllm):
+throughputs are completed requests or output tokens over the wall time of the run; goodput is the completed
+requests that met every SLO, over the same wall time; ITL percentiles pool every gap of every request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+PCTS = (50, 90, 99)
+
+
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile (0-100), linear between ranks; None when there is nothing to rank."""
+    values = [v for v in values if v is not None]
+    return float(np.percentile(values, q)) if values else None
+
+
+def is_good(record, s) -> bool:
+    """vLLM's goodput test: each SLO set must hold. A one-token answer has no TPOT and counts as 0."""
+    if not record.ok:
+        return False
+    checks = [(record.ttft_s, s.slo_ttft_ms), (record.tpot_s or 0.0, s.slo_tpot_ms), (record.e2el_s, s.slo_e2el_ms)]
+    return all(value * 1000.0 <= bound for value, bound in checks if bound is not None)
+
+
+def _stats_ms(values) -> dict:
+    values = [v * 1000.0 for v in values if v is not None]
+    out = {f"p{q}": percentile(values, q) for q in PCTS}
+    out["mean"] = float(np.mean(values)) if values else None
+    return out
+
+
+def summarize(records, wall_s: float, s) -> dict:
+    """One rate's numbers. Failed requests are counted and their errors kept; they add no latency samples."""
+    done = [r for r in records if r.ok]
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.ok:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    out_tokens = sum(r.output_tokens for r in done)
+    return {
+        "requests": len(records), "completed": len(done), "failed": len(records) - len(done), "errors": errors,
+        "wall_s": wall_s, "output_tokens": out_tokens,
+        "prompt_tokens": sum(r.prompt_tokens or 0 for r in done) if all(r.prompt_tokens for r in done) else None,
+        "tokens_counted_from": ("usage" if done and all(r.usage_reported for r in done)
+                                else "chunks" if done and not any(r.usage_reported for r in done) else "mixed"),
+        "request_throughput": len(done) / wall_s, "output_throughput": out_tokens / wall_s,
+        "goodput": sum(is_good(r, s) for r in records) / wall_s,
+        "ttft_ms": _stats_ms(r.ttft_s for r in done), "tpot_ms": _stats_ms(r.tpot_s for r in done),
+        "itl_ms": _stats_ms(gap for r in done for gap in r.itl_s), "e2el_ms": _stats_ms(r.e2el_s for r in done),
+    }
+
+
+def build_result(sweeps: dict, s, note: str | None = None) -> dict:
+    """The JSON document: settings, and per server its model and, per rate, the summary and every request."""
+    from dataclasses import asdict
+
+    servers = {}
+    for name, sweep in sweeps.items():
+        runs = [{"request_rate": _rate_json(run["rate"]), "summary": summarize(run["records"], run["wall_s"], s),
+                 "records": [r.to_json() for r in run["records"]]} for run in sweep["runs"]]
+        servers[name] = {"url": sweep["url"], "model": sweep["model"], "endpoint": sweep["endpoint"], "runs": runs}
+    settings = asdict(s) | {"rates": [_rate_json(r) for r in s.rates]}
+    result = {"schema": "minitransformer-bench-serve/1", "settings": settings, "servers": servers,
+              "ratios": ratios(servers)}
+    if note:
+        result["note"] = note
+    return result
+
+
+def _rate_json(rate: float):
+    return "inf" if math.isinf(rate) else rate
+
+
+def ratios(servers: dict) -> list[dict]:
+    """Per rate, ours / llama.cpp: output tokens/s (above 1: we are faster) and TTFT p99 (below 1: we are faster)."""
+    if not {"ours", "llama.cpp"} <= set(servers):
+        return []
+    out = []
+    for a, b in zip(servers["ours"]["runs"], servers["llama.cpp"]["runs"]):
+        sa, sb = a["summary"], b["summary"]
+        ttft_a, ttft_b = sa["ttft_ms"]["p99"], sb["ttft_ms"]["p99"]
+        out.append({"request_rate": a["request_rate"],
+                    "output_throughput": sa["output_throughput"] / sb["output_throughput"]
+                    if sb["output_throughput"] else None,
+                    "ttft_p99": ttft_a / ttft_b if ttft_a is not None and ttft_b else None})
+    return out
+
+
+def _f(value, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _trio(stats: dict) -> str:
+    return " / ".join(_f(stats[f"p{q}"]) for q in PCTS)
+
+
+def print_tables(result: dict, console) -> None:
+    """One row per server and rate; then, if both servers ran, the ratios."""
+    from rich.table import Table
+
+    s = result["settings"]
+    slo = f"TTFT <= {s['slo_ttft_ms']:g} ms, TPOT <= {s['slo_tpot_ms']:g} ms"
+    if s["slo_e2el_ms"] is not None:
+        slo += f", E2EL <= {s['slo_e2el_ms']:g} ms"
+    table = Table(title=f"bench serve: {s['num_prompts']} prompts per rate, max_tokens {s['max_tokens']}, "
+                        f"endpoint {s['endpoint']}; goodput SLO: {slo}", title_justify="left")
+    for name in ("server", "rate (req/s)", "ok", "failed", "req/s", "out tok/s", "goodput (req/s)",
+                 "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"):
+        table.add_column(name, justify="left" if name == "server" else "right")
+    for server, data in result["servers"].items():
+        for run in data["runs"]:
+            m = run["summary"]
+            table.add_row(server, str(run["request_rate"]), str(m["completed"]), str(m["failed"]),
+                          _f(m["request_throughput"], 2), _f(m["output_throughput"], 1), _f(m["goodput"], 2),
+                          _trio(m["ttft_ms"]), _trio(m["tpot_ms"]), _trio(m["itl_ms"]), _trio(m["e2el_ms"]))
+    console.print(table)
+    for server, data in result["servers"].items():
+        for run in data["runs"]:
+            for error, count in run["summary"]["errors"].items():
+                console.print(f"[red]{server} at rate {run['request_rate']}: {count} failed: {error}[/red]")
+    if result["ratios"]:
+        ratio_table = Table(title="ours / llama.cpp (output tok/s: above 1 is faster; TTFT p99: below 1 is faster)",
+                            title_justify="left")
+        for name in ("rate (req/s)", "output tok/s ratio", "TTFT p99 ratio"):
+            ratio_table.add_column(name, justify="right")
+        for row in result["ratios"]:
+            ratio_table.add_row(str(row["request_rate"]), _f(row["output_throughput"], 2) + "x",
+                                _f(row["ttft_p99"], 2) + "x")
+        console.print(ratio_table)
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Two panels against request rate (evenly spaced, `inf` last): TTFT p50 (solid) and p99 (dashed); out tok/s."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [str(r) for r in result["settings"]["rates"]]
+    x = list(range(len(labels)))
+    fig, (ax_ttft, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (server, data) in enumerate(result["servers"].items()):
+        color = f"C{i}"
+        summaries = [run["summary"] for run in data["runs"]]
+        for q, style in (("p50", "-"), ("p99", "--")):
+            ys = [m["ttft_ms"][q] if m["ttft_ms"][q] is not None else np.nan for m in summaries]
+            ax_ttft.plot(x, ys, style, marker="o", color=color, label=f"{server} TTFT {q}")
+        ax_tput.plot(x, [m["output_throughput"] for m in summaries], "-", marker="o", color=color, label=server)
+    for ax, ylabel in ((ax_ttft, "time to first token (ms)"), (ax_tput, "output tokens/s")):
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("request rate (requests/s, Poisson arrivals)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_ttft.set_yscale("log")
+    s = result["settings"]
+    fig.suptitle(f"bench serve: {s['num_prompts']} prompts per rate, {s['max_tokens']} max tokens, "
+                 f"{s['endpoint']} endpoint")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(result: dict, out_dir: Path, json_path: Path | None = None) -> dict[str, Path]:
+    """serve.json (or json_path) and serve.png in out_dir -> their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = json_path or out_dir / "serve.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    return {"json": json_path, "figure": plot(result, out_dir / "serve.png")}

@@ -1,0 +1,130 @@
+"""`minitransformer bench serve`: the load generator's flags and the command (minitransformer/bench/serve.py).
+
+It is a sub-mode of `bench`, so `minitransformer bench --quick` keeps meaning what it meant.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def add_bench_serve_parser(bench, parser_class) -> None:
+    """`bench serve ...` as an optional sub-command of the `bench` parser."""
+    modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve")
+    p = modes.add_parser("serve", help="load-test an OpenAI-compatible server (ours, llama.cpp's, vLLM) over HTTP")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="the server to measure, e.g. http://127.0.0.1:8000")
+    target.add_argument("--compare", action="store_true",
+                        help="start our server and llama.cpp's on free loopback ports, measure each in turn, stop them")
+    p.add_argument("--model", metavar="NAME|PATH",
+                   help="the model name to ask for (default: the first one GET /v1/models lists); with --compare: "
+                        "the GGUF both servers load (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="POST /v1/completions (default) or /v1/chat/completions")
+    p.add_argument("--request-rate", default="1,2,4", metavar="R,R,...",
+                   help="Poisson arrival rates in requests/s, `inf` = all at once (default 1,2,4)")
+    p.add_argument("--num-prompts", type=int, default=32, metavar="N", help="requests per rate (default 32)")
+    p.add_argument("--max-concurrency", type=int, metavar="C", help="at most C requests in flight (default: no cap)")
+    p.add_argument("--seed", type=int, default=0, help="prompts and arrival times (default 0)")
+    p.add_argument("--max-tokens", type=int, default=48, metavar="N", help="max_tokens of each request (default 48)")
+    p.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (default 0: greedy)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="send ignore_eos (a vLLM extension) so every request runs to max_tokens")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="per-request timeout (default 300)")
+    p.add_argument("--slo-ttft-ms", type=float, default=1000.0, metavar="MS",
+                   help="goodput SLO: time to first token at most MS (default 1000)")
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0, metavar="MS",
+                   help="goodput SLO: time per output token after the first at most MS (default 100)")
+    p.add_argument("--slo-e2el-ms", type=float, metavar="MS", help="goodput SLO: end-to-end latency (default: none)")
+    p.add_argument("--max-num-seqs", type=int, default=8, metavar="N",
+                   help="with --compare: our server's batch size (default 8)")
+    p.add_argument("--n-threads", type=int, metavar="N", help="with --compare: llama.cpp's threads (default: cores)")
+    p.add_argument("--out", default="bench_results", metavar="DIR",
+                   help="folder for serve.json, serve.png and the servers' logs (default: bench_results)")
+    p.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/serve.json")
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """`1,2,inf` -> (1.0, 2.0, inf); each rate must be a positive number or inf."""
+    rates = []
+    for part in text.split(","):
+        try:
+            rate = float(part)
+        except ValueError:
+            raise InputError(f"--request-rate: {part.strip()!r} is not a number or inf (e.g. 1,2,inf)") from None
+        if not rate > 0 or math.isnan(rate):
+            raise InputError(f"--request-rate: each rate must be > 0 requests/s, got {part.strip()}")
+        rates.append(rate)
+    return tuple(rates)
+
+
+def settings_from_args(args):
+    from ..bench.serve import ServeSettings
+
+    for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--max-tokens", args.max_tokens, 1),
+                             ("--max-concurrency", args.max_concurrency, 1), ("--max-num-seqs", args.max_num_seqs, 1),
+                             ("--n-threads", args.n_threads, 1)):
+        if value is not None and value < low:
+            raise InputError(f"{flag} must be >= {low}, got {value}")
+    for flag, value in (("--temperature", args.temperature), ("--timeout", args.timeout),
+                        ("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms),
+                        ("--slo-e2el-ms", args.slo_e2el_ms)):
+        if value is not None and (value < 0 or math.isnan(value) or (flag == "--timeout" and value == 0)):
+            raise InputError(f"{flag} must be {'> 0' if flag == '--timeout' else '>= 0'}, got {value}")
+    return ServeSettings(rates=parse_rates(args.request_rate), num_prompts=args.num_prompts,
+                         max_concurrency=args.max_concurrency, seed=args.seed, endpoint=args.endpoint,
+                         max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
+                         model=None if args.compare else args.model, timeout_s=args.timeout,
+                         slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, slo_e2el_ms=args.slo_e2el_ms)
+
+
+def cmd_bench_serve(args) -> int:
+    """Measure (progress on stderr), print the tables on stdout, write serve.json and serve.png."""
+    import asyncio
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..bench.serve import run_sweep
+    from ..bench.serve_report import build_result, print_tables, write_outputs
+
+    s = settings_from_args(args)
+    out = Path(args.out)
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        state = {"server": "server", "task": None}
+
+        def on_rate(rate):
+            state["task"] = progress.add_task(f"{state['server']} at {rate:g} req/s", total=s.num_prompts)
+
+        def on_done(record):
+            progress.advance(state["task"])
+
+        if args.compare:
+            from ..bench.serve_compare import llama_cpp_missing, run_compare
+            from ..weights import resolve_model_path
+
+            missing = llama_cpp_missing()
+            if missing:
+                err.print(missing)
+            model_path = str(resolve_model_path(args.model))
+
+            def on_server(name, port):
+                state["server"] = name
+                progress.console.print(f"starting {name} on 127.0.0.1:{port} (log: {out}/server-{name}.log)")
+
+            sweeps, note = run_compare(model_path, s, out, args.max_num_seqs, args.n_threads, on_server=on_server,
+                                       on_done=on_done, on_rate=on_rate)
+        else:
+            sweeps, note = {"server": asyncio.run(run_sweep(args.url, s, on_done=on_done, on_rate=on_rate))}, None
+    result = build_result(sweeps, s, note)
+    print_tables(result, Console(width=220))
+    paths = write_outputs(result, out, Path(args.json) if args.json else None)
+    for path in paths.values():
+        print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,245 @@
+"""`minitransformer bench serve`: the pure parts (percentiles, goodput, Poisson arrivals, SSE parsing) directly; one
+request against a scripted HTTP transport for every way a stream can end; the server lifecycle with a stand-in
+process; and end to end against our own server on the tiny model. Latencies themselves are never asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from minitransformer import cli
+from minitransformer.bench import serve_compare, serve_report
+from minitransformer.bench.serve import (RequestRecord, ServeSettings, SSEParser, arrival_times, make_prompts,
+                                         poisson_gaps, send_request)
+from minitransformer.bench.serve_compare import BenchServeError, ManagedServer, free_port
+
+
+def test_percentile_is_numpy_linear_and_none_when_empty():
+    values = [0.3, 0.1, 0.9, 0.5, 0.7, 0.2]
+    for q in (0, 50, 90, 99, 100):
+        assert serve_report.percentile(values, q) == pytest.approx(np.percentile(values, q))
+    assert serve_report.percentile([2.0, 4.0], 50) == 3.0
+    assert serve_report.percentile([], 50) is None
+
+
+def test_poisson_gaps_mean_within_bound_and_reproducible():
+    rate, n = 4.0, 20_000
+    gaps = poisson_gaps(rate, n, seed=7)
+    # Exponential gaps have standard deviation 1/rate, so the mean of n is 1/rate within 5 / (rate sqrt(n)).
+    assert abs(gaps.mean() - 1 / rate) < 5 / (rate * np.sqrt(n))
+    assert (gaps >= 0).all()
+    assert np.array_equal(gaps, poisson_gaps(rate, n, seed=7))
+    assert not np.array_equal(gaps, poisson_gaps(rate, n, seed=8))
+    assert not poisson_gaps(float("inf"), 5, seed=0).any()
+    times = arrival_times(2.0, 6, seed=1)
+    assert times[0] == 0.0 and (np.diff(times) >= 0).all() and len(times) == 6
+    with pytest.raises(ValueError):
+        poisson_gaps(0.0, 3, seed=0)
+
+
+def test_prompts_are_reproducible_and_of_mixed_lengths():
+    prompts = make_prompts(40, seed=3)
+    assert prompts == make_prompts(40, seed=3) and prompts != make_prompts(40, seed=4)
+    assert len({len(p.split()) for p in prompts}) > 1 and all(p.strip() for p in prompts)
+
+
+STREAM = (b'data: {"choices": [{"text": "Hel"}]}\n\n'
+          b': keep-alive comment\n\n'
+          b'data: {"choices": [{"text": "lo \xc3\xa9t\xc3\xa9"}]}\r\n\r\n'
+          b'event: message\ndata: {"a":\ndata: 1}\n\n'
+          b'data: [DONE]\n\n')
+EVENTS = ['{"choices": [{"text": "Hel"}]}', '{"choices": [{"text": "lo été"}]}', '{"a":\n1}', "[DONE]"]
+
+
+def test_sse_parser_whole_stream():
+    parser = SSEParser()
+    assert parser.feed(STREAM) + parser.close() == EVENTS
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 16])
+def test_sse_parser_any_split_of_the_reads(size):
+    """Reads ending mid-JSON, between \\r and \\n, or inside a UTF-8 character give the same events."""
+    parser, events = SSEParser(), []
+    for i in range(0, len(STREAM), size):
+        events += parser.feed(STREAM[i:i + size])
+    assert events + parser.close() == EVENTS
+
+
+def test_sse_parser_flushes_a_last_event_without_blank_line():
+    parser = SSEParser()
+    assert parser.feed(b"data: [DONE]") == [] and parser.close() == ["[DONE]"]
+
+
+def _record(ttft, e2el, tokens, error=None):
+    r = RequestRecord(prompt_words=5, ttft_s=ttft, e2el_s=e2el, output_tokens=tokens, error=error,
+                      itl_s=[(e2el - ttft) / max(tokens - 1, 1)] * max(tokens - 1, 0) if ttft else [])
+    r.usage_reported = error is None
+    return r
+
+
+def test_goodput_counts_requests_within_every_slo():
+    s = ServeSettings(slo_ttft_ms=500, slo_tpot_ms=50)
+    good = _record(0.2, 0.2 + 9 * 0.04, 10)                      # TPOT 40 ms
+    slow_tpot = _record(0.2, 0.2 + 9 * 0.06, 10)                 # TPOT 60 ms
+    slow_ttft = _record(0.6, 0.7, 2)
+    one_token = _record(0.1, 0.1, 1)                             # no TPOT: counts as 0, as vLLM
+    failed = _record(None, None, 0, error="HTTP 500: boom")
+    assert [serve_report.is_good(r, s) for r in (good, slow_tpot, slow_ttft, one_token, failed)] == \
+        [True, False, False, True, False]
+    assert serve_report.is_good(good, ServeSettings(slo_ttft_ms=500, slo_tpot_ms=50, slo_e2el_ms=100)) is False
+    m = serve_report.summarize([good, slow_tpot, slow_ttft, one_token, failed], wall_s=2.0, s=s)
+    assert (m["completed"], m["failed"], m["errors"]) == (4, 1, {"HTTP 500: boom": 1})
+    assert m["request_throughput"] == 2.0 and m["goodput"] == 1.0
+    assert m["output_throughput"] == (10 + 10 + 2 + 1) / 2.0 and m["tokens_counted_from"] == "usage"
+    assert m["ttft_ms"]["p50"] == pytest.approx(np.percentile([200, 200, 600, 100], 50))
+
+
+def _client(chunks, status=200, fail_after=None):
+    """An AsyncClient whose every POST answers with these byte chunks (or raises a read error after some)."""
+    async def body():
+        for i, chunk in enumerate(chunks):
+            if fail_after is not None and i == fail_after:
+                raise httpx.ReadError("connection reset")
+            await asyncio.sleep(0.001)
+            yield chunk
+
+    def handler(request):
+        return httpx.Response(status, content=body())
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def _send(chunks, endpoint="completions", **kw):
+    async def go():
+        async with _client(chunks, **kw) as client:
+            return await send_request(client, "http://test/v1/x", {}, endpoint, RequestRecord(prompt_words=1))
+    return asyncio.run(go())
+
+
+def _sse(*events):
+    return [f"data: {json.dumps(e) if isinstance(e, dict) else e}\n\n".encode() for e in events]
+
+
+def test_request_with_usage_chunk():
+    r = _send(_sse({"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]}, {"choices": [{"text": "c"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}, "[DONE]"))
+    assert r.ok and r.output_tokens == 3 and r.prompt_tokens == 7 and r.usage_reported
+    assert len(r.itl_s) == 2 and 0 < r.ttft_s <= r.e2el_s and r.tpot_s == pytest.approx((r.e2el_s - r.ttft_s) / 2)
+
+
+def test_chat_role_chunk_is_not_the_first_token_and_chunks_count_without_usage():
+    r = _send(_sse({"choices": [{"delta": {"role": "assistant"}}]}, {"choices": [{"delta": {"content": "Hi"}}]},
+                   {"choices": [{"delta": {"content": ""}}]}, {"choices": [{"delta": {"content": "!"}}]}, "[DONE]"),
+              endpoint="chat")
+    assert r.ok and r.content_chunks == 2 and r.output_tokens == 2 and not r.usage_reported and len(r.itl_s) == 1
+
+
+@pytest.mark.parametrize("kw, chunks, error", [
+    ({"status": 400}, [b'{"error": {"message": "prompt too long", "type": "BadRequestError"}}'],
+     "HTTP 400: prompt too long"),
+    ({}, _sse({"choices": [{"text": "a"}]}), "the stream ended before data: [DONE]"),
+    ({"fail_after": 1}, _sse({"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]}, "[DONE]"), "disconnected"),
+    ({}, _sse("[DONE]"), "no content in the stream"),
+    ({}, _sse({"error": {"message": "engine died"}}), "bad stream"),
+])
+def test_failed_requests_are_records_with_their_error(kw, chunks, error):
+    r = _send(chunks, **kw)
+    assert not r.ok and r.error.startswith(error) and r.tpot_s is None
+
+
+def test_result_json_and_figure(tmp_path):
+    s = ServeSettings(rates=(1.0, float("inf")), num_prompts=2)
+    runs = [{"rate": rate, "wall_s": 1.0, "records": [_record(0.1, 0.5, 5), _record(None, None, 0, error="x")]}
+            for rate in s.rates]
+    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs} for name in ("ours", "llama.cpp")}
+    result = serve_report.build_result(sweeps, s)
+    assert result["settings"]["rates"] == [1.0, "inf"]
+    assert [r["output_throughput"] for r in result["ratios"]] == [1.0, 1.0]
+    paths = serve_report.write_outputs(result, tmp_path)
+    assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(result))
+    assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv", [["--url", "http://x", "--request-rate", "1,abc"], ["--url", "http://x", "--compare"],
+                                  [], ["--url", "http://x", "--request-rate", "0"],
+                                  ["--url", "http://x", "--seed", "x"], ["--url", "http://x", "--num-prompts", "0"],
+                                  ["--compare", "--endpoint", "edit"]])
+def test_bad_flags_are_one_line_exit_2(argv):
+    result = subprocess.run([sys.executable, "-m", "minitransformer", "bench", "serve", *argv], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_plain_bench_still_parses_without_serve():
+    args = cli.build_parser().parse_args(["bench", "--quick", "--peers", "none"])
+    assert args.bench_mode is None and args.quick
+
+
+def test_managed_server_ready_then_stopped(tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    with ManagedServer("stand-in", argv, port, "/", tmp_path / "log") as server:
+        assert httpx.get(server.url + "/", trust_env=False).status_code == 200
+    assert server.process.poll() is not None
+    with pytest.raises(RuntimeError):                            # an error inside the block still stops it
+        with ManagedServer("stand-in", argv, port, "/", tmp_path / "log") as server:
+            raise RuntimeError("boom")
+    assert server.process.poll() is not None
+
+
+def test_managed_server_that_dies_is_a_clear_error(tmp_path):
+    argv = [sys.executable, "-c", "import sys; print('no such model'); sys.exit(3)"]
+    with pytest.raises(BenchServeError, match="exited with code 3 before it was ready: no such model"):
+        with ManagedServer("broken", argv, free_port(), "/health", tmp_path / "log"):
+            pass
+
+
+def _our_server_missing() -> bool:
+    try:
+        import minitransformer.server as server
+    except ImportError:
+        return True
+    return getattr(server, "__file__", None) is None             # a folder without __init__.py is not the server yet
+
+
+needs_server = pytest.mark.skipif(_our_server_missing(), reason="minitransformer.server is not importable yet")
+
+
+@pytest.fixture(scope="module")
+def our_server(tiny_model_path, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with ManagedServer("ours", serve_compare.ours_argv(str(tiny_model_path), port, 4), port, "/health", log,
+                       ready_timeout_s=120) as server:
+        yield server
+
+
+@needs_server
+def test_end_to_end_against_our_server(our_server, tmp_path, capsys):
+    argv = ["bench", "serve", "--url", our_server.url, "--request-rate", "inf,20", "--num-prompts", "4",
+            "--max-tokens", "4", "--ignore-eos", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TTFT ms p50/p90/p99" in out
+    data = json.loads((tmp_path / "serve.json").read_text())
+    for run in data["servers"]["server"]["runs"]:
+        m = run["summary"]
+        assert (m["completed"], m["failed"], m["output_tokens"]) == (4, 0, 16) and m["tokens_counted_from"] == "usage"
+        assert all(len(r["itl_s"]) == r["content_chunks"] - 1 for r in run["records"])
+
+
+@needs_server
+def test_compare_runs_ours_alone_when_llama_cpp_is_missing(tiny_model_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(serve_compare, "llama_cpp_missing", lambda: "llama_cpp is not importable: running ours alone")
+    argv = ["bench", "serve", "--compare", "--model", str(tiny_model_path), "--request-rate", "inf",
+            "--num-prompts", "2", "--max-tokens", "3", "--max-num-seqs", "2", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    assert "running ours alone" in capsys.readouterr().err
+    data = json.loads((tmp_path / "serve.json").read_text())
+    assert list(data["servers"]) == ["ours"] and data["note"].endswith("running ours alone") and data["ratios"] == []
+    assert (tmp_path / "server-ours.log").exists()
