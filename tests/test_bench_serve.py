@@ -46,7 +46,8 @@ def test_poisson_gaps_mean_within_bound_and_reproducible():
 def test_prompts_are_reproducible_and_of_mixed_lengths():
     prompts = make_prompts(40, seed=3)
     assert prompts == make_prompts(40, seed=3) and prompts != make_prompts(40, seed=4)
-    assert len({len(p.split()) for p in prompts}) > 1 and all(p.strip() for p in prompts)
+    assert {len(p.split()) for p in prompts} == set(ServeSettings.prompt_words)
+    assert {len(p.split()) for p in make_prompts(10, seed=0, lengths=(5, 9))} == {5, 9}
 
 
 STREAM = (b'data: {"choices": [{"text": "Hel"}]}\n\n'
@@ -168,7 +169,7 @@ def test_result_json_and_figure(tmp_path):
 @pytest.mark.parametrize("argv", [["--url", "http://x", "--request-rate", "1,abc"], ["--url", "http://x", "--compare"],
                                   [], ["--url", "http://x", "--request-rate", "0"],
                                   ["--url", "http://x", "--seed", "x"], ["--url", "http://x", "--num-prompts", "0"],
-                                  ["--compare", "--endpoint", "edit"]])
+                                  ["--compare", "--endpoint", "edit"], ["--compare", "--prompt-words", "8,0"]])
 def test_bad_flags_are_one_line_exit_2(argv):
     result = subprocess.run([sys.executable, "-m", "minitransformer", "bench", "serve", *argv], capture_output=True,
                             text=True, timeout=60)
@@ -222,6 +223,7 @@ def our_server(tiny_model_path, tmp_path_factory):
 @needs_server
 def test_end_to_end_against_our_server(our_server, tmp_path, capsys):
     argv = ["bench", "serve", "--url", our_server.url, "--request-rate", "inf,20", "--num-prompts", "4",
+            "--prompt-words", "3,12",  # the tiny model's context is 128 tokens
             "--max-tokens", "4", "--ignore-eos", "--out", str(tmp_path)]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -237,6 +239,7 @@ def test_end_to_end_against_our_server(our_server, tmp_path, capsys):
 def test_compare_runs_ours_alone_when_llama_cpp_is_missing(tiny_model_path, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(serve_compare, "llama_cpp_missing", lambda: "llama_cpp is not importable: running ours alone")
     argv = ["bench", "serve", "--compare", "--model", str(tiny_model_path), "--request-rate", "inf",
+            "--prompt-words", "3,12",
             "--num-prompts", "2", "--max-tokens", "3", "--max-num-seqs", "2", "--out", str(tmp_path)]
     assert cli.main(argv) == 0
     assert "running ours alone" in capsys.readouterr().err

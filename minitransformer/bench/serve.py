@@ -30,9 +30,6 @@ import numpy as np
 
 from ..errors import MiniTransformerError
 
-# Prompt lengths in words, drawn with these weights: mostly short chat-like prompts, some long documents, so that
-# prefill work varies from request to request as it does in real traffic.
-PROMPT_WORDS = ((16, 0.5), (64, 0.3), (200, 0.2))
 
 
 class BenchServeError(MiniTransformerError):
@@ -56,16 +53,18 @@ class ServeSettings:
     slo_ttft_ms: float = 1000.0
     slo_tpot_ms: float = 100.0
     slo_e2el_ms: float | None = None
+    # Each prompt's length in words is drawn from these, so that prefill work varies from request to request as it
+    # does in real traffic: short chat-like questions next to long documents.
+    prompt_words: tuple[int, ...] = (16, 64, 200)
 
 
-def make_prompts(n: int, seed: int) -> list[str]:
-    """n slices of the shipped text, each starting at a random word, of a length drawn from PROMPT_WORDS."""
+def make_prompts(n: int, seed: int, lengths: tuple[int, ...] = ServeSettings.prompt_words) -> list[str]:
+    """n slices of the shipped text, each starting at a random word, its length in words drawn from `lengths`."""
     words = files(__package__).joinpath("serve_text.txt").read_text(encoding="utf-8").split()
     rng = random.Random(seed)
-    sizes, weights = zip(*PROMPT_WORDS)
     prompts = []
     for _ in range(n):
-        size = rng.choices(sizes, weights)[0]
+        size = rng.choice(lengths)
         start = rng.randrange(len(words))
         prompts.append(" ".join(words[(start + i) % len(words)] for i in range(size)))
     return prompts
@@ -290,7 +289,7 @@ async def run_sweep(url: str, s: ServeSettings, on_done=None, on_rate=None) -> d
 
     base = api_base(url)
     endpoint_url = f"{base}/v1/chat/completions" if s.endpoint == "chat" else f"{base}/v1/completions"
-    prompts = make_prompts(s.num_prompts, s.seed)
+    prompts = make_prompts(s.num_prompts, s.seed, s.prompt_words)
     limits = httpx.Limits(max_connections=s.max_concurrency, max_keepalive_connections=s.max_concurrency)
     timeout = httpx.Timeout(s.timeout_s, connect=10.0)
     key = os.environ.get("OPENAI_API_KEY")

@@ -28,6 +28,9 @@ def add_bench_serve_parser(bench, parser_class) -> None:
     p.add_argument("--request-rate", default="1,2,4", metavar="R,R,...",
                    help="Poisson arrival rates in requests/s, `inf` = all at once (default 1,2,4)")
     p.add_argument("--num-prompts", type=int, default=32, metavar="N", help="requests per rate (default 32)")
+    p.add_argument("--prompt-words", default="16,64,200", metavar="W,W,...",
+                   help="each prompt is a slice of a shipped text, its length in words drawn from these "
+                        "(default 16,64,200)")
     p.add_argument("--max-concurrency", type=int, metavar="C", help="at most C requests in flight (default: no cap)")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times (default 0)")
     p.add_argument("--max-tokens", type=int, default=48, metavar="N", help="max_tokens of each request (default 48)")
@@ -62,6 +65,16 @@ def parse_rates(text: str) -> tuple[float, ...]:
     return tuple(rates)
 
 
+def parse_words(text: str) -> tuple[int, ...]:
+    try:
+        words = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"--prompt-words: expected whole numbers like 16,64,200, got {text!r}") from None
+    if min(words) < 1:
+        raise InputError(f"--prompt-words: each length must be >= 1 word, got {text}")
+    return words
+
+
 def settings_from_args(args):
     from ..bench.serve import ServeSettings
 
@@ -76,7 +89,7 @@ def settings_from_args(args):
         if value is not None and (value < 0 or math.isnan(value) or (flag == "--timeout" and value == 0)):
             raise InputError(f"{flag} must be {'> 0' if flag == '--timeout' else '>= 0'}, got {value}")
     return ServeSettings(rates=parse_rates(args.request_rate), num_prompts=args.num_prompts,
-                         max_concurrency=args.max_concurrency, seed=args.seed, endpoint=args.endpoint,
+                         prompt_words=parse_words(args.prompt_words), max_concurrency=args.max_concurrency, seed=args.seed, endpoint=args.endpoint,
                          max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
                          model=None if args.compare else args.model, timeout_s=args.timeout,
                          slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, slo_e2el_ms=args.slo_e2el_ms)
@@ -96,7 +109,7 @@ def cmd_bench_serve(args) -> int:
     out = Path(args.out)
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True) as progress:
+                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
         state = {"server": "server", "task": None}
 
         def on_rate(rate):
