@@ -57,8 +57,9 @@ def summarize(records, wall_s: float, s) -> dict:
         "requests": len(records), "completed": len(done), "failed": len(records) - len(done), "errors": errors,
         "wall_s": wall_s, "output_tokens": out_tokens,
         "prompt_tokens": sum(r.prompt_tokens or 0 for r in done) if all(r.prompt_tokens for r in done) else None,
-        "tokens_counted_from": ("usage" if done and all(r.usage_reported for r in done)
-                                else "chunks" if done and not any(r.usage_reported for r in done) else "mixed"),
+        # The usage chunk is exact; without it a content chunk is counted as one token.
+        "tokens_counted_from": (None if not done else "usage" if all(r.usage_reported for r in done)
+                                else "chunks" if not any(r.usage_reported for r in done) else "mixed"),
         "request_throughput": len(done) / wall_s, "output_throughput": out_tokens / wall_s,
         "goodput": sum(is_good(r, s) for r in records) / wall_s,
         "ttft_ms": _stats_ms(r.ttft_s for r in done), "tpot_ms": _stats_ms(r.tpot_s for r in done),
