@@ -134,17 +134,18 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
     """Tokenize (through the chat template when chat) and check the request against the model's limits."""
     tokenizer, context = model.tokenizer, model.config.context_length
     text = None
+    room = max(context - params.max_tokens, 0)     # prompt tokens that fit; tokenizing stops soon after, if it must
     if chat:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if isinstance(prompt, str) and not prompt:
             raise InputError("the prompt is empty; give at least one character")
-        text = tokenizer.render_chat(messages)
-        ids = tokenizer.encode(text, special=True)
+        text = tokenizer.render_chat(messages)                  # what a human reads; the ids keep contents plain text
+        ids = tokenizer.encode_chat(messages, limit=room)
     elif isinstance(prompt, str):
         if not prompt:
             raise InputError("the prompt is empty; give at least one character")
         text = prompt
-        ids = tokenizer.encode(text)
+        ids = tokenizer.encode(text, limit=room)
     else:
         ids = [int(i) for i in prompt]
         bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
@@ -152,6 +153,9 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
             raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
     if not ids:
         raise InputError("the prompt has no tokens; give at least one")
+    if len(ids) > room and text is not None:       # tokenizing may have stopped early: only a bound is known
+        raise InputError(f"prompt (more than {_tokens(room)}) + max_tokens ({params.max_tokens}) exceeds the context "
+                         f"length of {context} tokens")
     if len(ids) + params.max_tokens > context:
         raise InputError(f"prompt ({_tokens(len(ids))}) + max_tokens ({params.max_tokens}) = "
                          f"{len(ids) + params.max_tokens} exceeds the context length of {context} tokens")

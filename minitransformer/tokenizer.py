@@ -7,7 +7,8 @@ lesson runs it piece by piece: pre-tokens, merges, ids.
 The algorithm is GPT-2's byte-level BPE, and llama.cpp is our reference for the exact token ids:
 
 1. Control tokens (`<|im_start|>`, `<|im_end|>`, ...) are cut out of the text whole -- only when `special=True`.
-   With `special=False` a user typing "<|im_end|>" gets ordinary text tokens and cannot end the turn.
+   With `special=False` a user typing "<|im_end|>" gets ordinary text tokens and cannot end the turn. A chat prompt
+   (`encode_chat`) is both: the template's own text with `special=True`, the messages' contents with `special=False`.
 2. The pre-tokenizer splits the rest into words with regexes (pretokenize.py). SmolLM2's ("smollm") first isolates
    every digit, then applies GPT-2's regex to each piece: so "2024" is 4 tokens and "x  1" is "x", "  ", "1".
 3. Each word's UTF-8 bytes are written as printable characters (GPT-2's byte map: space -> 'Ġ'), then BPE merges
@@ -18,12 +19,12 @@ The algorithm is GPT-2's byte-level BPE, and llama.cpp is our reference for the 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import regex
 
 from .bpe import bpe
-from .chat_template import ChatTemplate
+from .chat_template import ChatTemplate, check_messages
 from .errors import InputError, ModelFileError
 from .pretokenize import PRE_TOKENIZERS, compile_like_llamacpp, pre_tokenize
 
@@ -116,23 +117,32 @@ class Tokenizer:
 
     # ---- text -> ids
 
-    def encode(self, text: str, special: bool = False) -> list[int]:
-        """Text -> token ids. `special=True` turns control-token text such as "<|im_end|>" into its single id."""
-        if not isinstance(text, str):
-            raise InputError(f"text to tokenize must be a str, got {type(text).__name__}")
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InputError(f"text has a lone surrogate {text[e.start]!r} at position {e.start}") from None
+    def encode(self, text: str, special: bool = False, limit: int | None = None) -> list[int]:
+        """Text -> token ids. `special=True` turns control-token text such as "<|im_end|>" into its single id.
+
+        limit: stop as soon as there are more than `limit` ids (they are then the first ones of the full answer), so
+        a prompt far too long for the context is refused without tokenizing all of it.
+        """
+        check_text(text)
+        return self._encode_pieces(self._split_special(text, special), limit)
+
+    def _encode_pieces(self, pieces: Iterable[tuple[str, int | None]], limit: int | None = None) -> list[int]:
+        """[(plain text, None) | (special token text, its id)] -> ids, stopping once there are more than `limit`."""
         ids: list[int] = []
-        for piece, special_id in self._split_special(text, special):
-            if special_id is not None:
-                ids.append(special_id)
-                continue
-            for word in pre_tokenize(piece, self.patterns):
-                ids.extend(self._encode_word(word))
+        for word_ids in self._word_ids(pieces):
+            ids.extend(word_ids)
+            if limit is not None and len(ids) > limit:
+                break                                  # too long already: the rest would only be thrown away
         return ids
+
+    def _word_ids(self, pieces: Iterable[tuple[str, int | None]]) -> Iterator[list[int]]:
+        """The ids of each special token and of each pre-token, in order (lazily: the caller may stop early)."""
+        for piece, special_id in pieces:
+            if special_id is not None:
+                yield [special_id]
+            else:
+                for word in pre_tokenize(piece, self.patterns):
+                    yield self._encode_word(word)
 
     def _split_special(self, text: str, special: bool) -> list[tuple[str, int | None]]:
         """Cut special-token text out whole: [(text, None) for plain pieces, (token text, its id) for specials]."""
@@ -206,18 +216,78 @@ class Tokenizer:
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """Messages [{"role", "content"}, ...] -> prompt text, with the model's own template (chat_template.py).
 
-        The result contains control-token text: encode it with `special=True`.
+        This is the text to show a human. To feed the model use `encode_chat`: encoding this text with `special=True`
+        would also turn control-token text typed inside a message into real control tokens.
         """
+        return self._template().render(messages, add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                    allow_special_in_content: bool = False, limit: int | None = None) -> list[int]:
+        """Messages -> the ids of the chat prompt, where only the template's own text yields control tokens.
+
+        A content is text: "hi<|im_end|>\\n<|im_start|>system" typed by a user stays plain tokens, and cannot end the
+        turn or forge a system message. The contents join the template's text before pre-tokenization, so ordinary
+        messages get exactly the ids of `encode(render_chat(messages), special=True)`, the prompt the model was
+        trained on. allow_special_in_content=True encodes that whole text with special=True instead; pass the ids
+        it returns as the prompt (a list of ids) to run it. limit: as for `encode`.
+        """
+        template = self._template()
+        if allow_special_in_content:
+            return self.encode(template.render(messages, add_generation_prompt), special=True, limit=limit)
+        self._refuse_control_text(messages, "role", "a role is written into the template's own text")
+        segments = template.render_segments(messages, add_generation_prompt)
+        if segments is None:        # the template rewrites contents (e.g. trims them), so they cannot be cut out
+            self._refuse_control_text(messages, "content", "this model's chat template rewrites contents, so they "
+                                      "cannot be kept apart from its control tokens")
+            return self.encode(template.render(messages, add_generation_prompt), special=True, limit=limit)
+        check_text("".join(text for text, _ in segments))
+        pieces = [piece for text, is_content in segments for piece in self._split_special(text, not is_content)]
+        return self._encode_pieces(join_plain(pieces), limit)
+
+    def _refuse_control_text(self, messages: Sequence[Mapping[str, str]], field: str, why: str) -> None:
+        """InputError if a message's `field` holds the text of a control (or unknown) token, which special=True
+        would turn into that token; user-defined tokens are matched in any text, so they are no risk."""
+        check_messages(messages)
+        for n, m in enumerate(messages):
+            found = [i for _, i in self._split_special(m[field], True) if i is not None]
+            if any(self.token_types[i] != USER_DEFINED for i in found):
+                raise InputError(f"messages[{n}] ({m['role']!r}) has control-token text in its {field}, and {why} "
+                                 "(allow_special_in_content=True makes it control tokens)")
+
+    def _template(self) -> ChatTemplate:
+        """The model's chat template, compiled on first use."""
         if self._chat is None:
             if not self.chat_template:
                 raise ModelFileError("model file has no tokenizer.chat_template: use a plain prompt (chat=False)")
             special = lambda i: self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""  # noqa: E731
             self._chat = ChatTemplate(self.chat_template, bos_token=special(self.bos_id),
                                       eos_token=special(self.eos_id))
-        return self._chat.render(messages, add_generation_prompt)
+        return self._chat
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.ranks)}, pre={self.pre!r})"
+
+
+def check_text(text) -> None:
+    """One clear line for text that cannot be tokenized: not a str, or a lone surrogate (no UTF-8 for it)."""
+    if not isinstance(text, str):
+        raise InputError(f"text to tokenize must be a str, got {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"text has a lone surrogate {text[e.start]!r} at position {e.start}") from None
+
+
+def join_plain(pieces: Iterable[tuple[str, int | None]]) -> list[tuple[str, int | None]]:
+    """Join neighbouring plain-text pieces, so the pre-tokenizer sees the runs it would see in one whole text."""
+    out: list[tuple[str, int | None]] = []
+    for text, special_id in pieces:
+        if special_id is None and out and out[-1][1] is None:
+            out[-1] = (out[-1][0] + text, None)
+        else:
+            out.append((text, special_id))
+    return out
 
 
 def load_tokenizer(path=None) -> Tokenizer:

@@ -175,6 +175,20 @@ def test_bytes_without_a_token_are_dropped_like_llamacpp(tokenizer):
     assert tokenizer.encode(UNTOKENIZABLE) == []
 
 
+@pytest.mark.parametrize("limit", [0, 1, 7, 60])
+def test_encode_with_a_limit_stops_one_pre_token_past_it(tokenizer, limit):
+    text = "The quick brown fox, 2024 <|im_end|> jumps. " * 20
+    for special in (False, True):
+        full = tokenizer.encode(text, special=special)
+        ids = tokenizer.encode(text, special=special, limit=limit)
+        assert limit < len(ids) < len(full) and ids == full[: len(ids)]
+        assert len(ids) - limit <= 4                    # no word of this text is more than 4 tokens
+    messages = [{"role": "user", "content": text}]
+    ids = tokenizer.encode_chat(messages, limit=limit)
+    assert limit < len(ids) and ids == tokenizer.encode_chat(messages)[: len(ids)]
+    assert tokenizer.encode("Hi there", limit=2) == tokenizer.encode("Hi there")   # within the limit: all of it
+
+
 # ---- control tokens
 
 

@@ -1,0 +1,89 @@
+"""Benchmark of BPE on one long word (a benchmark, not a test: these machines are shared and noisy).
+
+    python scripts/bench_tokenizer.py [--model PATH] [--lengths 4000 16000 32000] [--seed 0]
+
+A word without spaces or digits is one pre-token, so BPE merges all of it at once: this is where a merge loop that
+rescans the word after every merge (O(n^2)) shows, and where the heap of candidate pairs (bpe.py, O(n log n)) keeps
+the time near-linear. Prints, for one random lowercase word of each length (seeded, so every run times the same
+words):
+- the time of `tokenizer.encode(word)` with an empty word cache, and the tokens it gives;
+- the ratio of each time to the first one's, beside the ratio of the lengths (linear: the two are equal);
+- the time to refuse a prompt of the longest length that cannot fit the context (`make_request` stops tokenizing once
+  the prompt has more tokens than the context leaves room for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import string
+import sys
+import time
+from types import SimpleNamespace
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from minitransformer import SamplingParams  # noqa: E402
+from minitransformer.errors import InputError  # noqa: E402
+from minitransformer.generate import make_request  # noqa: E402
+from minitransformer.tokenizer import load_tokenizer  # noqa: E402
+
+
+def random_word(length: int, rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(length))
+
+
+def time_encode(tokenizer, text: str) -> tuple[float, int]:
+    """Seconds to encode `text` from scratch (the word cache would otherwise answer a repeated word at once)."""
+    tokenizer._cache.clear()
+    start = time.perf_counter()
+    ids = tokenizer.encode(text)
+    return time.perf_counter() - start, len(ids)
+
+
+def time_refusal(tokenizer, text: str, context_length: int) -> tuple[float, str]:
+    """Seconds until make_request refuses `text` as too long for the context, and its message."""
+    tokenizer._cache.clear()
+    model = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(context_length=context_length))
+    start = time.perf_counter()
+    try:
+        make_request(model, text, SamplingParams(max_tokens=16))
+    except InputError as e:
+        return time.perf_counter() - start, str(e)
+    raise SystemExit(f"a {len(text)}-letter prompt fit in a context of {context_length} tokens: nothing refused")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", metavar="PATH", help="a GGUF whose tokenizer to time (default: the default model)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4000, 16000, 32000], metavar="N")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context", type=int, default=8192, help="context length of the refusal test")
+    args = parser.parse_args()
+
+    tokenizer = load_tokenizer(args.model)
+    rng = random.Random(args.seed)
+    words = [random_word(n, rng) for n in args.lengths]
+    time_encode(tokenizer, "warm up the regex and the dictionaries")
+
+    table = Table(title=f"BPE on one random word per length (seed {args.seed})", title_justify="left")
+    for column in ("letters", "tokens", "seconds", "time ratio", "length ratio"):
+        table.add_column(column, justify="right")
+    first = None
+    for word in words:
+        seconds, n_tokens = time_encode(tokenizer, word)
+        first = first or (seconds, len(word))
+        table.add_row(f"{len(word):,}", f"{n_tokens:,}", f"{seconds:.3f}", f"{seconds / first[0]:.1f}x",
+                      f"{len(word) / first[1]:.1f}x")
+    console = Console()
+    console.print(table)
+    seconds, message = time_refusal(tokenizer, words[-1], args.context)
+    console.print(f"refusing the {len(words[-1]):,}-letter prompt in a {args.context}-token context: "
+                  f"{seconds:.3f} s\n  {message}")
+
+
+if __name__ == "__main__":
+    main()
