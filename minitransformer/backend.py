@@ -6,14 +6,19 @@ both devices (`xp.exp`, `xp.matmul`, ...). Rules that keep that promise:
 - float32 everywhere (`DTYPE`). NumPy 2 promotes float32 arrays to float64 through float64 *scalars*
   (`1 / np.sqrt(64)` is a float64), so scale factors are plain Python floats — see DESIGN.md "float32 pitfall";
 - weights may be *stored* as float16 (quantize/ scheme "f16"): `matmul_float16` multiplies them with float32
-  accumulation, the same arithmetic on both devices; activations stay float32.
+  accumulation, the same arithmetic on both devices; activations stay float32;
+- every large reservation (KV caches, the RoPE table, CUDA graph buffers) asks `check_memory` first, so a request
+  for more than the machine has is one clear line, not minutes of paging followed by a MemoryError.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
+
 import numpy as np
 
-from .errors import DeviceError
+from .errors import DeviceError, InputError, MemoryLimitError
 
 DTYPE = np.float32          # activations, weights and logits (weights may be stored float16: matmul_float16)
 INDEX_DTYPE = np.int64      # token ids and positions
@@ -77,3 +82,85 @@ def synchronize(xp) -> None:
     """Wait for queued device work to finish, so a timer around it measures the work (no-op on the CPU)."""
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()
+
+
+# ----------------------------------------------------------------------------------------------- reservations
+
+def check_count(name: str, value, low: int = 1) -> int:
+    """A size argument (blocks, tokens, sequences) as a Python int >= low, or one InputError naming it.
+
+    Checked before the value is multiplied into a shape or a byte count: 2.5 blocks or "16" tokens would otherwise
+    fail deep inside NumPy, and a bool would silently count as 0 or 1.
+    """
+    accepted = "a positive integer" if low == 1 else f"an integer >= {low}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{name} must be {accepted}, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise InputError(f"{name} must be {accepted}, got {value}")
+    return int(value)
+
+
+def available_memory(xp=np) -> tuple[int | None, str]:
+    """Bytes a new array on xp's device can still take, and what sets that number (None: nothing known).
+
+    On a GPU: the device's free memory plus what CuPy's pool holds free for reuse. On the CPU: the smallest of
+    MemAvailable (what the kernel can hand out without swapping), the headroom under the address-space limit
+    (RLIMIT_AS, `ulimit -v`: an array past it fails however much RAM is free) and the cgroup's memory limit (a
+    container's share of the machine).
+    """
+    if xp is not np:
+        free, _ = xp.cuda.runtime.memGetInfo()
+        return int(free) + int(xp.get_default_memory_pool().free_bytes()), "free GPU memory"
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        limits.append((int(fields["MemAvailable"].split()[0]) * 1024, "MemAvailable in /proc/meminfo"))
+    except (OSError, KeyError, ValueError):
+        try:        # other Unixes: free physical pages
+            limits.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical memory"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    import resource                  # Unix only, like the rest of this function
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((max(0, soft - _address_space_used()), "headroom under the address-space limit, ulimit -v"))
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                limits.append((max(0, int(limit) - int(g.read())), "the cgroup's memory limit"))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else (None, "unknown")
+
+
+def _address_space_used() -> int:
+    """This process's virtual memory size in bytes (what RLIMIT_AS counts)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def check_memory(nbytes: int, what: str, xp=np, hint: str = "") -> None:
+    """Refuse a reservation of `nbytes` for `what` that the device cannot hold, before any of it is allocated.
+
+    Zero-filling more than the machine has would page for a long while and then die in a MemoryError (or take
+    every other program's memory first); asking first costs a read of /proc. The MemoryLimitError names the bytes
+    asked, the bytes available and where that number comes from; `hint` says which argument to lower.
+    """
+    available, source = available_memory(xp)
+    if available is not None and nbytes > available:
+        raise MemoryLimitError(f"{what}: {format_bytes(nbytes)} asked, but only {format_bytes(available)} "
+                               f"available ({source})" + (f"; {hint}" if hint else ""))
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> "1.5 KiB": binary units, one decimal, for messages."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024

@@ -21,5 +21,10 @@ class InputError(MiniTransformerError):
     """A prompt, token id or setting is out of range (e.g. longer than the context)."""
 
 
+class MemoryLimitError(InputError):
+    """A reservation (KV cache, RoPE table, CUDA graph buffers) larger than the memory left: refused before any of
+    it is allocated, with the bytes asked and available (backend.check_memory)."""
+
+
 class DeviceError(MiniTransformerError):
     """The requested device is not available (e.g. --device gpu with no GPU or no CuPy)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import DTYPE
+from .backend import DTYPE, check_count, check_memory
 from .config import ModelConfig
 from .errors import InputError
 
@@ -26,6 +26,18 @@ def estimate_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype=DT
     """Bytes of K and V for `tokens` tokens of `batch` sequences: 2 * layers * batch * kv_heads * tokens * head_dim
     * itemsize. Equal to a KVCache's `bytes_used` at that length (tests/test_kv_cache.py checks it)."""
     return 2 * config.n_layers * batch * config.n_kv_heads * tokens * config.head_dim * np.dtype(dtype).itemsize
+
+
+def check_sizes(config: ModelConfig, max_len, batch, nbytes_of, xp) -> tuple[int, int]:
+    """max_len and batch checked as integers within the context, and the cache's bytes (nbytes_of(max_len, batch))
+    checked against the memory available, all before anything is allocated. Returns (max_len, batch)."""
+    max_len, batch = check_count("max_len", max_len), check_count("batch", batch)
+    if not max_len <= config.context_length:
+        raise InputError(f"KV cache length must be in [1, {config.context_length}] (the context window), "
+                         f"got {max_len}")
+    what = f"a KV cache of {max_len} tokens" + (f" x {batch} sequences" if batch > 1 else "")
+    check_memory(nbytes_of(max_len, batch), what, xp, "lower max_tokens (or the prompt, or the batch)")
+    return max_len, batch
 
 
 class KVCache:
@@ -37,9 +49,8 @@ class KVCache:
     """
 
     def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np, dtype=DTYPE):
-        if not 1 <= max_len <= config.context_length:
-            raise InputError(f"KV cache length must be in [1, {config.context_length}] (the context window), "
-                             f"got {max_len}")
+        max_len, batch = check_sizes(config, max_len, batch,
+                                     lambda n, b: estimate_kv_bytes(config, n, b, dtype), xp)
         self.config = config
         self.max_len = max_len
         self.batch = batch

@@ -27,7 +27,8 @@ from .attention_backend import choose_attention
 from .backend import DTYPE, INDEX_DTYPE, get_xp
 from .config import ModelConfig
 from .errors import InputError, ModelFileError
-from .layers import apply_rope, causal_attention, rms_norm, rope_table, swiglu
+from .layers import apply_rope, causal_attention, rms_norm, swiglu
+from .rope import RopeTable
 from .weights import dequantize, open_gguf, resolve_model_path
 
 
@@ -91,8 +92,10 @@ class Transformer:
         self.path = path
         self.load_seconds = load_seconds
         self.kernel_attention = choose_attention(attention_mode, device)   # None: layers.attention
-        cos, sin = rope_table(config.context_length, config.head_dim, config.rope_base)
-        self.rope_cos, self.rope_sin = xp.asarray(cos), xp.asarray(sin)   # (context, d/2) each
+        self.rope = RopeTable(config, xp)       # cos and sin of the positions in use (rope.py)
+
+    rope_cos = property(lambda self: self.rope.cos)     # (positions, d/2): row p rotates position p
+    rope_sin = property(lambda self: self.rope.sin)     # (positions, d/2)
 
     # ------------------------------------------------------------------ the forward pass, in reading order
 
@@ -146,6 +149,8 @@ class Transformer:
         logits_rows: the rows whose next-token logits are wanted -> logits (len(logits_rows), V).
         """
         N = positions.shape[0]
+        if isinstance(positions, np.ndarray):          # on a GPU the engine has reserved its longest sequence
+            self.rope.reserve(int(positions.max()) + 1)
         h = self.embedding[token_ids]                                      # (N, D)
         cos, sin = self.rope_cos[positions][None], self.rope_sin[positions][None]   # (1, N, d/2) each
         for index, layer in enumerate(self.layers):
@@ -203,6 +208,8 @@ class Transformer:
                 if low < 0 or high >= limit:
                     raise InputError(f"{name[:-1].replace('_id', ' id')} {low if low < 0 else high} is outside "
                                      f"{what} [0, {limit})")
+                if name == "positions":
+                    self.rope.reserve(high + 1)
             checked.append(xp.asarray(array.astype(INDEX_DTYPE, copy=False)))
         if checked[0].shape != checked[1].shape:
             raise InputError(f"token_ids {tuple(checked[0].shape)} and positions {tuple(checked[1].shape)} must "

@@ -11,9 +11,8 @@ import numpy as np
 
 from ..backend import DTYPE, array_module
 from ..config import ModelConfig
-from ..errors import InputError
-from ..kv_cache import KVCache
-from ..serving.paged_cache import PagedKVCache, reserve
+from ..kv_cache import KVCache, check_sizes
+from ..serving.paged_cache import PagedKVCache, check_pool, reserve
 from .schemes import INT8_MAX
 
 # ----------------------------------------------------------------------------------------------- int8 KV cache
@@ -47,9 +46,7 @@ class Int8KVCache(KVCache):
     """
 
     def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np, dtype=DTYPE):
-        if not 1 <= max_len <= config.context_length:
-            raise InputError(f"KV cache length must be in [1, {config.context_length}] (the context window), "
-                             f"got {max_len}")
+        max_len, batch = check_sizes(config, max_len, batch, lambda n, b: estimate_int8_kv_bytes(config, n, b), xp)
         self.config, self.max_len, self.batch, self.xp = config, max_len, batch, xp
         self.dtype = np.dtype(np.int8)
         shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
@@ -97,6 +94,7 @@ class Int8PagedKVCache(PagedKVCache):
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE):
+        num_blocks, block_size = check_pool(num_blocks, block_size, estimate_int8_kv_bytes(config, 1), xp)
         self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
         self.dtype = np.dtype(np.int8)
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)

@@ -25,6 +25,7 @@ import itertools
 
 import numpy as np
 
+from ..backend import check_count
 from ..errors import InputError
 from ..generate import Delta, Result, make_request
 from ..kv_cache import estimate_kv_bytes
@@ -71,11 +72,14 @@ class Engine:
         self.kv_bytes = lambda tokens: kv_bytes(config, tokens)         # bytes of K and V for `tokens` tokens
         if policy not in POLICIES:
             raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        for name, value in (("max_num_seqs", max_num_seqs), ("block_size", block_size),
-                            ("max_num_batched_tokens", max_num_batched_tokens), ("aging_steps", aging_steps)):
-            if not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
-        self.max_model_len = config.context_length if max_model_len is None else max_model_len
+        # every size is checked as an integer before it is multiplied into a byte count
+        max_num_seqs, block_size, max_num_batched_tokens, aging_steps, kv_cache_bytes = (
+            check_count(name, value) for name, value in (
+                ("max_num_seqs", max_num_seqs), ("block_size", block_size),
+                ("max_num_batched_tokens", max_num_batched_tokens), ("aging_steps", aging_steps),
+                ("kv_cache_bytes", kv_cache_bytes)))
+        self.max_model_len = config.context_length if max_model_len is None else check_count("max_model_len",
+                                                                                            max_model_len)
         if not 1 <= self.max_model_len <= config.context_length:
             raise InputError(f"max_model_len must be in [1, {config.context_length}] (the model's context), "
                              f"got {max_model_len}")
@@ -83,17 +87,25 @@ class Engine:
             per_block = self.kv_bytes(block_size)
             num_blocks = max(1, min(max_num_seqs * -(-self.max_model_len // block_size),
                                     kv_cache_bytes // per_block))
+        num_blocks = check_count("num_blocks", num_blocks)
         self.model = model
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
         use_kernel = model_runner.use_decode_kernel(model, cache_class)
         self.cuda_graphs = (model.device == "gpu" and use_kernel) if cuda_graphs is None else bool(cuda_graphs)
+        # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
+        # bookkeeping is built.
         self.cache = cache_class(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        # No sequence is longer than the pool: the RoPE table and the graphs' block tables need no more positions.
+        longest = min(self.max_model_len, num_blocks * block_size)
+        model.rope.reserve(longest)
         self.graphs = None
         if self.cuda_graphs:
-            self.graphs = DecodeGraphs(model, self.cache, max_num_seqs, -(-self.max_model_len // block_size),
+            # a step decodes at most max_num_batched_tokens sequences (one token each): no larger graph is needed
+            self.graphs = DecodeGraphs(model, self.cache, min(max_num_seqs, max_num_batched_tokens),
+                                       -(-longest // block_size),
                                        scratch_block=num_blocks, use_kernel=use_kernel,
                                        capture=model.device == "gpu")
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)

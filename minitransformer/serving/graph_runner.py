@@ -29,7 +29,7 @@ import logging
 
 import numpy as np
 
-from ..backend import INDEX_DTYPE
+from ..backend import INDEX_DTYPE, check_memory
 
 log = logging.getLogger("minitransformer.graphs")
 
@@ -63,9 +63,15 @@ class DecodeGraphs:
         self.model, self.cache = model, cache
         self.sizes = capture_sizes(max_num_seqs)
         self.max_blocks, self.scratch_block = max_blocks, scratch_block
+        # Every size's static buffers (built on first use), checked together now: a graph cannot grow its buffers
+        # later. Per row: token id, position, slot (int64), seq_len (int32) and a max_blocks-wide table (int32).
+        check_memory(sum(self.sizes) * (3 * 8 + 4 + 4 * max_blocks),
+                     f"CUDA graph buffers for batches up to {max_num_seqs} with {max_blocks}-block tables", model.xp,
+                     "lower max_num_seqs or max_model_len, or cuda_graphs=False")
         self.use_kernel, self.capture = use_kernel, capture
         self.steps: dict[int, object] = {}           # capture size -> GraphedStep (GPU) or EagerStep (CPU)
         self.replays = {size: 0 for size in self.sizes}
+        self.rope_tables: dict[int, tuple] = {}      # capture size -> the RoPE table its graph reads
         self.disabled: str | None = None
 
     def can_run(self, inputs) -> bool:
@@ -102,6 +108,9 @@ class DecodeGraphs:
                    xp.ones(size, dtype=np.int32),
                    xp.full((size, self.max_blocks), self.scratch_block, dtype=np.int32))
         rows = xp.arange(size, dtype=INDEX_DTYPE)                           # every row samples
+        # A captured graph reads the RoPE table at the address it had then: keep that table alive even if the model
+        # later grows a longer one (rope.py).
+        self.rope_tables[size] = (self.model.rope_cos, self.model.rope_sin)
         if not self.capture:
             step = EagerStep(lambda *b: self._forward(rows, *b), *buffers)
         else:

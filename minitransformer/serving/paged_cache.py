@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DTYPE
+from ..backend import DTYPE, check_count, check_memory
 from ..config import ModelConfig
 from ..kv_cache import estimate_kv_bytes
 from ..kernels.attention import flash_prefill, paged_decode
@@ -39,10 +39,21 @@ def reserve(shape, dtype, xp=np):
     return pool
 
 
+def check_pool(num_blocks, block_size, bytes_per_token: int, xp) -> tuple[int, int]:
+    """num_blocks and block_size as integers, and the pool's bytes against the memory available, before reserve()
+    zero-fills it (which would take seconds per GiB to fail). Returns (num_blocks, block_size)."""
+    num_blocks, block_size = check_count("num_blocks", num_blocks), check_count("block_size", block_size)
+    check_memory(num_blocks * block_size * bytes_per_token,
+                 f"a KV cache pool of {num_blocks} blocks x {block_size} tokens", xp,
+                 "lower num_blocks, block_size or kv_cache_bytes")
+    return num_blocks, block_size
+
+
 class PagedKVCache:
     """The K and V pools of every layer, (layers, num_blocks, block_size, kv_heads, head_dim) each."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE):
+        num_blocks, block_size = check_pool(num_blocks, block_size, estimate_kv_bytes(config, 1, dtype=dtype), xp)
         self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
         self.dtype = np.dtype(dtype)
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
