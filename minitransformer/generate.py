@@ -14,6 +14,7 @@ verified row's token (accept the draft or resample) — every other stage is unc
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -102,8 +103,7 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
     kv_cache: "f32" (KVCache) or "int8" (quantize.Int8KVCache: 3.8x smaller, lesson 13 measures what it costs).
     """
     arrival = now()
-    if timeout is not None and not timeout > 0:
-        raise InputError(f"timeout must be > 0 seconds, got {timeout}")
+    check_stream_options(timeout, cancel)
     params = params if params is not None else SamplingParams()
     request = make_request(model, prompt, params, chat, arrival)
     deadline = None if timeout is None else arrival + timeout
@@ -117,7 +117,23 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
             raise InputError("speculative decoding verifies drafts against the KV cache; it cannot run with "
                              "use_cache=False (--no-cache)")
         speculative = make_config(model, speculative, num_speculative_tokens)
-    return _run(model, request, use_cache, deadline, cancel, speculative, cache_class)
+    # The request's memory is taken here, at the call, so one that cannot fit is refused before any work: the KV
+    # cache for prompt + max_tokens (the runner) and the RoPE table rows for every position it will use.
+    runner = make_runner(model, request, use_cache, speculative, cache_class)
+    model.rope.reserve(len(request.prompt_token_ids) + params.max_tokens)
+    return _run(model, request, use_cache, deadline, cancel, speculative, cache_class, runner)
+
+
+def check_stream_options(timeout, cancel) -> None:
+    """timeout a positive number of seconds and cancel an object with is_set(), checked at the call (the loop only
+    reads them once iteration has started, far from the caller's line)."""
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise InputError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+        if not timeout > 0:
+            raise InputError(f"timeout must be > 0 seconds, got {timeout}")
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise InputError(f"cancel must have an is_set() method (a threading.Event), got {type(cancel).__name__}")
 
 
 def kv_cache_class(name: str):
@@ -132,6 +148,9 @@ def kv_cache_class(name: str):
 
 def make_request(model, prompt, params: SamplingParams, chat: bool = False, arrival: float | None = None) -> Request:
     """Tokenize (through the chat template when chat) and check the request against the model's limits."""
+    if not isinstance(params, SamplingParams):
+        raise InputError(f"params must be a SamplingParams, got {type(params).__name__}"
+                         + (": build one with SamplingParams(**params)" if isinstance(params, dict) else ""))
     tokenizer, context = model.tokenizer, model.config.context_length
     text = None
     room = max(context - params.max_tokens, 0)     # prompt tokens that fit; tokenizing stops soon after, if it must
@@ -147,10 +166,7 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
         text = prompt
         ids = tokenizer.encode(text, limit=room)
     else:
-        ids = [int(i) for i in prompt]
-        bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
-        if bad:
-            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
+        ids = prompt_token_ids(prompt, tokenizer.vocab_size)
     if not ids:
         raise InputError("the prompt has no tokens; give at least one")
     if len(ids) > room and text is not None:       # tokenizing may have stopped early: only a bound is known
@@ -163,6 +179,28 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
     if outside:
         raise InputError(f"stop token id {outside[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
     return Request(f"req-{next(_request_ids)}", text, ids, params, arrival if arrival is not None else now())
+
+
+def prompt_token_ids(prompt, vocab_size: int) -> list[int]:
+    """A prompt given as token ids: a list (or 1-D array) of integers in the vocabulary, else one InputError that
+    says what was received. bytes are refused although they iterate as integers: they are text not yet decoded."""
+    accepted = "a str, a list of token ids, or with chat=True a list of {'role', 'content'} messages"
+    if isinstance(prompt, (bytes, bytearray)):
+        raise InputError(f"prompt is {type(prompt).__name__}, not text: decode it first (prompt.decode('utf-8')); "
+                         f"a prompt is {accepted}")
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        raise InputError(f"prompt token ids must be one sequence (1-D), got an array of shape {prompt.shape}")
+    if not isinstance(prompt, (list, tuple, np.ndarray)):
+        raise InputError(f"prompt must be {accepted}; got {type(prompt).__name__} {prompt!r:.80}")
+    for index, value in enumerate(prompt):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            hint = {str: " (one prompt per call; an Engine takes many)", dict: " (chat messages need chat=True)"}.get(
+                type(value), "")
+            raise InputError(f"prompt token ids must be integers, got {type(value).__name__} {value!r:.80} at index "
+                             f"{index}{hint}; a prompt is {accepted}")
+        if not 0 <= value < vocab_size:
+            raise InputError(f"prompt token id {value} is outside the vocabulary [0, {vocab_size})")
+    return [int(i) for i in prompt]
 
 
 def _tokens(n: int) -> str:
@@ -196,17 +234,21 @@ class CachedRunner:
 
 # ---------------------------------------------------------------------------------------------------- the loop
 
-def _run(model, request: Request, use_cache: bool, deadline: float | None, cancel,
-         speculative=None, cache_class=None) -> Iterator[Delta]:
-    params, tokenizer = request.params, model.tokenizer
+def make_runner(model, request: Request, use_cache: bool, speculative=None, cache_class=None):
+    """Where the loop's logits come from: the speculative runner, the KV cache, or the recompute baseline."""
     if speculative is not None:
         from .speculative import SpeculativeRunner
-        runner = SpeculativeRunner(model, request, speculative, cache_class)
-    elif use_cache:
-        runner = CachedRunner(model, request.prompt_token_ids, params.max_tokens, cache_class)
-    else:
-        from .no_cache import RecomputeRunner
-        runner = RecomputeRunner(model, request.prompt_token_ids)
+        return SpeculativeRunner(model, request, speculative, cache_class)
+    if use_cache:
+        return CachedRunner(model, request.prompt_token_ids, request.params.max_tokens, cache_class)
+    from .no_cache import RecomputeRunner
+    return RecomputeRunner(model, request.prompt_token_ids)
+
+
+def _run(model, request: Request, use_cache: bool, deadline: float | None, cancel,
+         speculative=None, cache_class=None, runner=None) -> Iterator[Delta]:
+    params, tokenizer = request.params, model.tokenizer
+    runner = runner if runner is not None else make_runner(model, request, use_cache, speculative, cache_class)
     metrics = RequestMetrics(arrival_time=request.arrival_time)
     detokenizer = IncrementalDetokenizer(tokenizer, params.stop)
     generator = make_generator(params.seed)                 # this request's own random stream

