@@ -27,6 +27,9 @@ from .sampling_params import SamplingParams
 
 # top_p without top_k first sorts only this many of the largest logits, and the whole row only if they fall short.
 TOP_P_PREFIX = 1024
+# The largest logit magnitude penalties and temperature may produce (bounded_scale): far above any logit a model
+# produces, far enough below float32's 3.4e38 that the difference of two such logits is still finite.
+LOGIT_LIMIT = 1e37
 
 
 def make_generator(seed: int | None) -> np.random.Generator:
@@ -87,7 +90,7 @@ def apply_penalties(logits, params: Sequence[SamplingParams], prompt_ids: Sequen
         rows, ids = _scatter_indices(repeat_rows, [list(prompt_ids[b]) + list(output_ids[b]) for b in repeat_rows], V)
         seen[xp.asarray(rows), xp.asarray(ids)] = True
         r = xp.asarray([p.repetition_penalty for p in params], dtype=logits.dtype)[:, None]       # (B, 1)
-        penalised = xp.where(logits > 0, logits / r, logits * r)
+        penalised = xp.where(logits > 0, bounded_scale(logits, r, divide=True), bounded_scale(logits, r))
         logits = xp.where(seen, penalised, logits)
     count_rows = [b for b in range(B) if params[b].frequency_penalty != 0.0 or params[b].presence_penalty != 0.0]
     if count_rows:
@@ -98,6 +101,21 @@ def apply_penalties(logits, params: Sequence[SamplingParams], prompt_ids: Sequen
         presence = xp.asarray([p.presence_penalty for p in params], dtype=logits.dtype)[:, None]    # (B, 1)
         logits = logits - frequency * counts - presence * (counts > 0)
     return logits
+
+
+def bounded_scale(logits, factor, divide: bool = False):
+    """logits * factor, or logits / factor, with no result beyond +-LOGIT_LIMIT.   (B, V), factor (B, 1) > 0.
+
+    Penalties and temperature scale logits by factors the user picks. Unbounded, a large logit overflows float32 to
+    inf, and two inf logits make the softmax's inf - inf a NaN (a RuntimeWarning, then garbage tokens). So the
+    logits are clipped first to the magnitude that the factor takes exactly to LOGIT_LIMIT: results within the
+    limit are bit-for-bit the plain product or quotient, nothing overflows on the way, and -inf (a token removed
+    before sampling) stays -inf.
+    """
+    xp = array_module(logits)
+    bound = LOGIT_LIMIT * xp.minimum(factor, 1) if divide else LOGIT_LIMIT / xp.maximum(factor, 1)   # (B, 1)
+    clipped = xp.where(logits == -xp.inf, logits, xp.minimum(xp.maximum(logits, -bound), bound))       # (B, V)
+    return clipped / factor if divide else clipped * factor
 
 
 def _scatter_indices(rows: list[int], token_lists, V: int, with_counts: bool = False):
@@ -122,10 +140,12 @@ def filtered_probs(logits, params: Sequence[SamplingParams]):
     """
     xp = array_module(logits)
     B, V = logits.shape
-    temperature = xp.asarray([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)[:, None]
+    temperatures = [1.0 if p.greedy else p.temperature for p in params]
+    temperature = xp.asarray(temperatures, dtype=logits.dtype)[:, None]
     # A float32 (B, 1) column: the same float32 division as by a Python float (both round the temperature to
-    # float32 first), never a float64 one (DESIGN.md "float32 pitfall").
-    scaled = logits / temperature                                                # (B, V)
+    # float32 first), never a float64 one (DESIGN.md "float32 pitfall"). A temperature below 1 magnifies the
+    # logits, so then the division is bounded (a float32 logit over 1e-5 can overflow).
+    scaled = logits / temperature if min(temperatures) >= 1 else bounded_scale(logits, temperature, divide=True)
     keep = None                                                                  # (B, V) bool once a filter runs
 
     if any(p.min_p > 0 for p in params):

@@ -16,6 +16,10 @@ from .errors import InputError
 
 # vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
 GREEDY_TEMPERATURE = 1e-5
+# Factors that scale float32 logits must be float32 numbers themselves: past these they round to 0 or inf (and
+# a subnormal loses its precision), which would turn logits into inf and the probabilities into NaN.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)             # the smallest normal float32
 # vLLM's default max_logprobs: more alternatives per token than this is refused (the whole vocabulary would be 49,152).
 MAX_LOGPROBS = 20
 
@@ -57,6 +61,9 @@ class SamplingParams:
         temperature = _real("temperature", self.temperature)
         if not temperature >= 0:
             raise InputError(f"temperature must be >= 0, got {_show(self.temperature)}")
+        if temperature > FLOAT32_MAX:
+            raise InputError(f"temperature must be at most {FLOAT32_MAX:.3g} (float32's largest number; the logits "
+                             f"are divided by it in float32), got {_show(self.temperature)}")
         top_p = _real("top_p", self.top_p)
         if not 0 < top_p <= 1:
             raise InputError(f"top_p must be in (0, 1], got {_show(self.top_p)}")
@@ -69,6 +76,9 @@ class SamplingParams:
         repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
         if not repetition_penalty > 0:
             raise InputError(f"repetition_penalty must be > 0, got {_show(self.repetition_penalty)}")
+        if not FLOAT32_TINY <= repetition_penalty <= FLOAT32_MAX:
+            raise InputError(f"repetition_penalty must be in [{FLOAT32_TINY:.3g}, {FLOAT32_MAX:.3g}] (a normal float32 "
+                             f"number: logits are scaled by it in float32), got {_show(self.repetition_penalty)}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = _real(name, getattr(self, name))
             if not -2 <= value <= 2:
@@ -91,11 +101,20 @@ class SamplingParams:
             raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if any(s == "" for s in stop):
             raise InputError("a stop string must not be empty")
+        for s in stop:      # undecodable command-line bytes arrive as lone surrogates: text that never matches
+            surrogate = next((c for c in s if "\ud800" <= c <= "\udfff"), None)
+            if surrogate is not None:
+                raise InputError(f"a stop string must be valid Unicode text, got {s!r}: it holds the lone surrogate "
+                                 f"U+{ord(surrogate):04X} (bytes that are not UTF-8?), which generated text never "
+                                 "contains")
         set_("stop", tuple(stop))
 
         ids = (self.stop_token_ids,) if _is_int(self.stop_token_ids) else self.stop_token_ids
-        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
+        if not isinstance(ids, (list, tuple)):
             raise InputError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        bad = [i for i in ids if not (_is_int(i) and i >= 0)]
+        if bad:                     # the entry itself, not the tuple the CLI gathered it into
+            raise InputError(f"stop_token_ids must be non-negative integers (token ids), got {_show(bad[0])}")
         set_("stop_token_ids", tuple(int(i) for i in ids))
 
         for name in ("ignore_eos", "include_stop_str_in_output"):
