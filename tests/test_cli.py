@@ -213,7 +213,7 @@ def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, ca
     (["--speculative", "ngram", "--no-cache"], "cannot run with use_cache=False"),
     (["--speculative", "model"], "--speculative model needs --draft-model PATH"),
     (["--draft-model", "x.gguf"], "--draft-model is used only with --speculative model"),
-    (["--speculative", "self:99"], "L must be in [1,"),
+    (["--speculative", "self:99"], "--speculative self:L needs a number of layers L >= 1 and < 2"),
     (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens must be in [1, 16], got 0"),
 ])
 def test_speculative_and_cache_option_errors_are_one_line_exit_2(tiny_model_path, capsys, options, message):

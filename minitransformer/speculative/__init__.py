@@ -34,8 +34,8 @@ SpeculativeStats). Every name is re-exported here, so `from minitransformer.spec
 """
 
 from .acceptance import accept_or_resample, processed_probs
-from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_same_vocabulary, describe, from_cli,
-                     make_config)
+from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_cli, check_same_vocabulary, describe,
+                     from_cli, make_config)
 from .drafters import ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter, forward_first_layers
 from .runner import SpeculativeRunner, SpeculativeStats
 

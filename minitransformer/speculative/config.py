@@ -58,14 +58,27 @@ def make_config(model, speculative, num_speculative_tokens: int = 4) -> Speculat
     return config
 
 
-def from_cli(name: str | None, draft_model: str | None, device: str = "cpu"):
-    """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes."""
-    if name != "model":
-        if draft_model:
-            raise InputError("--draft-model is used only with --speculative model")
-        return name
-    if not draft_model:
+def check_cli(name: str | None, draft_model: str | None, n_layers: int | None = None) -> None:
+    """`--speculative` and `--draft-model` checked as typed, before any model is loaded (n_layers: the loaded
+    model's, to bound self:L); the errors name the flags."""
+    if name is not None and name not in ("ngram", "model") and not name.startswith("self:"):
+        raise InputError(f"--speculative must be ngram, self:L (L = layers that draft) or model, got {name!r}")
+    if name is not None and name.startswith("self:"):
+        layers = name[5:]
+        top = "" if n_layers is None else f" and < {n_layers} (this model's layers)"
+        if not layers.isdigit() or int(layers) < 1 or (n_layers is not None and int(layers) >= n_layers):
+            raise InputError(f"--speculative self:L needs a number of layers L >= 1{top}, got {name!r}")
+    if name != "model" and draft_model:
+        raise InputError("--draft-model is used only with --speculative model")
+    if name == "model" and not draft_model:
         raise InputError("--speculative model needs --draft-model PATH (a GGUF with the same vocabulary)")
+
+
+def from_cli(name: str | None, draft_model: str | None, device: str = "cpu", n_layers: int | None = None):
+    """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes."""
+    check_cli(name, draft_model, n_layers)
+    if name != "model":
+        return name
     from ..model import load_model
     return load_model(draft_model, device=device)
 
