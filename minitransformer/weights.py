@@ -61,13 +61,13 @@ def find_default_model() -> Path | None:
 def resolve_model_path(path: str | Path | None = None, fetch: bool = True) -> Path:
     """`path` as given, or the default model (downloaded first when missing and `fetch` is true)."""
     if path is not None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError(f"model path must be a str or an os.PathLike (pathlib.Path), got {type(path).__name__} "
+                             f"{path!r:.80}; None loads the default model")
         return Path(path)
     found = find_default_model()
     if found is not None:
         return found
-        if not isinstance(path, (str, os.PathLike)):
-            raise InputError(f"model path must be a str or an os.PathLike (pathlib.Path), got {type(path).__name__} "
-                             f"{path!r:.80}; None loads the default model")
     if not fetch:
         raise ModelFetchError(f"the default model is not on disk (looked in {cache_dir()}); "
                               "run `minitransformer download`")

@@ -13,6 +13,7 @@ This file wires the subcommands to their functions; each lives in one short file
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import MiniTransformerError
@@ -22,6 +23,9 @@ from .options import _add_model_options, _add_sampling_options
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
 
 EXIT_USAGE = 2
+# The reader of our output went away (`| head -c 1`): exit as a Unix tool killed by SIGPIPE is seen by its shell,
+# 128 + 13, so `set -o pipefail` scripts see what they see with `yes | head -1`; quietly, as the tool dies quietly.
+EXIT_BROKEN_PIPE = 128 + 13
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,11 +97,33 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
                 "figures": cmd_figures, "bench": cmd_bench}
+    if sys.stderr is None:            # started with stderr closed (`2>&-`): print(file=None) would write to stdout
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:                               # started with stdout closed (`>&-`): nowhere to write
+        print("minitransformer: error: standard output is closed; redirect it to a file or /dev/null instead",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        sys.stdout.flush()                               # a reader gone away shows here if the output was buffered
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except MiniTransformerError as exc:
         print(f"minitransformer: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("minitransformer: interrupted", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> int:
+    """Stop quietly on a closed pipe. stdout and stderr are pointed at /dev/null first: the interpreter flushes
+    them once more at exit, and that flush would report the same broken pipe as a traceback-like message."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (AttributeError, OSError, ValueError):    # no stream, or not a real file (an in-process capture)
+            pass
+    return EXIT_BROKEN_PIPE

@@ -50,6 +50,9 @@ def cmd_chat(args) -> int:
     from ..generate import stream
 
     params = sampling_params(args)
+    if sys.stdin is None:                                # started with stdin closed (`<&-`): nothing to read
+        raise InputError("chat reads your messages from standard input, which is closed; run it in a terminal "
+                         "or pipe the messages in (one per line)")
     model = _load(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history = list(system)
