@@ -21,6 +21,10 @@ class InputError(MiniTransformerError):
     """A prompt, token id or setting is out of range (e.g. longer than the context)."""
 
 
+class QuotaError(InputError):
+    """A tenant's requests in flight would hold more tokens than its quota (the server answers 429, not 400)."""
+
+
 class MemoryLimitError(InputError):
     """A reservation (KV cache, RoPE table, CUDA graph buffers) larger than the memory left: refused before any of
     it is allocated, with the bytes asked and available (backend.check_memory)."""

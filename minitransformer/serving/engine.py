@@ -26,7 +26,7 @@ import itertools
 import numpy as np
 
 from ..backend import check_count
-from ..errors import InputError
+from ..errors import InputError, QuotaError
 from ..generate import Delta, Result, make_request
 from ..kv_cache import estimate_kv_bytes
 from ..metrics import RequestMetrics, Usage, now
@@ -111,7 +111,8 @@ class Engine:
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
         self.tenant_token_quota = tenant_token_quota
         self.sequences: dict[str, Sequence] = {}         # unfinished requests
-        self.step_log: list[StepRecord] = []
+        self.step_log: list[StepRecord] = []             # a long-running owner (the HTTP server) may trim it
+        self.num_steps = 0
         self._pending: list[RequestOutput] = []          # aborts, reported by the next step()
         self._arrivals = itertools.count()
         self._num_prompt_tokens = self._num_generation_tokens = 0
@@ -148,7 +149,7 @@ class Engine:
                 held = sum(s.num_prompt_tokens + s.params.max_tokens for s in self.sequences.values()
                            if s.tenant == tenant)
                 if held + total > limit:
-                    raise InputError(f"tenant {tenant!r} would hold {held + total} tokens in flight (prompt + "
+                    raise QuotaError(f"tenant {tenant!r} would hold {held + total} tokens in flight (prompt + "
                                      f"max_tokens of its unfinished requests), over its quota of {limit}")
         seq = Sequence(request=request,
                        detokenizer=IncrementalDetokenizer(self.model.tokenizer, params.stop),
@@ -160,12 +161,12 @@ class Engine:
         self.scheduler.add(seq)
         return request.request_id
 
-    def abort(self, request_id: str) -> None:
-        """Finish a request now (finish_reason "abort", stop_reason "cancelled") and free its blocks; its final
-        RequestOutput comes with the next step(). Aborting a finished request does nothing."""
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        """Finish a request now (finish_reason "abort", stop_reason `reason`: "cancelled" or "timeout") and free its
+        blocks; its final RequestOutput comes with the next step(). Aborting a finished request does nothing."""
         seq = self.sequences.get(request_id)
         if seq is not None:
-            self._pending.append(self._finish(seq, StopDecision("abort", "cancelled"), new_tokens=[]))
+            self._pending.append(self._finish(seq, StopDecision("abort", reason), new_tokens=[]))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.sequences) or bool(self._pending)
@@ -198,12 +199,13 @@ class Engine:
                 tokens = self._sample(logits, inputs.sampled)                      # (R,) on the host
                 outputs += [self._append_token(seq, int(token)) for seq, token in zip(inputs.sampled, tokens)]
         self.step_log.append(StepRecord(
-            step=len(self.step_log), request_ids=[s.request_id for s, _ in plan.scheduled],
+            step=self.num_steps, request_ids=[s.request_id for s, _ in plan.scheduled],
             num_prefill_tokens=plan.num_batched_tokens - decode_tokens, num_decode_tokens=decode_tokens,
             num_batched_tokens=plan.num_batched_tokens, duration_s=now() - start,
             kv_cache_usage=self.block_manager.usage, num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running), preempted=[s.request_id for s in plan.preempted],
             start_s=start))
+        self.num_steps += 1
         return outputs
 
     def run(self) -> dict[str, Result]:
@@ -274,5 +276,5 @@ class Engine:
         bm = self.block_manager
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage,
                            self.scheduler.num_preemptions, bm.prefix_cache_queries, bm.prefix_cache_hits,
-                           len(self.step_log), self._num_prompt_tokens, self._num_generation_tokens,
+                           self.num_steps, self._num_prompt_tokens, self._num_generation_tokens,
                            bm.num_free_blocks, bm.num_blocks)

@@ -1,0 +1,13 @@
+"""An OpenAI-compatible HTTP server over the serving engine: `minitransformer serve` (lesson 14 measures it).
+
+One concept per file, in the order a request meets them:
+errors.py (OpenAI's error objects) -> tenants.py (API keys, quotas) -> protocol.py (request bodies, checked)
+-> engine_loop.py (the one thread that steps the Engine; handlers talk to it through queues) -> responses.py
+(whole responses and server-sent-event chunks) -> prometheus.py (/metrics) -> app.py (the routes).
+"""
+
+from .app import Server, ServerConfig
+from .engine_loop import EngineLoop, StreamItem
+from .prometheus import ServerMetrics
+
+__all__ = ["Server", "ServerConfig", "EngineLoop", "StreamItem", "ServerMetrics"]

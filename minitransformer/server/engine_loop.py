@@ -1,0 +1,197 @@
+"""The engine thread: one thread owns the Engine and steps it while it has work; HTTP handlers talk to it by message.
+
+    handler (event loop)                         engine thread
+    ---------------------                        ----------------------------------------------------------
+    submit(ids, params) --- command queue --->   engine.add_request(...)   (or refuse: queue full, quota)
+                        <--- Future ----------   request id
+    await items.get()   <--- call_soon_threadsafe: one StreamItem per step per request (text, tokens, logprobs)
+    abort(rid)          --- command queue --->   engine.abort(rid): blocks freed now, final item next step
+
+Why a thread and queues: the Engine is plain synchronous code (serving/engine.py) and is not thread-safe, and a model
+step takes milliseconds to seconds. Run on the event loop, it would freeze every connection for a whole step; run
+from several handlers at once, it would corrupt the block tables. So exactly one thread touches the Engine, and the
+event loop only ever waits on queues. Between two steps the thread takes in every command that arrived, which is
+what makes the batching continuous: a request that arrives mid-stream joins the running batch at the next step.
+
+A request lives as long as its client: a handler whose client went away calls abort(), and the thread aborts it
+before the next step. A request older than --request-timeout is aborted with stop_reason "timeout".
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ..errors import MiniTransformerError
+from ..generate import Result
+from ..metrics import now
+from ..serving import Engine, StepRecord
+from .errors import QueueFull
+from .prometheus import ServerMetrics
+from .responses import finish
+
+log = logging.getLogger("minitransformer.server")
+
+STEP_HISTORY = 512          # step records kept for the live view; the Engine's own step_log is trimmed to this
+
+
+@dataclass
+class StreamItem:
+    """What one step produced for one request: new text, its tokens, their logprob entries; result when finished."""
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict]
+    result: Result | None = None
+    error: str | None = None            # the engine failed: the request ends with this message
+
+
+class EngineLoop:
+    """Owns `engine` on its own thread; see the module docstring."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics, request_timeout_s: float | None = None,
+                 max_waiting: int | None = None):
+        self.engine, self.metrics = engine, metrics
+        self.request_timeout_s, self.max_waiting = request_timeout_s, max_waiting
+        self.stats = engine.stats                        # a fresh snapshot after every step, read by /metrics
+        self.steps: list[StepRecord] = []                # the latest STEP_HISTORY steps
+        self.error: str | None = None                    # set when a step failed: the server stops taking work
+        self._commands: queue.Queue = queue.Queue()
+        self._sinks: dict[str, object] = {}              # request id -> callable(StreamItem), into its handler
+        self._deadlines: dict[str, float] = {}
+        self._logprobs_sent: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, name="minitransformer-engine", daemon=True)
+
+    # ------------------------------------------------------------------ called from the event loop
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Abort whatever is still running, tell its clients, and end the thread."""
+        self._commands.put(None)
+        self._thread.join(timeout_s)
+
+    def submit(self, prompt_ids: list[int], params, priority: int, tenant: str | None, arrival_time: float,
+               sink) -> Future:
+        """Hand a tokenized request to the engine thread. The Future resolves to its request id, or to the error
+        that refused it (InputError, QuotaError, QueueFull). `sink(StreamItem)` is called from the engine thread."""
+        future: Future = Future()
+        self._commands.put(lambda: self._add(future, sink, prompt_ids, params, priority, tenant, arrival_time))
+        return future
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(lambda: self.engine.abort(request_id))
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while True:
+            busy = self.error is None and self.engine.has_unfinished_requests()
+            commands = [] if busy else [self._commands.get()]                # idle: sleep until a command
+            while True:
+                try:
+                    commands.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            for command in commands:
+                if command is None:
+                    return self._shutdown()
+                command()
+            self._expire()
+            if self.engine.has_unfinished_requests() and self.error is None:
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:                 # a bug in a step: fail its requests, keep the process up
+                    log.exception("engine step failed; the server stops taking requests")
+                    self._fail_all(f"the engine failed: {type(exc).__name__}: {exc}")
+                    continue
+                self._publish()                          # first: a client that sees its token sees these stats
+                self._dispatch(outputs)
+            else:
+                self._publish()
+
+    def _add(self, future: Future, sink, prompt_ids, params, priority, tenant, arrival_time) -> None:
+        if not future.set_running_or_notify_cancel():
+            return                                       # the client left before its request got here
+        if self.error is not None:
+            future.set_exception(RuntimeError(self.error))
+            return
+        waiting = len(self.engine.scheduler.waiting)
+        if self.max_waiting is not None and waiting >= self.max_waiting:
+            future.set_exception(QueueFull(f"the waiting queue is full ({waiting} requests waiting, "
+                                           f"--max-waiting {self.max_waiting}); retry shortly"))
+            return
+        try:
+            request_id = self.engine.add_request(prompt_ids, params, priority=priority, tenant=tenant,
+                                                 arrival_time=arrival_time)
+        except MiniTransformerError as exc:
+            future.set_exception(exc)
+            return
+        self._sinks[request_id] = sink
+        self._logprobs_sent[request_id] = 0
+        if self.request_timeout_s is not None:
+            self._deadlines[request_id] = arrival_time + self.request_timeout_s
+        future.set_result(request_id)
+
+    def _expire(self) -> None:
+        clock = now()
+        for request_id, deadline in list(self._deadlines.items()):
+            if clock >= deadline:
+                del self._deadlines[request_id]
+                self.engine.abort(request_id, reason="timeout")
+
+    def _dispatch(self, outputs) -> None:
+        """Each RequestOutput of the step -> its handler, with the logprob entries it has not been sent yet."""
+        for out in outputs:
+            rid = out.request_id
+            source = out.result.logprobs if out.finished else self.engine.sequences[rid].logprobs
+            sent = self._logprobs_sent.get(rid, 0)
+            entries = source[sent:] if source is not None else []
+            self._logprobs_sent[rid] = sent + len(entries)
+            sink = self._sinks.get(rid)
+            if out.finished:
+                self._sinks.pop(rid, None)
+                self._deadlines.pop(rid, None)
+                self._logprobs_sent.pop(rid, None)
+                self.metrics.observe_finished(out.result, finish(out.result)[0])
+            if sink is not None:
+                _deliver(sink, StreamItem(out.delta.text, out.delta.token_ids, entries, out.result))
+
+    def _publish(self) -> None:
+        """Snapshots for readers on other threads (assigning a reference is atomic), and the step history trimmed."""
+        log_ = self.engine.step_log
+        if len(log_) > 2 * STEP_HISTORY:
+            del log_[:-STEP_HISTORY]
+        self.steps = log_[-STEP_HISTORY:]
+        self.stats = self.engine.stats
+
+    def _fail_all(self, message: str) -> None:
+        self.error = message
+        try:
+            for request_id in list(self.engine.sequences):
+                self.engine.abort(request_id)            # frees their blocks
+        except Exception:
+            log.exception("could not abort the requests of the failed engine")
+        for sink in self._sinks.values():
+            _deliver(sink, StreamItem("", [], [], error=message))
+        self._sinks.clear()
+        self._deadlines.clear()
+
+    def _shutdown(self) -> None:
+        if self.error is not None:
+            return
+        for request_id in list(self.engine.sequences):
+            self.engine.abort(request_id)
+        while self.engine.has_unfinished_requests():
+            self._dispatch(self.engine.step())           # only the aborts' final outputs: no model work
+        self._publish()
+
+
+def _deliver(sink, item: StreamItem) -> None:
+    try:
+        sink(item)
+    except RuntimeError:                                 # the handler's event loop is closed: nobody to tell
+        pass

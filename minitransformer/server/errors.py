@@ -1,0 +1,39 @@
+"""HTTP errors as OpenAI's API returns them: a status code and `{"error": {"message", "type", "param", "code"}}`.
+
+Clients (the `openai` package, curl scripts) branch on the status and read the message, so every refusal the server
+makes is one of these, with a message that names the problem and the limit — never a traceback. The `type` values
+are OpenAI's: "invalid_request_error" for anything the request itself got wrong (400, 401, 404, 413),
+"rate_limit_exceeded" for 429 (full queue, tenant over quota), "server_error" for our own faults (500, 503).
+"""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+
+class APIError(Exception):
+    """One refusal: raise it anywhere in a handler; the app turns it into the error object and status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def too_many_requests(message: str, code: str, retry_after_s: int = 1) -> APIError:
+    """429: the request was fine but cannot be taken now; Retry-After says when to try again."""
+    return APIError(429, message, type="rate_limit_exceeded", code=code,
+                    headers={"Retry-After": str(retry_after_s)})
+
+
+class QueueFull(Exception):
+    """The engine's waiting queue holds --max-waiting requests already (admission control: refuse, don't pile up)."""

@@ -1,0 +1,124 @@
+"""`GET /metrics`: the server's numbers in Prometheus' text format, under vLLM's metric names.
+
+Dashboards and alerts written for vLLM read these unchanged (names from vLLM's production-metrics docs):
+
+    vllm:num_requests_running / vllm:num_requests_waiting    gauges: the scheduler's queues after the last step
+    vllm:kv_cache_usage_perc                                 gauge: fraction of KV blocks in use (1 = full)
+    vllm:prompt_tokens_total / vllm:generation_tokens_total  counters: tokens prefilled / sampled
+    vllm:num_preemptions_total, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total
+    vllm:request_success_total{finished_reason}              counter: finished requests by finish reason
+    vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds, vllm:request_queue_time_seconds,
+    vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds, vllm:e2e_request_latency_seconds,
+    vllm:request_prompt_tokens, vllm:request_generation_tokens    histograms, observed when a request finishes
+
+The text format itself is simple enough to write out (`# HELP`, `# TYPE`, one sample per line; a histogram is its
+cumulative `_bucket{le=...}` counts plus `_sum` and `_count`), so it is written here rather than through a client
+library. Timings come from the request's own RequestMetrics (metrics.py), the same numbers `--json` prints.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+from ..generate import Result
+from ..serving import EngineStats
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+class Histogram:
+    """Counts per bucket (upper bounds `le`), the sum and the count, as Prometheus keeps them."""
+
+    def __init__(self, name: str, help: str, buckets: tuple):
+        self.name, self.help, self.buckets = name, help, buckets
+        self.counts = [0] * (len(buckets) + 1)               # the last one is +Inf
+        self.sum, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, labels: str) -> list[str]:
+        out, cumulative = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"], 0
+        for bound, count in zip((*map(_number, self.buckets), "+Inf"), self.counts):
+            cumulative += count
+            out.append(f'{self.name}_bucket{{{labels},le="{bound}"}} {cumulative}')
+        out += [f"{self.name}_sum{{{labels}}} {_number(self.sum)}", f"{self.name}_count{{{labels}}} {self.count}"]
+        return out
+
+
+class ServerMetrics:
+    """The histograms and finish counters; written by the engine thread, read by /metrics (hence the lock)."""
+
+    def __init__(self, model_name: str):
+        self.labels = f'model_name="{_escape(model_name)}"'
+        self.lock = threading.Lock()
+        self.finished: dict[str, int] = {}
+        seconds = lambda name, help: Histogram(name, help, LATENCY_BUCKETS)   # noqa: E731
+        self.ttft = seconds("vllm:time_to_first_token_seconds", "Time to first token in seconds.")
+        self.itl = seconds("vllm:inter_token_latency_seconds", "Time between consecutive output tokens in seconds.")
+        self.queue = seconds("vllm:request_queue_time_seconds", "Time a request waited before its first schedule.")
+        self.prefill = seconds("vllm:request_prefill_time_seconds", "Time from first schedule to first token.")
+        self.decode = seconds("vllm:request_decode_time_seconds", "Time from first token to the last.")
+        self.e2e = seconds("vllm:e2e_request_latency_seconds", "Arrival to finish in seconds.")
+        self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens per request.",
+                                           TOKEN_BUCKETS)
+
+    def observe_finished(self, result: Result, finish_reason: str) -> None:
+        m = result.metrics
+        with self.lock:
+            self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
+            for histogram, value in ((self.ttft, m.ttft_s), (self.queue, m.queue_s), (self.prefill, m.prefill_s),
+                                     (self.e2e, m.e2e_s)):
+                if value is not None:
+                    histogram.observe(value)
+            if m.ttft_s is not None and m.e2e_s is not None:
+                self.decode.observe(m.e2e_s - m.ttft_s)
+            for gap in m.itl_s:
+                self.itl.observe(float(gap))
+            self.prompt_tokens.observe(result.usage.prompt_tokens)
+            self.generation_tokens.observe(result.usage.completion_tokens)
+
+    def render(self, stats: EngineStats) -> str:
+        """The whole /metrics page."""
+        labels = self.labels
+
+        def sample(kind: str, name: str, help: str, value) -> list[str]:
+            return [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {_number(value)}"]
+
+        lines = [
+            *sample("gauge", "vllm:num_requests_running", "Requests in the running batch.", stats.num_running_reqs),
+            *sample("gauge", "vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting_reqs),
+            *sample("gauge", "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    stats.kv_cache_usage),
+            *sample("counter", "vllm:prompt_tokens_total", "Prefill tokens processed.", stats.num_prompt_tokens),
+            *sample("counter", "vllm:generation_tokens_total", "Generation tokens processed.",
+                    stats.num_generation_tokens),
+            *sample("counter", "vllm:num_preemptions_total", "Cumulative preemptions.", stats.num_preemptions),
+            *sample("counter", "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+                    stats.prefix_cache_queries),
+            *sample("counter", "vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+                    stats.prefix_cache_hits),
+        ]
+        with self.lock:
+            lines += ["# HELP vllm:request_success_total Finished requests, by finish reason.",
+                      "# TYPE vllm:request_success_total counter"]
+            lines += [f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {count}'
+                      for reason, count in sorted(self.finished.items())]
+            for histogram in (self.ttft, self.itl, self.queue, self.prefill, self.decode, self.e2e,
+                              self.prompt_tokens, self.generation_tokens):
+                lines += histogram.lines(labels)
+        return "\n".join(lines) + "\n"
+
+
+def _number(value) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

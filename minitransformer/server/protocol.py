@@ -1,0 +1,198 @@
+"""Request bodies in, as OpenAI's API defines them (with vLLM's extensions): JSON -> a checked `ApiRequest`.
+
+The fields are OpenAI's names; the sampling ones map one to one onto SamplingParams (which already has vLLM's
+names and ranges, and checks them). What the HTTP layer adds is types: JSON has no int/float distinction and a client
+may send anything, so every field is checked here and a wrong one is a 400 naming the field (`param`), before any
+tokenizing or model work.
+
+    POST /v1/completions        prompt (a string, one string in a list, or token ids), max_tokens (default 16),
+                                logprobs (int: top alternatives per token), echo / suffix / best_of not supported
+    POST /v1/chat/completions   messages [{"role", "content"}] (content: a string or a list of text parts),
+                                max_tokens or max_completion_tokens (default: what is left of the context),
+                                logprobs (bool) + top_logprobs (int)
+    both                        stream, stream_options.include_usage, temperature, top_p, top_k, min_p, seed, stop
+                                (a string or a list), presence_penalty, frequency_penalty, repetition_penalty,
+                                min_tokens, ignore_eos, include_stop_str_in_output, stop_token_ids, priority (vLLM:
+                                lower runs first), n (only 1)
+Unknown fields are ignored, as vLLM and OpenAI's own server do with fields they do not use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import numbers
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..sampling_params import SamplingParams
+from .errors import APIError, bad_request
+
+# The sampling fields that pass straight through to SamplingParams (the API name is the SamplingParams name).
+SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
+                   "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float,
+                   "min_tokens": int, "ignore_eos": bool, "include_stop_str_in_output": bool}
+
+
+@dataclass
+class ApiRequest:
+    """One checked completion or chat request, ready for the engine."""
+    chat: bool
+    prompt: object                   # str | list[int] (completions) or list of {"role", "content"} (chat)
+    params: SamplingParams           # max_tokens is provisional when max_tokens_given is False (chat default)
+    max_tokens_given: bool
+    model: str | None
+    stream: bool
+    include_usage: bool
+    priority: int | None
+
+
+def parse_json(body: bytes) -> dict:
+    """The body as a JSON object, or a 400 that says what is wrong with it."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_generation(data: dict, chat: bool) -> ApiRequest:
+    """A completions or chat body -> ApiRequest; every problem is a 400 naming its field."""
+    for name in ("n", "best_of"):
+        if _get(data, name, int, 1) != 1:
+            raise bad_request(f"{name} > 1 is not supported: this server returns one choice per request; "
+                              "send several requests instead", param=name)
+    if _get(data, "echo", bool, False):
+        raise bad_request("echo is not supported", param="echo")
+    if _get(data, "suffix", str, None):
+        raise bad_request("suffix is not supported", param="suffix")
+    if chat:
+        prompt = _messages(data.get("messages"))
+        if data.get("tools"):
+            raise bad_request("tools are not supported by this server", param="tools")
+        max_tokens = _get(data, "max_completion_tokens", int, None)
+        if max_tokens is None:
+            max_tokens = _get(data, "max_tokens", int, None)
+        logprobs = _top_logprobs(data) if _get(data, "logprobs", bool, False) else None
+    else:
+        prompt = _prompt(data.get("prompt"))
+        max_tokens = _get(data, "max_tokens", int, 16)            # OpenAI's and vLLM's default for completions
+        logprobs = _get(data, "logprobs", int, None)
+    fields = {name: value for name, kind in SAMPLING_FIELDS.items()
+              if (value := _get(data, name, kind, None)) is not None}
+    stop = data.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise bad_request(f"stop must be a string or a list of strings, got {_json_type(data['stop'])}",
+                              param="stop")
+        fields["stop"] = tuple(stop)
+    stop_ids = data.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, list) or not all(_is_int(i) for i in stop_ids):
+            raise bad_request("stop_token_ids must be a list of integers", param="stop_token_ids")
+        fields["stop_token_ids"] = tuple(stop_ids)
+    stream_options = _get(data, "stream_options", dict, None) or {}
+    stream = _get(data, "stream", bool, False)
+    return ApiRequest(
+        chat=chat, prompt=prompt,
+        params=sampling_params(max_tokens=max_tokens if max_tokens is not None else 1, logprobs=logprobs, **fields),
+        max_tokens_given=max_tokens is not None, model=_get(data, "model", str, None), stream=stream,
+        include_usage=stream and _get(stream_options, "include_usage", bool, False, "stream_options.include_usage"),
+        priority=_get(data, "priority", int, None))
+
+
+def sampling_params(**fields) -> SamplingParams:
+    """SamplingParams, with its range errors as 400s naming the API field."""
+    try:
+        return SamplingParams(**fields)
+    except InputError as exc:
+        message = str(exc)
+        param = next((f.name for f in dataclasses.fields(SamplingParams) if message.startswith(f.name)), None)
+        raise bad_request(message, param=param) from None
+
+
+def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    return sampling_params(**{**dataclasses.asdict(params), "max_tokens": max_tokens})
+
+
+def parse_token_ids(data: dict, name: str) -> list[int]:
+    ids = data.get(name)
+    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+        raise bad_request(f"{name} must be a list of token ids (integers), got {_json_type(ids)}", param=name)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------- fields
+
+def _get(data: dict, name: str, kind: type, default, param: str | None = None):
+    """data[name] checked against a JSON type (int: no floats, no booleans; float: any number); absent or null ->
+    default."""
+    value = data.get(name)
+    if value is None:
+        return default
+    ok = {int: _is_int(value), float: isinstance(value, numbers.Real) and not isinstance(value, bool),
+          bool: isinstance(value, bool)}.get(kind, isinstance(value, kind))
+    if not ok:
+        wanted = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                  dict: "an object"}[kind]
+        raise bad_request(f"{param or name} must be {wanted}, got {_json_type(value)} {_short(value)}",
+                          param=param or name)
+    return value
+
+
+def _prompt(prompt) -> str | list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]                                   # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt is empty; give at least one character", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(i) for i in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad_request(f"one prompt per request (got {len(prompt)}); send several requests", param="prompt")
+    raise bad_request(f"prompt must be a string or a list of token ids, got {_json_type(prompt)}", param="prompt")
+
+
+def _messages(messages) -> list[dict]:
+    """OpenAI messages -> [{"role", "content": str}]; content given as text parts is joined."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {\"role\", \"content\"} objects", param="messages")
+    out = []
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(f"messages[{n}] must be an object with a string role", param=f"messages[{n}]")
+        content = message.get("content")
+        if isinstance(content, list):                        # [{"type": "text", "text": "..."}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad_request(f"messages[{n}].content: only text parts are supported",
+                                  param=f"messages[{n}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad_request(f"messages[{n}].content must be a string or a list of text parts, got "
+                              f"{_json_type(content)}", param=f"messages[{n}].content")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def _top_logprobs(data: dict) -> int:
+    return _get(data, "top_logprobs", int, 0)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_type(value) -> str:
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,69 @@
+"""API keys: who is calling, how many tokens they may hold in flight, and how urgent their requests are.
+
+`--api-keys FILE` is a JSON object mapping each key to its tenant:
+
+    {"sk-alice-123": {"tenant": "alice", "quota_tokens": 8192, "priority": 0},
+     "sk-batch-456": {"tenant": "batch-jobs", "quota_tokens": 2048, "priority": 10}}
+
+Clients send the key as OpenAI clients do (`Authorization: Bearer sk-alice-123`). quota_tokens (optional) bounds the
+tokens a tenant's unfinished requests may reserve together (prompt + max_tokens each): the Engine's admission
+control, so one tenant cannot fill the KV cache and starve the others; over it, the server answers 429. priority
+(optional, default 0; lower runs first under `--policy priority`) is the default of a request that sets none.
+Several keys may name the same tenant; they share its quota.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    quota_tokens: int | None = None
+    priority: int = 0
+
+
+def load_api_keys(path: str | Path) -> dict[str, Tenant]:
+    """The keys file -> {key: Tenant}; InputError (one line, naming the key and field) when it is malformed."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read the API keys file {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"the API keys file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"the API keys file {path} must be a JSON object mapping each key to "
+                         '{"tenant": NAME, "quota_tokens": N, "priority": P}')
+    keys, quotas = {}, {}
+    for key, entry in data.items():
+        where = f"API keys file {path}, key {key[:4]}...:"
+        if not key.strip() or key != key.strip():
+            raise InputError(f"{where} a key must be non-empty and have no surrounding spaces")
+        if not isinstance(entry, dict) or not isinstance(entry.get("tenant"), str) or not entry["tenant"]:
+            raise InputError(f'{where} give an object with a non-empty "tenant" name')
+        quota, priority = entry.get("quota_tokens"), entry.get("priority", 0)
+        if quota is not None and (not _is_int(quota) or quota < 1):
+            raise InputError(f"{where} quota_tokens must be a positive integer, got {quota!r}")
+        if not _is_int(priority):
+            raise InputError(f"{where} priority must be an integer, got {priority!r}")
+        name = entry["tenant"]
+        if name in quotas and quotas[name] != quota:
+            raise InputError(f"{where} tenant {name!r} is given two different quotas ({quotas[name]} and {quota})")
+        quotas[name] = quota
+        keys[key] = Tenant(name, quota, priority)
+    return keys
+
+
+def tenant_quotas(keys: dict[str, Tenant]) -> dict[str, int] | None:
+    """{tenant: quota} for Engine(tenant_token_quota=...), or None when no tenant has one."""
+    quotas = {t.name: t.quota_tokens for t in keys.values() if t.quota_tokens is not None}
+    return quotas or None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
