@@ -28,7 +28,9 @@ from minitransformer.sampling import make_generator, sample  # noqa: E402
 REQUESTS = ["What is 2+2?", "Name three colors of the rainbow.", "Write one sentence about the sea."]
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
-HYPOTHETICAL = [("1B float16", 1e9 * 2), ("7B float16", 7e9 * 2), ("7B 4-bit", 7e9 * 0.5625)]   # Q4_1: 4.5 bits
+# Q4_1 stores 32 weights in 20 bytes (16 bytes of 4-bit values + a float16 scale + a float16 min; lesson 13 prints
+# them): 5 bits, 0.625 bytes per weight.
+HYPOTHETICAL = [("1B float16", 1e9 * 2), ("7B float16", 7e9 * 2), ("7B Q4_1", 7e9 * 0.625)]
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
 
