@@ -140,8 +140,10 @@ def main():
         f"linearly in tokens and in batch: for 32 layers, 8 KV heads, head_dim 128 in float16, 4k tokens x batch 4 "
         f"need {gib(small)} and 16k tokens x batch 16 need {gib(large)}. For this model, 16 users at its full "
         f"{cfg.context_length:,}-token context would need {gib(own)} of cache, {own / model.weight_bytes:.0f}x its "
-        f"{gib(model.weight_bytes)} of weights: context length x concurrent users, not the model, decides how many "
-        "requests fit in memory.")
+        f"{gib(model.weight_bytes)} of weights. How many requests fit depends on both: the model fixes the bytes per "
+        f"token (2 x layers x KV heads x head_dim x bytes per value; sharing {cfg.n_kv_heads} KV heads among "
+        f"{cfg.n_heads} query heads makes them {cfg.n_heads // cfg.n_kv_heads}x fewer) and the memory its weights "
+        f"take; context length x concurrent users multiply those bytes per token until the rest of memory is full.")
 
 if __name__ == "__main__":
     try:
