@@ -122,8 +122,10 @@ def main() -> None:
         f"({rows['top_p=0.9'][1]:.2f} bits), min_p=0.1 keeps {rows['min_p=0.1'][0]} ({rows['min_p=0.1'][1]:.2f} "
         f"bits); greedy keeps 1. A seed makes a sampled reply repeatable ({'same' if same else 'NOT the same'} "
         f"{args.tokens} tokens twice). Drawing costs at most {rows[costly][2] * 1e3:.2f} ms ({costly}) against "
-        f"{step * 1e3:.1f} ms for one decode step, {rows[costly][2] / step:.1%}: the sampler is never the bottleneck; "
-        f"the forward pass is.")
+        f"{step * 1e3:.1f} ms for one decode step, {rows[costly][2] / step:.1%}: on this CPU, for one sequence, the "
+        f"forward pass is the bottleneck, not the sampler. That is what was measured here, not a law: with a large "
+        f"vocabulary at a large batch, a full sort for top_p on a GPU, or a copy of the logits back to the host at "
+        f"every step, sampling can take a real share of a step.")
     if not math.isfinite(full[1]):
         raise SystemExit("entropy is not finite: the logits are broken")
 
