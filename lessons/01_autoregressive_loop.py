@@ -44,9 +44,10 @@ def table_of(rows, last=None):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))   # the whole first sentence
     ap.add_argument("--prompt", default=PROMPT, help="text to continue")
-    ap.add_argument("--tokens", type=int, default=24, help="most new tokens (the loop also stops at EOS)")
+    ap.add_argument("--tokens", type=int, default=24,
+                    help="the most new tokens to generate (the loop also stops at EOS)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy: always the most probable token")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (matters only with --temperature > 0)")
     args = ap.parse_args()

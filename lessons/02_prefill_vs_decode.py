@@ -38,7 +38,7 @@ def timed(run) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))   # the whole first sentence
     ap.add_argument("--prompt-tokens", type=int, default=200, help="prompt length of the timed request")
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens the timed request generates")
     ap.add_argument("--lengths", default="16,64,256", help="prompt (and decode context) lengths of the sweep")

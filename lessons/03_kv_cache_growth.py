@@ -48,7 +48,7 @@ def gib(n: float) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))   # the whole first sentence
     ap.add_argument("--prompt", default=PROMPT, help="text whose cache we watch grow")
     ap.add_argument("--tokens", type=int, default=12, help="tokens to decode (greedy)")
     ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together")

@@ -89,11 +89,12 @@ def gib(n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--prompt", default=PROMPT, help="text whose attention the kernels compute")
     ap.add_argument("--layers", type=int, default=30, help="layers whose attention is run through the kernel")
     ap.add_argument("--head", type=int, help="head of the row shown tile by tile (default: the most rescales)")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--partition-size", type=int, default=32)
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block in the paged-decode part")
+    ap.add_argument("--partition-size", type=int, default=32,
+                    help="keys per partition of the paged-decode kernel (a multiple of --block-size)")
     ap.add_argument("--sizes", default="1024,4096,32768", help="sequence lengths for the memory-traffic table")
     args = ap.parse_args()
     model = load_model()

@@ -63,7 +63,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=1024, help="corpus tokens scored (perplexity, KL, top-1)")
     ap.add_argument("--window", type=int, default=256, help="tokens per scored window")
-    ap.add_argument("--greedy-tokens", type=int, default=64)
+    ap.add_argument("--greedy-tokens", type=int, default=64, help="tokens generated greedily per prompt, compared with float32's")
     ap.add_argument("--prompts", type=int, default=1, help=f"greedy prompts (at most {len(GREEDY_PROMPTS)})")
     ap.add_argument("--kv-tokens", type=int, default=8192, help="context length for the KV-cache memory column")
     args = ap.parse_args()
