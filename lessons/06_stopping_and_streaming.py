@@ -68,6 +68,8 @@ def main() -> None:
     console.print(table)
     console.print(f"check eos: last id {eos.token_ids[-1]} == eos_id {tok.eos_id} ({tok.decode([tok.eos_id])!r}), "
                   f"{len(eos.token_ids)} tokens")
+    console.print("stop_reason 'eos' is this library's own label (Result.stop_reason): vLLM leaves stop_reason None "
+                  "when EOS ends a request (null in JSON), and so does minitransformer serve.")
 
     full = tok.decode(stopped.token_ids, skip_special=True)           # the reply before the stop string was cut
     start = full.find(args.stop)

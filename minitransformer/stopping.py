@@ -2,7 +2,8 @@
 
 Why it is here: "when do we stop" looks trivial and is where servers disagree most. Keeping every rule in one
 function, in one fixed order, makes finish_reason / stop_reason a single decision that lessons and tests can read.
-The order is vLLM v1's (DESIGN.md section 5), checked after each new token, once it has been detokenized:
+The order is vLLM v1's, checked after each new token, once it has been detokenized. The stop_reason "eos" below is
+ours: vLLM leaves stop_reason None when EOS ends a request, and our HTTP server reports null there as vLLM does.
 
 1. min_tokens not reached       -> no stop at all (the sampler also masks EOS and the stop ids: tokens_to_suppress)
 2. EOS, unless ignore_eos       -> "stop", stop_reason "eos"

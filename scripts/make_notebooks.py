@@ -512,7 +512,9 @@ assert freq_diff < 0.05 and counts[target == 0].sum() == 0 and generated.token_i
 After each token the loop detokenizes it and calls `check_stop`, which applies the rules in one fixed order:
 min_tokens -> EOS -> stop token ids -> stop strings (on the *text*, so a stop string may span several tokens) ->
 max_tokens. We replay one greedy output token by token under different settings. Look at: which token ends each
-run, the finish_reason / stop_reason, and where the text is cut.
+run, the finish_reason / stop_reason, and where the text is cut. The finish_reasons are vLLM's; stop_reason "eos"
+is our own label: vLLM leaves stop_reason None (null in JSON) when EOS ends a request, and so does our HTTP
+server (`minitransformer serve`).
 '''), code(r'''
 prompt2 = "The capital of France is"
 ids2 = tok.encode(prompt2)
