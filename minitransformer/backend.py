@@ -4,7 +4,8 @@ Every other file does its math through `xp`, the module this file hands out, so 
 both devices (`xp.exp`, `xp.matmul`, ...). Rules that keep that promise:
 - no NumPy-only calls inside the model (no `np.` on activations; `to_host` is the only way back to NumPy);
 - float32 everywhere (`DTYPE`). NumPy 2 promotes float32 arrays to float64 through float64 *scalars*
-  (`1 / np.sqrt(64)` is a float64), so scale factors are plain Python floats — see DESIGN.md "float32 pitfall";
+  (`1 / np.sqrt(64)` is a float64), so scale factors are plain Python floats (otherwise the whole forward silently
+  runs in float64, several times slower);
 - weights may be *stored* as float16 (quantize/ scheme "f16"): `matmul_float16` multiplies them with float32
   accumulation, the same arithmetic on both devices; activations stay float32;
 - every large reservation (KV caches, the RoPE table, CUDA graph buffers) asks `check_memory` first, so a request

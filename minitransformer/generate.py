@@ -44,7 +44,7 @@ class Request:
 
 @dataclass
 class Result:
-    """A finished request: the contract of DESIGN.md section 4 (`to_dict` is the `--json` object)."""
+    """A finished request: what generate() returns (`to_dict` is the `--json` object of `minitransformer generate`)."""
     request_id: str
     prompt_token_ids: list[int]
     text: str

@@ -1,6 +1,6 @@
 """Stage: metrics — when each thing happened to a request, and the serving numbers derived from those times.
 
-Definitions follow vLLM's (DESIGN.md section 5), all from one monotonic clock:
+Definitions follow vLLM's, all from one monotonic clock:
 
     queue   = scheduled - arrival          time waiting before any model work
     prefill = first token - scheduled      the prompt's forward pass and the first sample
@@ -104,7 +104,7 @@ class RequestMetrics:
         return {"mean": float(np.mean(gaps)), "p50": p50, "p90": p90, "p99": p99}
 
     def to_dict(self) -> dict:
-        """The `metrics` object of `--json` (DESIGN.md section 4)."""
+        """The `metrics` object of `generate --json` (Result.to_dict)."""
         return {"queue_s": self.queue_s, "prefill_s": self.prefill_s, "ttft_s": self.ttft_s,
                 "itl_s": self.itl_summary(), "tpot_s": self.tpot_s,
                 "decode_tokens_per_s": self.decode_tokens_per_s, "e2e_s": self.e2e_s}

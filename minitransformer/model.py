@@ -4,8 +4,9 @@
                                           RMSNorm -> SwiGLU feed-forward         -> + residual]
               -> RMSNorm -> lm_head (tied to the embedding) -> logits
 
-Every activation is float32 and every matmul is 2-D: `(B, T, D) @ (D, O)` would make NumPy loop over the batch rows
-(DESIGN.md "matmul pitfall"), so hidden states live as (B*T, D) and are viewed as heads only inside attention.
+Every activation is float32 and every matmul is 2-D: `(B, T, D) @ (D, O)` would make NumPy loop over the batch rows,
+one small matmul each, far slower than one 2-D matmul, so hidden states live as (B*T, D) and are viewed as heads only
+inside attention.
 Weights are dequantized once at load time and stored once, in the (in, out) layout that `x @ w` wants.
 
 The KV cache is passed in (`kv`), never owned here: prefill.py and decode.py (and the serving engine) decide what

@@ -143,7 +143,7 @@ def filtered_probs(logits, params: Sequence[SamplingParams]):
     temperatures = [1.0 if p.greedy else p.temperature for p in params]
     temperature = xp.asarray(temperatures, dtype=logits.dtype)[:, None]
     # A float32 (B, 1) column: the same float32 division as by a Python float (both round the temperature to
-    # float32 first), never a float64 one (DESIGN.md "float32 pitfall"). A temperature below 1 magnifies the
+    # float32 first), never a float64 one (backend.py: "float32 everywhere"). A temperature below 1 magnifies the
     # logits, so then the division is bounded (a float32 logit over 1e-5 can overflow).
     scaled = logits / temperature if min(temperatures) >= 1 else bounded_scale(logits, temperature, divide=True)
     keep = None                                                                  # (B, V) bool once a filter runs

@@ -1,6 +1,6 @@
 """Write tests/fixtures/tokenizer_llamacpp.json: llama.cpp's token ids for >= 2,000 varied strings.
 
-llama.cpp is our reference tokenizer (see DESIGN.md section 2: transformers' GGUF tokenizer lacks the digit split).
+llama.cpp is our reference tokenizer (transformers' GGUF tokenizer lacks the split of every digit on its own).
 The strings are generated deterministically (seeded): accented Latin, CJK, Cyrillic, Arabic, emoji (skin tones, flags,
 ZWJ sequences), numbers, whitespace runs, code, contractions, control-token text (tokenized with special=False and
 special=True) and mixtures of all of these. tests/test_tokenizer.py checks that our tokenizer gives the same ids.

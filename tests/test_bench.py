@@ -1,6 +1,6 @@
 """`minitransformer bench`: end to end on the tiny model, the JSON's ratios recomputed from its raw runs, the markdown
 agreeing with the JSON, medians and run order checked with a fake peer whose numbers we choose, missing peers and
-bad flags. Timings themselves are never asserted (DESIGN.md section 6)."""
+bad flags. Timings themselves are never asserted: these machines are noisy."""
 
 from __future__ import annotations
 

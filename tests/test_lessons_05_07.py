@@ -152,7 +152,8 @@ def test_lesson_06_stopping_and_streaming(real_model_path):
     assert tokens == 3 + 1               # cancel is seen before the step after the third delta's token
     reserved, after, prompt = numbers(out, rf"reserved while streaming {NUMBER} bytes; after the abort {NUMBER} "
                                             rf"bytes; usage \{{'prompt_tokens': (\d+)")
-    # K and V, float32, SmolLM2-135M's 30 layers x 3 KV heads x head_dim 64 (DESIGN.md section 2), for prompt + 64
+    # K and V, float32, SmolLM2-135M's 30 layers x 3 KV heads x head_dim 64 (README.md, "The default model"), for
+    # prompt + 64
     assert reserved == 2 * 4 * 30 * 3 * 64 * (prompt + 64) and after == 0
 
 

@@ -99,7 +99,7 @@ def test_forward_matches_naive_float64_reference(tiny_model):
 
 
 def test_no_float64_inside_the_forward(tiny_model, monkeypatch):
-    """Every activation that leaves a building block is float32 (DESIGN.md float32 pitfall)."""
+    """Every activation that leaves a building block is float32 (float64 scalars must not promote it: backend.py)."""
     seen = []
     for name in ("rms_norm", "apply_rope", "causal_attention", "swiglu"):
         original = getattr(model_module, name)

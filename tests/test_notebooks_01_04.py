@@ -4,8 +4,9 @@ Each notebook asserts its own checks as it runs (an assert failing is a cell err
 On top of that we read each notebook's final JSON summary line and compare it with references computed in this
 file, independently of the notebook's code path: attention weights, RoPE and RMSNorm redone in float64 from the
 raw weights, next-token probabilities from a plain forward pass, greedy tokens checked by teacher forcing, cache
-sizes from DESIGN.md's architecture facts, filter sizes from sorting, stop points and streamed deltas from decoding
-token prefixes, metrics from the raw timestamps. The committed copies must carry their outputs and stay small.
+sizes from the model's architecture facts (README.md, "The default model"), filter sizes from sorting, stop points
+and streamed deltas from decoding token prefixes, metrics from the raw timestamps. The committed copies must carry
+their outputs and stay small.
 Executing all four costs about 70 s of CPU (13-22 s each, measured by scripts/make_notebooks.py, which rebuilds
 them); on a 2-core machine shared with other jobs the wall time was 4-5 minutes.
 """
@@ -23,7 +24,7 @@ NAMES = {"01": "01_tokenize_and_prefill", "02": "02_kv_cache_and_decode", "03": 
          "04": "04_streaming_and_metrics"}
 IMAGES = {"01": 3, "02": 1, "03": 1, "04": 1}
 
-# SmolLM2-135M's architecture (DESIGN.md section 2), used as independent constants.
+# SmolLM2-135M's architecture (README.md, "The default model"), used as independent constants.
 LAYERS, KV_HEADS, HEAD_DIM, HEADS, EPS, ROPE_BASE = 30, 3, 64, 9, 1e-5, 100000.0
 KV_BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4            # K and V, float32: 46,080
 

@@ -129,7 +129,7 @@ def test_equal_pairs_merge_leftmost_first():
     assert bpe(["a"], ranks) == ["a"] and bpe([], ranks) == []
 
 
-# ---- the pre-tokenizer facts DESIGN.md relies on
+# ---- the pre-tokenizer facts the tokenizer relies on
 
 
 def test_digits_are_split_and_no_bos_is_added(tokenizer):

@@ -1,6 +1,6 @@
 """The `minitransformer` command: generate, chat, tokenize, download, figures, bench.
 
-Output contract (DESIGN.md section 4): results on stdout (`--json`: exactly one JSON object), progress and logs on
+Output contract: results on stdout (`--json`: exactly one JSON object), progress and logs on
 stderr. Bad input is one line on stderr naming the problem and the limit, exit code 2, no traceback.
 
 This file wires the subcommands to their functions; each lives in one short file:

@@ -24,7 +24,7 @@ Transformer from these without touching model.py. `Int8KVCache` is KVCache with 
 (token, head); its `quantize_kv` / `dequantize_kv` work on any array whose last axis is head_dim, so a paged pool can
 reuse them.
 
-All float math in float32 with Python-float constants (DESIGN.md "float32 pitfall").
+All float math in float32 with Python-float constants (backend.py says why: float64 scalars promote arrays).
 
 Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quantize, dequantize, unpack), linear.py
 (QuantizedLinear, quantize_model, set_use_kernel, expected_weight_bytes), kv_cache.py (Int8KVCache,
