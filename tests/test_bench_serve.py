@@ -246,3 +246,37 @@ def test_compare_runs_ours_alone_when_llama_cpp_is_missing(tiny_model_path, tmp_
     data = json.loads((tmp_path / "serve.json").read_text())
     assert list(data["servers"]) == ["ours"] and data["note"].endswith("running ours alone") and data["ratios"] == []
     assert (tmp_path / "server-ours.log").exists()
+
+
+@needs_server
+def test_sigterm_during_compare_stops_the_server(tiny_model_path, tmp_path):
+    """The bench process is told to stop while our server runs: it exits 130 and nothing listens on the port."""
+    import re
+    import signal
+    import time
+
+    bench = subprocess.Popen([sys.executable, "-m", "minitransformer", "bench", "serve", "--compare", "--model",
+                              str(tiny_model_path), "--request-rate", "0.2", "--num-prompts", "50",
+                              "--prompt-words", "3", "--out", str(tmp_path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        match = None
+        while match is None:                                     # a line about llama.cpp may come first
+            line = bench.stderr.readline()
+            assert line, "bench serve ended before starting our server"
+            match = re.search(r"starting ours on 127\.0\.0\.1:(\d+)", line)
+        port = int(match.group(1))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 130
+    finally:
+        bench.kill()
+        bench.wait()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)

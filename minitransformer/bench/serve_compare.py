@@ -64,7 +64,7 @@ class ManagedServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise BenchServeError(f"{self.name} server exited with code {self.process.returncode} before it was "
-                                      f"ready: {self._log_tail()}")
+                                      f"ready: {self.log_tail()}")
             try:
                 if httpx.get(self.url + self.ready_path, timeout=2.0, trust_env=False).status_code == 200:
                     return
@@ -74,7 +74,7 @@ class ManagedServer:
         raise BenchServeError(f"{self.name} server not ready at {self.url}{self.ready_path} after "
                               f"{self.ready_timeout_s:.0f} s (log: {self.log_path})")
 
-    def _log_tail(self, lines: int = 3) -> str:
+    def log_tail(self, lines: int = 3) -> str:
         try:
             tail = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
         except OSError:
@@ -151,4 +151,8 @@ def run_compare(model_path: str, s: ServeSettings, log_dir: Path, max_num_seqs: 
                 on_server(name, port)
             with ManagedServer(name, argv(port), port, ready_path, log_dir / f"server-{name}.log") as server:
                 sweeps[name] = asyncio.run(run_sweep(server.url, s, on_done=on_done, on_rate=on_rate))
+                if server.process.poll() is not None:
+                    # Its requests are already counted as failed; this says why they failed.
+                    sweeps[name]["exited"] = (f"exited with code {server.process.returncode} during the run: "
+                                              f"{server.log_tail()}")
     return sweeps, note

@@ -75,7 +75,8 @@ def build_result(sweeps: dict, s, note: str | None = None) -> dict:
     for name, sweep in sweeps.items():
         runs = [{"request_rate": _rate_json(run["rate"]), "summary": summarize(run["records"], run["wall_s"], s),
                  "records": [r.to_json() for r in run["records"]]} for run in sweep["runs"]]
-        servers[name] = {"url": sweep["url"], "model": sweep["model"], "endpoint": sweep["endpoint"], "runs": runs}
+        servers[name] = {"url": sweep["url"], "model": sweep["model"], "endpoint": sweep["endpoint"], "runs": runs,
+                         "exited": sweep.get("exited")}
     settings = asdict(s) | {"rates": [_rate_json(r) for r in s.rates]}
     result = {"schema": "minitransformer-bench-serve/1", "settings": settings, "servers": servers,
               "ratios": ratios(servers)}
@@ -107,6 +108,14 @@ def _f(value, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _rate_label(rate) -> str:
+    return rate if isinstance(rate, str) else f"{rate:g}"
+
+
+def _ratio(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
 def _trio(stats: dict) -> str:
     return " / ".join(_f(stats[f"p{q}"]) for q in PCTS)
 
@@ -127,22 +136,24 @@ def print_tables(result: dict, console) -> None:
     for server, data in result["servers"].items():
         for run in data["runs"]:
             m = run["summary"]
-            table.add_row(server, str(run["request_rate"]), str(m["completed"]), str(m["failed"]),
+            table.add_row(server, _rate_label(run["request_rate"]), str(m["completed"]), str(m["failed"]),
                           _f(m["request_throughput"], 2), _f(m["output_throughput"], 1), _f(m["goodput"], 2),
                           _trio(m["ttft_ms"]), _trio(m["tpot_ms"]), _trio(m["itl_ms"]), _trio(m["e2el_ms"]))
     console.print(table)
     for server, data in result["servers"].items():
+        if data.get("exited"):
+            console.print(f"[red]{server} server {data['exited']}[/red]")
         for run in data["runs"]:
             for error, count in run["summary"]["errors"].items():
-                console.print(f"[red]{server} at rate {run['request_rate']}: {count} failed: {error}[/red]")
+                console.print(f"[red]{server} at rate {_rate_label(run['request_rate'])}: {count} failed: "
+                              f"{error}[/red]")
     if result["ratios"]:
-        ratio_table = Table(title="ours / llama.cpp (output tok/s: above 1 is faster; TTFT p99: below 1 is faster)",
-                            title_justify="left")
-        for name in ("rate (req/s)", "output tok/s ratio", "TTFT p99 ratio"):
+        ratio_table = Table(title="ours / llama.cpp", title_justify="left")
+        for name in ("rate (req/s)", "out tok/s (above 1: ours faster)", "TTFT p99 (below 1: ours faster)"):
             ratio_table.add_column(name, justify="right")
         for row in result["ratios"]:
-            ratio_table.add_row(str(row["request_rate"]), _f(row["output_throughput"], 2) + "x",
-                                _f(row["ttft_p99"], 2) + "x")
+            ratio_table.add_row(_rate_label(row["request_rate"]), _ratio(row["output_throughput"]),
+                                _ratio(row["ttft_p99"]))
         console.print(ratio_table)
 
 
@@ -152,7 +163,7 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [str(r) for r in result["settings"]["rates"]]
+    labels = [_rate_label(r) for r in result["settings"]["rates"]]
     x = list(range(len(labels)))
     fig, (ax_ttft, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (server, data) in enumerate(result["servers"].items()):

@@ -89,7 +89,8 @@ def settings_from_args(args):
         if value is not None and (value < 0 or math.isnan(value) or (flag == "--timeout" and value == 0)):
             raise InputError(f"{flag} must be {'> 0' if flag == '--timeout' else '>= 0'}, got {value}")
     return ServeSettings(rates=parse_rates(args.request_rate), num_prompts=args.num_prompts,
-                         prompt_words=parse_words(args.prompt_words), max_concurrency=args.max_concurrency, seed=args.seed, endpoint=args.endpoint,
+                         prompt_words=parse_words(args.prompt_words), max_concurrency=args.max_concurrency,
+                         seed=args.seed, endpoint=args.endpoint,
                          max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
                          model=None if args.compare else args.model, timeout_s=args.timeout,
                          slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, slo_e2el_ms=args.slo_e2el_ms)
