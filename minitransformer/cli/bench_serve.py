@@ -14,7 +14,8 @@ from ..errors import InputError
 
 def add_bench_serve_parser(bench, parser_class) -> None:
     """`bench serve ...` as an optional sub-command of the `bench` parser."""
-    modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve")
+    modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve",
+                                 help="optional: load-test an HTTP server instead (bench serve --help)")
     p = modes.add_parser("serve", help="load-test an OpenAI-compatible server (ours, llama.cpp's, vLLM) over HTTP")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="the server to measure, e.g. http://127.0.0.1:8000")
