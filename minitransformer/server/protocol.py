@@ -13,7 +13,8 @@ tokenizing or model work.
     both                        stream, stream_options.include_usage, temperature, top_p, top_k, min_p, seed, stop
                                 (a string or a list), presence_penalty, frequency_penalty, repetition_penalty,
                                 min_tokens, ignore_eos, include_stop_str_in_output, stop_token_ids, priority (vLLM:
-                                lower runs first), n (only 1)
+                                lower runs first), n (only 1), return_token_ids (vLLM: each choice and streamed
+                                chunk also carries the ids of its tokens)
 Unknown fields are ignored, as vLLM and OpenAI's own server do with fields they do not use.
 """
 
@@ -45,6 +46,7 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     priority: int | None
+    return_token_ids: bool = False
 
 
 def parse_json(body: bytes) -> dict:
@@ -102,7 +104,7 @@ def parse_generation(data: dict, chat: bool) -> ApiRequest:
         params=sampling_params(max_tokens=max_tokens if max_tokens is not None else 1, logprobs=logprobs, **fields),
         max_tokens_given=max_tokens is not None, model=_get(data, "model", str, None), stream=stream,
         include_usage=stream and _get(stream_options, "include_usage", bool, False, "stream_options.include_usage"),
-        priority=_get(data, "priority", int, None))
+        priority=_get(data, "priority", int, None), return_token_ids=_get(data, "return_token_ids", bool, False))
 
 
 def sampling_params(**fields) -> SamplingParams:

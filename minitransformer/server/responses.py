@@ -44,11 +44,13 @@ SSE_DONE = sse("[DONE]")
 class ResponseBuilder:
     """Builds every body of one request (id, created and model are shared by all its chunks)."""
 
-    def __init__(self, request_id: str, model: str, chat: bool, tokenizer, top_logprobs: int | None):
+    def __init__(self, request_id: str, model: str, chat: bool, tokenizer, top_logprobs: int | None,
+                 return_token_ids: bool = False):
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.created = int(time.time())
         self.model, self.chat, self.tokenizer = model, chat, tokenizer
         self.top_logprobs = top_logprobs                     # None: logprobs were not asked for
+        self.return_token_ids = return_token_ids             # vLLM's extension: token ids next to the text
         self.text_offset = 0                                 # completions logprobs: where the next token starts
 
     # ------------------------------------------------------------------ whole response (stream: false)
@@ -61,6 +63,8 @@ class ResponseBuilder:
             choice["message"] = {"role": "assistant", "content": result.text}
         else:
             choice["text"] = result.text
+        if self.return_token_ids:
+            choice["token_ids"] = list(result.token_ids)
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice], "usage": usage(result)}
 
@@ -70,10 +74,14 @@ class ResponseBuilder:
         """Chat streams open with the assistant's role (OpenAI's first delta); completions have no such chunk."""
         return self._chunk({"role": "assistant", "content": ""}, None, None) if self.chat else None
 
-    def chunk(self, text: str, logprob_entries: list[dict], result: Result | None) -> dict:
+    def chunk(self, text: str, logprob_entries: list[dict], result: Result | None,
+              token_ids: list[int] = ()) -> dict:
         reasons = finish(result) if result is not None else (None, None)
         body = {"content": text} if self.chat else text
-        return self._chunk(body, self.logprobs(logprob_entries), *reasons)
+        chunk = self._chunk(body, self.logprobs(logprob_entries), *reasons)
+        if self.return_token_ids:
+            chunk["choices"][0]["token_ids"] = list(token_ids)      # this chunk's tokens
+        return chunk
 
     def usage_chunk(self, result: Result) -> dict:
         return {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
