@@ -77,7 +77,9 @@ def cmd_serve(args) -> int:
         f"{pool_mib:.0f} MiB  max {args.max_num_seqs} running, policy {args.policy}"
         + ("  API keys required" if keys else "") + "  (Ctrl-C stops)", highlight=False)
     config = uvicorn.Config(server.app(), log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    web = uvicorn.Server(config)
+    server.stopping = lambda: web.should_exit        # the live page's event streams end when Ctrl-C is pressed
+    web.run(sockets=[sock])
     return 0
 
 

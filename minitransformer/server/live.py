@@ -1,0 +1,189 @@
+"""The live page: `GET /` shows the engine working, from `GET /v1/engine/events`, a stream of its state.
+
+    GET /                       static/index.html (+ /static/page.css, /static/page.js): no build step, nothing
+                                fetched from elsewhere; a Content-Security-Policy allows only these files
+    GET /v1/engine/events       server-sent events, one `data: {snapshot}` at most every EVENT_INTERVAL_S while the
+                                engine changes, and a comment line every KEEPALIVE_S while it is idle
+
+What a snapshot holds (`snapshot()` below): every running and waiting sequence (id, status, token counts, block
+table), the KV pool as one letter per block (`.` free, `u` used by one sequence, `s` shared by several through a
+cached prefix, `c` free but still holding a cached prefix that a new request can revive), the engine's counters
+(EngineStats), the requests that finished lately with their TTFT and ITL, and the steps since the previous event.
+
+Why it is built in the engine thread: the BlockManager and the scheduler's queues change during a step, and reading
+them from the event loop would race with it. So `LiveFeed.on_publish` runs as one of EngineLoop's publish hooks,
+between two steps, and hands the event loop a finished dict (assigning a reference is atomic). It does that only
+while at least one page is subscribed: a decode step runs thousands of times, and nobody should pay for a snapshot
+nobody reads. Its cost is one pass over the blocks and the sequences.
+
+With --api-keys the events need the key too. A browser's EventSource cannot send an Authorization header, so the page
+reads this stream with fetch(), as it reads a streamed completion, and sends `Authorization: Bearer KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import asdict
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ..metrics import now
+from .responses import sse
+
+log = logging.getLogger("minitransformer.server")
+
+EVENT_INTERVAL_S = 0.05         # at most ~20 events a second: smooth to watch, cheap to send
+KEEPALIVE_S = 15.0              # an idle stream still writes now and then, so a closed page is noticed
+FINISHED_KEPT = 32              # recently finished requests shown with their TTFT and ITL
+STEPS_ON_CONNECT = 120          # a new page starts with this much of the step timeline
+
+# The page's files and their types. Only these names are served: no path from the URL reaches the file system.
+ASSETS = {"index.html": "text/html; charset=utf-8", "page.css": "text/css; charset=utf-8",
+          "page.js": "text/javascript; charset=utf-8"}
+PAGE_HEADERS = {
+    # Model text is rendered with textContent, never as HTML; this policy is the second lock: no inline script, no
+    # script or style from anywhere but this server, so even a rendering bug could not run what a model wrote.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+BLOCK_FREE, BLOCK_USED, BLOCK_SHARED, BLOCK_CACHED = ".", "u", "s", "c"
+
+
+def snapshot(loop, finished: collections.deque, model_name: str) -> dict:
+    """The engine's state as plain data. Call it only in the engine thread, between steps."""
+    engine = loop.engine
+    bm, scheduler = engine.block_manager, engine.scheduler
+    pool = []
+    for block, refs in enumerate(bm.ref_counts):                   # O(blocks): the one pass over the pool
+        if refs > 1:
+            pool.append(BLOCK_SHARED)
+        elif refs == 1:
+            pool.append(BLOCK_USED)
+        else:
+            pool.append(BLOCK_CACHED if bm.block_hash[block] is not None else BLOCK_FREE)
+
+    def sequence(seq) -> dict:
+        m = seq.metrics
+        return {"id": seq.request_id, "status": seq.status.value, "prompt_tokens": seq.num_prompt_tokens,
+                "output_tokens": seq.num_output_tokens, "computed_tokens": seq.num_computed_tokens,
+                "max_tokens": seq.params.max_tokens, "preemptions": seq.num_preemptions,
+                "blocks": list(bm.block_tables.get(seq.request_id, ())),
+                "ttft_s": m.ttft_s, "itl_s": _mean_itl(m)}
+
+    return {"time": now(), "model": model_name, "step": engine.num_steps,
+            "config": {"num_blocks": bm.num_blocks, "block_size": bm.block_size,
+                       "max_num_seqs": scheduler.max_num_seqs,
+                       "max_num_batched_tokens": scheduler.max_num_batched_tokens, "policy": scheduler.policy,
+                       "max_model_len": engine.max_model_len},
+            "stats": asdict(loop.stats), "pool": "".join(pool),
+            "running": [sequence(s) for s in scheduler.running], "waiting": [sequence(s) for s in scheduler.waiting],
+            "finished": list(finished)}
+
+
+def _mean_itl(metrics) -> float | None:
+    """Mean inter-token latency so far, from the first and last token times (no pass over every gap)."""
+    times = metrics.token_times
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+
+
+def step_dict(record) -> dict:
+    return {"step": record.step, "prefill_tokens": record.num_prefill_tokens,
+            "decode_tokens": record.num_decode_tokens, "num_seqs": len(record.request_ids),
+            "duration_s": record.duration_s, "preempted": len(record.preempted), "kv_cache_usage":
+            record.kv_cache_usage, "num_running": record.num_running, "num_waiting": record.num_waiting}
+
+
+class LiveFeed:
+    """Publishes `snapshot()` from the engine thread while pages are subscribed; serves the page and the events."""
+
+    def __init__(self, server):
+        self.server = server
+        self.loop = server.loop
+        self.subscribers = 0                     # changed on the event loop only; read by the engine thread
+        self.latest: tuple[int, dict] | None = None
+        self._version = 0
+        self._watched: dict[str, object] = {}    # request id -> Sequence, as of the last snapshot
+        self._finished: collections.deque = collections.deque(maxlen=FINISHED_KEPT)
+        self.loop.publish_hooks.append(self.on_publish)
+
+    def routes(self, wrap) -> list[Route]:
+        """The page, its files and the events; `wrap` turns errors into OpenAI error responses (app.py)."""
+        return [Route("/", wrap(self.page), methods=["GET"]),
+                Route("/static/{name}", wrap(self.asset), methods=["GET"]),
+                Route("/v1/engine/events", wrap(self.events), methods=["GET"])]
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def on_publish(self, loop) -> None:
+        if not self.subscribers:
+            self._watched.clear()
+            return
+        try:
+            engine = loop.engine
+            for request_id in [r for r in self._watched if r not in engine.sequences]:
+                self._finished.appendleft(_finished_entry(self._watched.pop(request_id)))
+            self._watched.update(engine.sequences)
+            self._version += 1
+            self.latest = (self._version, snapshot(loop, self._finished, self.server.config.model_name))
+        except Exception:                        # a bug here must not stop the engine
+            log.exception("could not build the live page's snapshot")
+
+    # ------------------------------------------------------------------ routes (the event loop)
+
+    async def page(self, request: Request) -> Response:
+        return await self.asset(request, "index.html")
+
+    async def asset(self, request: Request, name: str | None = None) -> Response:
+        name = name or request.path_params["name"]
+        if name not in ASSETS:
+            return Response("not found", status_code=404, media_type="text/plain")
+        body = resources.files(__package__).joinpath("static", name).read_bytes()
+        return Response(body, media_type=ASSETS[name], headers=PAGE_HEADERS)
+
+    async def events(self, request: Request) -> Response:
+        self.server._authorize(request)
+        return StreamingResponse(self._stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _stream(self):
+        """Subscribe, then send each new snapshot (with the steps since the last one) until the client leaves:
+        the server cancels this generator, or a write to the closed connection fails."""
+        self.subscribers += 1
+        self.latest = None
+        self.loop.call_soon(lambda: None)         # wake an idle engine thread: it publishes a first snapshot
+        sent_version, last_step, quiet_since = None, None, now()
+        try:
+            while not self.server.stopping():       # uvicorn waits for open responses before it stops
+                latest = self.latest
+                if latest is not None and latest[0] != sent_version:
+                    sent_version, state = latest
+                    steps = self.loop.steps
+                    if last_step is None:
+                        steps = steps[-STEPS_ON_CONNECT:]
+                    else:
+                        steps = [r for r in steps[-STEPS_ON_CONNECT:] if r.step > last_step]
+                    if steps:
+                        last_step = steps[-1].step
+                    yield sse({**state, "steps": [step_dict(r) for r in steps]})
+                    quiet_since = now()
+                elif now() - quiet_since > KEEPALIVE_S:
+                    yield ": keepalive\n\n"
+                    quiet_since = now()
+                await asyncio.sleep(EVENT_INTERVAL_S)
+        finally:
+            self.subscribers -= 1
+
+
+def _finished_entry(seq) -> dict:
+    m, decision = seq.metrics, seq.decision
+    return {"id": seq.request_id, "prompt_tokens": seq.num_prompt_tokens, "output_tokens": seq.num_output_tokens,
+            "ttft_s": m.ttft_s, "itl_s": _mean_itl(m), "finish_reason": decision.finish_reason if decision else None,
+            "preemptions": seq.num_preemptions}
