@@ -5,6 +5,7 @@
     POST /tokenize, /detokenize                  text <-> token ids with the model's tokenizer (vLLM's extras)
     GET  /health                                 200 while the engine thread is healthy, 503 after it failed
     GET  /metrics                                Prometheus text (prometheus.py)
+    GET  /, /v1/engine/events                    the live page and the engine's state as events (live.py)
 
 One request's path: read the body (at most --max-body-bytes: 413) -> check the key (401) -> parse and check every field
 (400) -> check the model name (404) -> tokenize and check the context, on a worker thread so the event loop stays free
@@ -31,7 +32,8 @@ from ..errors import MiniTransformerError, QuotaError
 from ..generate import make_request
 from ..metrics import now
 from .engine_loop import EngineLoop, StreamItem
-from .errors import APIError, QueueFull, bad_request, too_many_requests
+from .errors import APIError, EngineFailed, QueueFull, bad_request, too_many_requests
+from .live import LiveFeed
 from .protocol import ApiRequest, parse_generation, parse_json, parse_token_ids, with_max_tokens
 from .responses import SSE_DONE, ResponseBuilder, sse
 from .tenants import Tenant
@@ -54,6 +56,7 @@ class Server:
 
     def __init__(self, model, loop: EngineLoop, config: ServerConfig):
         self.model, self.loop, self.config = model, loop, config
+        self.stopping = lambda: False        # cli/serve.py: True once uvicorn shuts down; endless streams then end
         bm = loop.engine.block_manager
         # the longest request the engine can take: its max_model_len, and never more than the whole KV pool
         self.max_request_tokens = min(loop.engine.max_model_len, bm.num_blocks * bm.block_size + 1)
@@ -66,6 +69,7 @@ class Server:
                   Route("/detokenize", self._endpoint(self.detokenize), methods=["POST"]),
                   Route("/health", self._endpoint(self.health), methods=["GET"]),
                   Route("/metrics", self._endpoint(self.metrics), methods=["GET"])]
+        routes += LiveFeed(self).routes(self._endpoint)
         return Starlette(routes=routes, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
@@ -118,13 +122,13 @@ class Server:
             raise too_many_requests(str(exc), code="queue_full") from None
         except QuotaError as exc:
             raise too_many_requests(str(exc), code="quota_exceeded") from None
-        except RuntimeError as exc:                      # the engine failed earlier
+        except EngineFailed as exc:                      # a step failed earlier: no new work
             raise APIError(503, str(exc), type="server_error") from None
         except asyncio.CancelledError:                   # our client left while the request was being queued
             future.add_done_callback(lambda f: f.exception() is None and self.loop.abort(f.result()))
             raise
         builder = ResponseBuilder(request_id, self.config.model_name, chat, self.model.tokenizer,
-                                  params.logprobs)
+                                  params.logprobs, api.return_token_ids)
         if api.stream:
             return StreamingResponse(self._events(request_id, items, builder, api.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -159,8 +163,8 @@ class Server:
                                          "code": None}})
                     break
                 finished = item.result is not None
-                if item.text or item.logprobs or finished:
-                    yield sse(builder.chunk(item.text, item.logprobs, item.result))
+                if item.text or item.logprobs or finished or (builder.return_token_ids and item.token_ids):
+                    yield sse(builder.chunk(item.text, item.logprobs, item.result, item.token_ids))
                 if finished and include_usage:
                     yield sse(builder.usage_chunk(item.result))
             yield SSE_DONE

@@ -25,11 +25,10 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ..errors import MiniTransformerError
 from ..generate import Result
 from ..metrics import now
 from ..serving import Engine, StepRecord
-from .errors import QueueFull
+from .errors import EngineFailed, QueueFull
 from .prometheus import ServerMetrics
 from .responses import finish
 
@@ -62,6 +61,7 @@ class EngineLoop:
         self._sinks: dict[str, object] = {}              # request id -> callable(StreamItem), into its handler
         self._deadlines: dict[str, float] = {}
         self._logprobs_sent: dict[str, int] = {}
+        self.publish_hooks: list = []                    # fn(loop), called in the engine thread after each publish
         self._thread = threading.Thread(target=self._run, name="minitransformer-engine", daemon=True)
 
     # ------------------------------------------------------------------ called from the event loop
@@ -77,13 +77,18 @@ class EngineLoop:
     def submit(self, prompt_ids: list[int], params, priority: int, tenant: str | None, arrival_time: float,
                sink) -> Future:
         """Hand a tokenized request to the engine thread. The Future resolves to its request id, or to the error
-        that refused it (InputError, QuotaError, QueueFull). `sink(StreamItem)` is called from the engine thread."""
+        that refused it (InputError, QuotaError, QueueFull, EngineFailed). `sink(StreamItem)` is called from the
+        engine thread."""
         future: Future = Future()
         self._commands.put(lambda: self._add(future, sink, prompt_ids, params, priority, tenant, arrival_time))
         return future
 
     def abort(self, request_id: str) -> None:
         self._commands.put(lambda: self.engine.abort(request_id))
+
+    def call_soon(self, fn) -> None:
+        """Run fn() in the engine thread before its next step (an idle thread wakes up, runs it and publishes)."""
+        self._commands.put(fn)
 
     # ------------------------------------------------------------------ the thread
 
@@ -99,7 +104,10 @@ class EngineLoop:
             for command in commands:
                 if command is None:
                     return self._shutdown()
-                command()
+                try:
+                    command()
+                except Exception:                        # a bug in one command must not end the thread
+                    log.exception("an engine command failed")
             self._expire()
             if self.engine.has_unfinished_requests() and self.error is None:
                 try:
@@ -117,7 +125,7 @@ class EngineLoop:
         if not future.set_running_or_notify_cancel():
             return                                       # the client left before its request got here
         if self.error is not None:
-            future.set_exception(RuntimeError(self.error))
+            future.set_exception(EngineFailed(self.error))
             return
         waiting = len(self.engine.scheduler.waiting)
         if self.max_waiting is not None and waiting >= self.max_waiting:
@@ -127,7 +135,7 @@ class EngineLoop:
         try:
             request_id = self.engine.add_request(prompt_ids, params, priority=priority, tenant=tenant,
                                                  arrival_time=arrival_time)
-        except MiniTransformerError as exc:
+        except Exception as exc:                         # InputError, QuotaError, ... or a bug: the handler says
             future.set_exception(exc)
             return
         self._sinks[request_id] = sink
@@ -167,6 +175,8 @@ class EngineLoop:
             del log_[:-STEP_HISTORY]
         self.steps = log_[-STEP_HISTORY:]
         self.stats = self.engine.stats
+        for hook in self.publish_hooks:                  # live.py: the live page's snapshot, only while watched
+            hook(self)
 
     def _fail_all(self, message: str) -> None:
         self.error = message

@@ -37,3 +37,7 @@ def too_many_requests(message: str, code: str, retry_after_s: int = 1) -> APIErr
 
 class QueueFull(Exception):
     """The engine's waiting queue holds --max-waiting requests already (admission control: refuse, don't pile up)."""
+
+
+class EngineFailed(Exception):
+    """A step of the engine raised (a bug): its requests were ended and the server takes no new ones (503)."""
