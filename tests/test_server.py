@@ -206,8 +206,9 @@ def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(real_server):
     body = {"prompt": "Write a long story about a dragon.", "max_tokens": 400, "temperature": 0, "stream": True,
             "ignore_eos": True}
     with httpx.stream("POST", real_server.url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()       # kept: a dropped line iterator closes the connection, an abort
         received = []
-        for line in response.iter_lines():
+        for line in lines:
             if line.startswith("data: "):
                 received.append(line)
                 if len(received) == 3:

@@ -57,7 +57,7 @@ def test_paged_attention_equals_contiguous_attention(tiny_model):
 
 def test_flat_forward_through_the_paged_cache_equals_the_contiguous_forward(tiny_model):
     """Three sequences in one flat pass (a whole prompt, a chunk continuing a cached prefix, a decode) give the same
-    logits as the model's own forward with a contiguous KVCache, to 1e-5."""
+    logits as the model's own forward with a contiguous KVCache, to 1e-5 + 1e-6 relative (float32 rounding)."""
     from minitransformer.serving import model_runner
     rng = np.random.default_rng(1)
     prompts = [list(rng.integers(3, 250, size=n)) for n in (9, 21, 6)]
@@ -83,7 +83,9 @@ def test_flat_forward_through_the_paged_cache_equals_the_contiguous_forward(tiny
     for row, i in enumerate((2, 0, 1)):
         kv = KVCache(tiny_model.config, len(prompts[i]))
         ref = tiny_model.forward(np.array([prompts[i]]), np.arange(len(prompts[i]))[None], kv, last_only=True)
-        np.testing.assert_allclose(logits[row], ref[0], atol=1e-5, rtol=0)
+        # float32, two summation orders (a 3-sequence flat batch vs one sequence: BLAS blocks the products
+        # differently): a few ulp of each logit, so relative to its size (2 ulp of a logit of 48 is 1.1e-5)
+        np.testing.assert_allclose(logits[row], ref[0], atol=1e-5, rtol=1e-6)
 
 
 def test_slot_mapping_reference_counts_and_free():

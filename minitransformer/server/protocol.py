@@ -63,9 +63,9 @@ def parse_json(body: bytes) -> dict:
 def parse_generation(data: dict, chat: bool) -> ApiRequest:
     """A completions or chat body -> ApiRequest; every problem is a 400 naming its field."""
     for name in ("n", "best_of"):
-        if _get(data, name, int, 1) != 1:
-            raise bad_request(f"{name} > 1 is not supported: this server returns one choice per request; "
-                              "send several requests instead", param=name)
+        if (count := _get(data, name, int, 1)) != 1:
+            raise bad_request(f"{name}={count} is not supported: this server returns exactly one choice per "
+                              "request; send several requests instead", param=name)
     if _get(data, "echo", bool, False):
         raise bad_request("echo is not supported", param="echo")
     if _get(data, "suffix", str, None):
