@@ -177,7 +177,7 @@ def test_16_concurrent_streams_each_get_the_tokens_they_get_alone(real_server, r
     prompts = [f"Here is fact number {i} about the {w}:" for i, w in
                enumerate(["sun", "moon", "sea", "river", "cat", "dog", "tree", "city"] * 2)]
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    alone = [generate(real_model, p, params).text for p in prompts]
+    alone = [(r.text, r.token_ids) for r in (generate(real_model, p, params) for p in prompts)]
     running, done = [], threading.Event()
 
     def watch():
@@ -185,10 +185,11 @@ def test_16_concurrent_streams_each_get_the_tokens_they_get_alone(real_server, r
             running.append(metrics(real_server)["vllm:num_requests_running"])
 
     def stream(prompt):
-        chunks = client(real_server).completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=prompt,
-                                                        max_tokens=16, temperature=0, stream=True,
-                                                        extra_body={"ignore_eos": True})
-        return "".join(c.choices[0].text for c in chunks)
+        chunks = list(client(real_server).completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1", prompt=prompt, max_tokens=16, temperature=0, stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True}))
+        return ("".join(c.choices[0].text for c in chunks),
+                [t for c in chunks for t in c.choices[0].model_extra["token_ids"]])
 
     watcher = threading.Thread(target=watch)
     watcher.start()
