@@ -6,7 +6,11 @@
 
 Speculation pays when one pass over k+1 tokens costs about as much as a pass over one (true on a GPU, where decode
 waits on memory) and the guesses are often right (text that repeats what the prompt already holds). This lesson
-measures both factors on this machine and checks the product against the measured speedup.
+measures both factors on this machine and checks the product against the measured speedup (greedy: the output must
+be token for token the same), puts the expected tokens per pass (1 - a^(k+1)) / (1 - a) next to the measured ones,
+and then checks the sampled case, where the output cannot be the same tokens but must have the same distribution:
+a draft x ~ q is kept with probability min(1, p(x) / q(x)), otherwise a token is drawn from max(p - q, 0) renormalised
+(Leviathan et al., 2023), and 10,000 such tokens are compared with the target's own distribution p.
 """
 
 import argparse
@@ -16,6 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from rich.console import Console
 from rich.table import Table
 
@@ -24,6 +30,8 @@ from minitransformer.errors import MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
 from minitransformer.metrics import now  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
+from minitransformer.speculative.acceptance import accept_or_resample, processed_probs  # noqa: E402
+from minitransformer.speculative.drafters import forward_first_layers  # noqa: E402
 
 PROMPTS = {
     "repeat": "Here is a list of fruits: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
@@ -65,6 +73,39 @@ def matmul_cost(xp, w, sizes, repeats):
     return costs
 
 
+def sampled_check(model, layers: int, temperature: float, draws: int, seed: int) -> dict:
+    """Speculative *sampling* on one fixed context, where greedy's "same tokens" check cannot apply.
+
+    p: the full model's next-token distribution at `temperature`; q: the first `layers` layers' (the self-drafter's).
+    `draws` times: draw x from q, keep it with probability min(1, p[x] / q[x]), else draw from max(p - q, 0)
+    renormalised (accept_or_resample, the rule the engine uses). The tokens must be distributed as p: their
+    total-variation distance to p should be as small as that of `draws` plain draws from p, and below the bound
+    E[TV] <= 1/2 sum_i sqrt(p_i (1 - p_i) / N) (Jensen on each |count/N - p_i|) plus a margin t with
+    P(TV > E[TV] + t) <= exp(-2 N t^2) (McDiarmid: one draw moves TV by at most 1/N); t = sqrt(ln(1000) / 2N).
+    """
+    ids = model.tokenizer.encode(PROMPTS["free"])
+    params = SamplingParams(temperature=temperature, max_tokens=1)
+    positions = np.arange(len(ids))[None]
+    target = model.forward(np.array([ids]), positions, last_only=True)                  # (1, V)
+    draft = forward_first_layers(model, ids, 0, None, layers)                            # (1, V)
+    p = processed_probs(target, params, ids, [], model.tokenizer.eos_id).astype(np.float64)   # (V,)
+    q = processed_probs(draft, params, ids, [], model.tokenizer.eos_id).astype(np.float64)    # (V,)
+    p, q = p / p.sum(), q / q.sum()
+    rng = np.random.default_rng(seed)
+    q_cdf = np.cumsum(q)
+    spec, accepted = np.zeros_like(p), 0
+    for _ in range(draws):
+        x = min(int(np.searchsorted(q_cdf, rng.random() * q_cdf[-1], side="right")), len(q) - 1)
+        token = accept_or_resample(p, q, x, rng)
+        accepted += token == x          # kept (a redraw that lands on x again counts too: a tiny overcount)
+        spec[token] += 1
+    plain = np.bincount(rng.choice(len(p), size=draws, p=p), minlength=len(p))
+    tv = lambda a, b: 0.5 * float(np.abs(a - b).sum())                                     # noqa: E731
+    bound = 0.5 * float(np.sqrt(p * (1 - p) / draws).sum()) + float(np.sqrt(np.log(1000) / (2 * draws)))
+    return {"temperature": temperature, "accept": accepted / draws, "overlap": float(np.minimum(p, q).sum()),
+            "tv_spec": tv(spec / draws, p), "tv_plain": tv(plain / draws, p), "bound": bound, "tv_draft": tv(q, p)}
+
+
 def fastest(runs: int, request):
     """Run `request()` runs times and keep the fastest result: on a shared machine the slow runs are the noise."""
     return max((request() for _ in range(runs)), key=lambda result: result.metrics.decode_tokens_per_s)
@@ -81,6 +122,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="timed passes per size in the cost table")
     ap.add_argument("--runs", type=int, default=1, help="time every generation this many times, keep the fastest")
     ap.add_argument("--figure", help="write speedup and acceptance vs k to this PNG")
+    ap.add_argument("--draws", type=int, default=10_000, help="draws per temperature in the sampled check (3.)")
+    ap.add_argument("--temperatures", default="0.7,1.0,1.5", help="temperatures of the sampled check")
+    ap.add_argument("--draft-layers", type=int, default=28,
+                    help="layers of the self-drafter in the sampled check (28 of 30 agree often enough to show both "
+                         "acceptance and the redraw)")
     args = ap.parse_args()
     ks, drafters = [int(k) for k in args.ks.split(",")], args.drafters.split(",")
     model = load_model()
@@ -121,7 +167,7 @@ def main():
                 per_pass = (len(out.token_ids) - 1) / passes
                 verify, drafting = s["verify_s"] / passes, s["draft_s"] / passes
                 predicted = per_pass / base_rate / (verify + drafting)
-                rows.append((name, drafter, k, speedup, s["acceptance_rate"] or 0.0))
+                rows.append((name, drafter, k, speedup, s["acceptance_rate"] or 0.0, s["tokens_per_target_pass"]))
                 identical.append(out.token_ids == plain.token_ids)
                 table.add_row(name, drafter, str(k), "yes" if out.token_ids == plain.token_ids else "NO",
                               f"{s['accepted_tokens']}/{s['draft_tokens']}", f"{s['acceptance_rate'] or 0:.2f}",
@@ -131,6 +177,34 @@ def main():
     console.print(f"2. greedy, {args.tokens} new tokens. same = identical to plain greedy; accepted = accepted/drafted "
                   "tokens; verify and draft ms per target pass (plain: ms per token); speedup = tok/s over plain's; "
                   "predicted = tokens per verify pass x plain's ms/token / (verify + draft ms)", table)
+
+    formula = Table("prompt", "drafter", "k", "acceptance a", "tok/pass measured", "(1 - a^(k+1)) / (1 - a)")
+    for name, drafter, k, _, a, per_pass in rows:
+        expected = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+        formula.add_row(name, drafter, str(k), f"{a:.2f}", f"{per_pass:.2f}", f"{expected:.2f}")
+    console.print("2b. tokens per target pass: measured, and what a per-draft acceptance a would give if every draft "
+                  "were kept independently with probability a (Leviathan et al.'s expectation: the first rejection "
+                  "ends the pass, which then adds the target's own token). Real drafts are not independent (right "
+                  "guesses come in runs, and n-gram lookup may draft fewer than k), so the measured column can sit "
+                  "above or below the formula.", formula)
+
+    # 3. Sampling: the same distribution, not the same tokens ------------------------------------------------------
+    table = Table("temperature", "accepted", "sum min(p, q)", "TV(speculative, p)", "TV(plain, p)", "bound",
+                  "TV(q, p)")
+    checks = [sampled_check(model, args.draft_layers, float(t), args.draws, seed=i)
+              for i, t in enumerate(args.temperatures.split(","))]
+    for c in checks:
+        table.add_row(f"{c['temperature']:.2f}", f"{c['accept']:.3f}", f"{c['overlap']:.3f}", f"{c['tv_spec']:.4f}",
+                      f"{c['tv_plain']:.4f}", f"{c['bound']:.4f}", f"{c['tv_draft']:.4f}")
+    console.print(f"3. sampled: {args.draws} next tokens after the 'free' prompt, drafted by the first "
+                  f"{args.draft_layers} layers (q) and accepted or redrawn against the full model (p). accepted = "
+                  "drafts kept, expected sum min(p, q); TV = total-variation distance of the drawn tokens' "
+                  "frequencies to p, for speculative and for plain sampling; bound = what N draws from p stay under "
+                  "(999 times in 1000); TV(q, p): what keeping every draft would give", table)
+    ok = all(c["tv_spec"] <= c["bound"] for c in checks)
+    console.print(f"speculative sampling draws from p at every temperature: {'yes' if ok else 'NO'} (TV within the "
+                  "bound); rejected drafts are redrawn from the leftover max(p - q, 0), which is what makes up the "
+                  "difference TV(q, p) that keeping the drafts would leave.", highlight=False)
 
     if args.figure:
         import matplotlib

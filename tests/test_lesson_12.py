@@ -99,3 +99,36 @@ def test_answer_quotes_this_runs_numbers_and_figure_is_written(lesson):
     assert best and float(best.group(5)) == max(speedups)
     assert "identical = yes" in flat
     assert figure.stat().st_size > 5000 and figure.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_expected_tokens_per_pass_formula_is_computed_from_the_rows_acceptance(lesson):
+    out, _ = lesson
+    section = out[out.index("2b. tokens per target pass"):out.index("3. sampled")]
+    rows = re.findall(r"│ (repeat|free) +│ (\S+) +│ (\d+) +│ ([0-9.]+) +│ ([0-9.]+) +│ ([0-9.]+) +│", section)
+    assert len(rows) == 2 * 2 * len(KS), section
+    table2 = {(r[0], r[1], r[2]): r for r in ROW.findall(out)}
+    for name, drafter, k, a, per_pass, expected in rows:
+        row = table2[(name, drafter, k)]
+        assert (a, per_pass) == (row[5], row[6])                          # table 2's rate and tok/pass
+        accepted, drafted = (int(n) for n in row[4].split("/"))
+        exact, k = accepted / drafted if drafted else 0.0, int(k)
+        formula = k + 1 if exact >= 1 else (1 - exact ** (k + 1)) / (1 - exact)
+        assert float(expected) == pytest.approx(formula, abs=0.006)
+
+
+SAMPLED = re.compile(r"│ ([0-9.]+) +│" + r" ([0-9.]+) +│" * 6)     # a row of table 3: temperature + 6 numbers
+
+
+def test_sampled_speculation_draws_from_the_targets_distribution(lesson):
+    """Table 3: 10,000 speculative draws per temperature are as close to p as plain draws, within the bound that
+    N draws from p stay under, while keeping every draft (TV(q, p)) would not be; acceptance is sum min(p, q)."""
+    out, _ = lesson
+    section = out[out.index("3. sampled"):]
+    rows = [tuple(map(float, r)) for r in SAMPLED.findall(section)]
+    assert [r[0] for r in rows] == [0.7, 1.0, 1.5], section[:3000]
+    assert "10000 next tokens" in " ".join(section.split())
+    for temperature, accepted, overlap, tv_spec, tv_plain, bound, tv_draft in rows:
+        assert tv_spec <= bound and tv_plain <= bound
+        assert tv_draft > 2 * bound                                   # the check can tell q from p
+        assert abs(accepted - overlap) <= 4 * (overlap * (1 - overlap) / 10_000) ** 0.5 + 0.002
+    assert "draws from p at every temperature: yes" in out
