@@ -125,7 +125,8 @@ class Server:
         except EngineFailed as exc:                      # a step failed earlier: no new work
             raise APIError(503, str(exc), type="server_error") from None
         except asyncio.CancelledError:                   # our client left while the request was being queued
-            future.add_done_callback(lambda f: f.exception() is None and self.loop.abort(f.result()))
+            future.add_done_callback(lambda f: not f.cancelled() and f.exception() is None
+                                     and self.loop.abort(f.result()))
             raise
         builder = ResponseBuilder(request_id, self.config.model_name, chat, self.model.tokenizer,
                                   params.logprobs, api.return_token_ids)
