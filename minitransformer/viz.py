@@ -7,6 +7,7 @@
     step_time_cache_vs_no_cache.png  the time of every step of one request, with and without the KV cache
     kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
     roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
+    paged_attention.png, draft_and_verify.png   concept diagrams drawn from a real run (viz_concepts.py)
 
 Measurements come first (measure_*), then the drawings (plot_*), so a reader can rerun one without the other. Every
 figure names the machine it was measured on. --quick runs tiny sweeps (the test uses it); the numbers are then
@@ -30,11 +31,13 @@ from .kv_cache import KVCache, estimate_kv_bytes
 from .metrics import now
 from .prefill import prefill
 from .sampling_params import SamplingParams
+from .viz_concepts import draw_draft_and_verify, draw_paged_attention
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png")
+CONCEPT_FIGURES = ("paged_attention.png", "draft_and_verify.png")      # drawn from a run, not a sweep: no --quick
 DPI = 100
 
 
@@ -245,7 +248,8 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
 # ---------------------------------------------------------------------------------------------------- all of it
 
 def make_figures(out: str | Path = "figures", quick: bool = False, model_path=None, console=None) -> list[Path]:
-    """Measure everything, draw the five figures into `out`, return their paths. Progress goes to `console`."""
+    """Measure everything, draw the five figures and the two concept diagrams into `out`, return their paths.
+    Progress goes to `console`."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -255,7 +259,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     steps = (1 + len(sweep.prompt_lengths) + len(sweep.context_lengths) + 2 + len(sweep.kv_batches) + 2
-             + len(FIGURES))
+             + len(FIGURES) + len(CONCEPT_FIGURES))
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console or Console(stderr=True)) as progress:
         task = progress.add_task("loading the model", total=steps)
@@ -280,4 +284,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         plot_cache_vs_no_cache(steps_data, where, paths[2]); tick()                            # noqa: E702
         plot_kv_bytes(kv, model.config, where, paths[3]); tick()                               # noqa: E702
         plot_roofline(ttft, itl, peaks, model.config, model.weight_bytes, where, paths[4]); tick()   # noqa: E702
+        paths += [out / f for f in CONCEPT_FIGURES]
+        draw_paged_attention(model, paths[5]); tick()                                          # noqa: E702
+        draw_draft_and_verify(model, paths[6]); tick()                                         # noqa: E702
     return paths

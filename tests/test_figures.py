@@ -33,12 +33,14 @@ def test_figures_quick_writes_five_pngs(real_model_path, tmp_path):
     result = subprocess.run([sys.executable, "-m", "minitransformer", "figures", "--quick", "--out", str(out)],
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == [str(out / name) for name in viz.FIGURES]     # stdout: the paths only
+    assert result.stdout.split() == [str(out / name) for name in viz.FIGURES + viz.CONCEPT_FIGURES]   # paths only
     assert "drawing" in result.stderr                                             # the progress bar is on stderr
     for name in viz.FIGURES:
         width, height = png_size(out / name)
         assert (width, height) == (700, 440), name                               # figsize (7, 4.4) at dpi 100
         assert 10_000 < (out / name).stat().st_size < 150_000, name              # drawn, and small enough to commit
+    for name in viz.CONCEPT_FIGURES:                                              # their own sizes; still PNGs
+        assert min(png_size(out / name)) > 300 and (out / name).stat().st_size < 300_000, name
 
 
 def test_measurements_on_the_tiny_model(tiny_model):

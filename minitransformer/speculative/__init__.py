@@ -37,11 +37,11 @@ from .acceptance import accept_or_resample, processed_probs
 from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_cli, check_same_vocabulary, describe,
                      from_cli, make_config)
 from .drafters import ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter, forward_first_layers
-from .runner import SpeculativeRunner, SpeculativeStats
+from .runner import SpeculativeRunner, SpeculativeStats, VerifyPass
 
 __all__ = [
     "MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "make_config", "from_cli", "describe", "check_same_vocabulary",
     "processed_probs", "accept_or_resample",
     "NgramDrafter", "ModelDrafter", "SelfDrafter", "SecondModelDrafter", "forward_first_layers",
-    "SpeculativeStats", "SpeculativeRunner",
+    "SpeculativeStats", "SpeculativeRunner", "VerifyPass",
 ]

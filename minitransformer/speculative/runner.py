@@ -4,7 +4,7 @@ back the rejected drafts' K/V; and SpeculativeStats, its counts for --json (less
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..kv_cache import KVCache, estimate_kv_bytes
@@ -13,6 +13,16 @@ from ..prefill import prefill
 from .acceptance import accept_or_resample, processed_probs
 from .config import SpeculativeConfig
 from .drafters import NgramDrafter, SecondModelDrafter, SelfDrafter
+
+
+@dataclass
+class VerifyPass:
+    """One target pass as the loop used it: the drafts it checked, how many it kept, and the token the target
+    itself supplied (the correction at the first rejected draft, or the bonus after the last kept one; None when a
+    stop came first). The prefill is pass 0, with no drafts. figures/draft_and_verify.png draws these."""
+    drafted: list[int]
+    accepted: int = 0
+    target_token: int | None = None
 
 
 @dataclass
@@ -26,6 +36,7 @@ class SpeculativeStats:
     output_tokens: int = 0           # tokens the loop took from those passes
     draft_s: float = 0.0             # time spent drafting
     verify_s: float = 0.0            # time spent in verify passes
+    passes: list[VerifyPass] = field(default_factory=list)     # per target pass, in order
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -40,7 +51,8 @@ class SpeculativeStats:
         return {"method": self.method, "num_speculative_tokens": self.k, "draft_tokens": self.draft_tokens,
                 "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
                 "target_passes": self.target_passes, "tokens_per_target_pass": self.tokens_per_target_pass,
-                "draft_s": self.draft_s, "verify_s": self.verify_s}
+                "draft_s": self.draft_s, "verify_s": self.verify_s,
+                "passes": [[p.drafted, p.accepted, p.target_token] for p in self.passes]}
 
 
 class SpeculativeRunner:
@@ -71,6 +83,7 @@ class SpeculativeRunner:
 
     def first_logits(self):
         self.stats.target_passes += 1
+        self.stats.passes.append(VerifyPass([]))
         return prefill(self.model, self.prompt, self.cache)                    # (1, V)
 
     def next_logits(self, token: int):
@@ -96,6 +109,7 @@ class SpeculativeRunner:
         self.rows = self.model.forward(ids, positions, kv=self.cache)          # (1, 1 + k, V): one target pass
         self.stats.verify_s += now() - start
         self.stats.target_passes += 1
+        self.stats.passes.append(VerifyPass(list(drafts)))
         self.drafts, self.qs, self.row = drafts, qs, 0
         return self.rows[:, 0]                                                 # (1, V)
 
@@ -103,8 +117,10 @@ class SpeculativeRunner:
         """The token for this row: plain sampling where there is no draft to check (and for greedy, whose plain
         choice decides acceptance by itself); speculative sampling against the draft otherwise."""
         self.stats.output_tokens += 1
+        record = self.stats.passes[-1]
         if self.row >= len(self.drafts):                                       # a bonus row, or no drafts
-            return sample_plain(logits, request, generator, output_ids, eos_id)
+            record.target_token = sample_plain(logits, request, generator, output_ids, eos_id)
+            return record.target_token
         draft = self.drafts[self.row]
         if request.params.greedy:
             token = sample_plain(logits, request, generator, output_ids, eos_id)
@@ -113,6 +129,10 @@ class SpeculativeRunner:
             token = accept_or_resample(p, None if self.qs is None else self.qs[self.row], draft, generator)
         self.stats.draft_tokens += 1
         self.stats.accepted_tokens += token == draft
+        if token == draft:
+            record.accepted += 1
+        else:
+            record.target_token = token                                        # the first rejection ends the pass
         return token
 
     @property
