@@ -16,6 +16,7 @@ from minitransformer.kv_cache import KVCache, estimate_kv_bytes
 from minitransformer.prefill import prefill
 from minitransformer.speculative import (SpeculativeConfig, SpeculativeRunner, accept_or_resample, make_config,
                                          NgramDrafter)
+from minitransformer.speculative.runner import VerifyPass
 from tiny_model import write_tiny_llama
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
@@ -302,7 +303,8 @@ def test_the_verify_step_samples_from_the_processed_target_distribution(tiny_mod
     generator = np.random.default_rng(1)
     tokens = []
     for draft in np.random.default_rng(2).choice(V, size=10_000, p=q / q.sum()):
-        runner.drafts, runner.qs, runner.row = [int(draft)], [q], 0
+        runner.drafts, runner.qs, runner.row = [int(draft)], [q], 0            # what a verify pass leaves
+        runner.stats.passes.append(VerifyPass([int(draft)]))                     # ... and its record
         tokens.append(runner.sample_next(logits, request, generator, output_ids, tiny_model.tokenizer.eos_id,
                                          _sample_one))
     tokens = np.array(tokens)
