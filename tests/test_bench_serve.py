@@ -200,17 +200,6 @@ def test_managed_server_that_dies_is_a_clear_error(tmp_path):
             pass
 
 
-def _our_server_missing() -> bool:
-    try:
-        import minitransformer.server as server
-    except ImportError:
-        return True
-    return getattr(server, "__file__", None) is None             # a folder without __init__.py is not the server yet
-
-
-needs_server = pytest.mark.skipif(_our_server_missing(), reason="minitransformer.server is not importable yet")
-
-
 @pytest.fixture(scope="module")
 def our_server(tiny_model_path, tmp_path_factory):
     port = free_port()
@@ -220,7 +209,6 @@ def our_server(tiny_model_path, tmp_path_factory):
         yield server
 
 
-@needs_server
 def test_end_to_end_against_our_server(our_server, tmp_path, capsys):
     argv = ["bench", "serve", "--url", our_server.url, "--request-rate", "inf,20", "--num-prompts", "4",
             "--prompt-words", "3,12",  # the tiny model's context is 128 tokens
@@ -235,7 +223,6 @@ def test_end_to_end_against_our_server(our_server, tmp_path, capsys):
         assert all(len(r["itl_s"]) == r["content_chunks"] - 1 for r in run["records"])
 
 
-@needs_server
 def test_compare_runs_ours_alone_when_llama_cpp_is_missing(tiny_model_path, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(serve_compare, "llama_cpp_missing", lambda: "llama_cpp is not importable: running ours alone")
     argv = ["bench", "serve", "--compare", "--model", str(tiny_model_path), "--request-rate", "inf",
@@ -248,7 +235,6 @@ def test_compare_runs_ours_alone_when_llama_cpp_is_missing(tiny_model_path, tmp_
     assert (tmp_path / "server-ours.log").exists()
 
 
-@needs_server
 def test_sigterm_during_compare_stops_the_server(tiny_model_path, tmp_path):
     """The bench process is told to stop while our server runs: it exits 130 and nothing listens on the port."""
     import re

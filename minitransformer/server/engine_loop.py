@@ -27,14 +27,14 @@ from dataclasses import dataclass
 
 from ..generate import Result
 from ..metrics import now
-from ..serving import Engine, StepRecord
+from ..serving import Engine
 from .errors import EngineFailed, QueueFull
 from .prometheus import ServerMetrics
 from .responses import finish
 
 log = logging.getLogger("minitransformer.server")
 
-STEP_HISTORY = 512          # step records kept for the live view; the Engine's own step_log is trimmed to this
+STEP_HISTORY = 512          # the Engine's step_log is trimmed to about this many records (it would grow forever)
 
 
 @dataclass
@@ -55,7 +55,6 @@ class EngineLoop:
         self.engine, self.metrics = engine, metrics
         self.request_timeout_s, self.max_waiting = request_timeout_s, max_waiting
         self.stats = engine.stats                        # a fresh snapshot after every step, read by /metrics
-        self.steps: list[StepRecord] = []                # the latest STEP_HISTORY steps
         self.error: str | None = None                    # set when a step failed: the server stops taking work
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, object] = {}              # request id -> callable(StreamItem), into its handler
@@ -173,7 +172,6 @@ class EngineLoop:
         log_ = self.engine.step_log
         if len(log_) > 2 * STEP_HISTORY:
             del log_[:-STEP_HISTORY]
-        self.steps = log_[-STEP_HISTORY:]
         self.stats = self.engine.stats
         for hook in self.publish_hooks:                  # live.py: the live page's snapshot, only while watched
             hook(self)

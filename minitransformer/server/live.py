@@ -108,7 +108,7 @@ class LiveFeed:
         self.server = server
         self.loop = server.loop
         self.subscribers = 0                     # changed on the event loop only; read by the engine thread
-        self.latest: tuple[int, dict] | None = None
+        self.latest: tuple[int, dict, list] | None = None     # (version, snapshot, latest step records)
         self._version = 0
         self._watched: dict[str, object] = {}    # request id -> Sequence, as of the last snapshot
         self._finished: collections.deque = collections.deque(maxlen=FINISHED_KEPT)
@@ -132,7 +132,8 @@ class LiveFeed:
                 self._finished.appendleft(_finished_entry(self._watched.pop(request_id)))
             self._watched.update(engine.sequences)
             self._version += 1
-            self.latest = (self._version, snapshot(loop, self._finished, self.server.config.model_name))
+            self.latest = (self._version, snapshot(loop, self._finished, self.server.config.model_name),
+                           engine.step_log[-STEPS_ON_CONNECT:])          # a copy: the engine thread trims its log
         except Exception:                        # a bug here must not stop the engine
             log.exception("could not build the live page's snapshot")
 
@@ -164,12 +165,9 @@ class LiveFeed:
             while not self.server.stopping():       # uvicorn waits for open responses before it stops
                 latest = self.latest
                 if latest is not None and latest[0] != sent_version:
-                    sent_version, state = latest
-                    steps = self.loop.steps
-                    if last_step is None:
-                        steps = steps[-STEPS_ON_CONNECT:]
-                    else:
-                        steps = [r for r in steps[-STEPS_ON_CONNECT:] if r.step > last_step]
+                    sent_version, state, steps = latest
+                    if last_step is not None:
+                        steps = [r for r in steps if r.step > last_step]
                     if steps:
                         last_step = steps[-1].step
                     yield sse({**state, "steps": [step_dict(r) for r in steps]})

@@ -77,7 +77,7 @@ def parse_generation(data: dict, chat: bool) -> ApiRequest:
         max_tokens = _get(data, "max_completion_tokens", int, None)
         if max_tokens is None:
             max_tokens = _get(data, "max_tokens", int, None)
-        logprobs = _top_logprobs(data) if _get(data, "logprobs", bool, False) else None
+        logprobs = _get(data, "top_logprobs", int, 0) if _get(data, "logprobs", bool, False) else None
     else:
         prompt = _prompt(data.get("prompt"))
         max_tokens = _get(data, "max_tokens", int, 16)            # OpenAI's and vLLM's default for completions
@@ -180,10 +180,6 @@ def _messages(messages) -> list[dict]:
                               f"{_json_type(content)}", param=f"messages[{n}].content")
         out.append({"role": message["role"], "content": content})
     return out
-
-
-def _top_logprobs(data: dict) -> int:
-    return _get(data, "top_logprobs", int, 0)
 
 
 def _is_int(value) -> bool:
