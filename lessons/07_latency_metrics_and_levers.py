@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, generate, load_model, stream  # noqa: E402
 from minitransformer.bench.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
-from minitransformer.generate import _run, make_request  # noqa: E402
+from minitransformer.generate import _run, make_request, make_runner  # noqa: E402
 from minitransformer.metrics import now  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.sampling import make_generator, sample  # noqa: E402
@@ -61,7 +61,8 @@ def main() -> None:
     console.rule(f"[bold]1. Three requests arrive at once; one slot serves them in order ({args.tokens} tokens each)")
     arrival = now()
     requests = [make_request(model, p, params, chat=True, arrival=arrival) for p in REQUESTS]
-    results = [list(_run(model, r, True, None, None))[-1].result for r in requests]     # FIFO, one at a time
+    results = [list(_run(model, r, None, None, make_runner(model, r, use_cache=True)))[-1].result
+               for r in requests]                                                       # FIFO, one at a time
     table = Table("request", "prompt tok", "queue ms", "prefill ms", "TTFT ms", "ITL p50 ms", "ITL p90 ms",
                   "decode tok/s", "total ms")
     for i, r in enumerate(results):

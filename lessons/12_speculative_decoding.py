@@ -31,7 +31,6 @@ from minitransformer import KVCache, SamplingParams, generate, load_model  # noq
 from minitransformer.metrics import now  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.speculative.acceptance import accept_or_resample, processed_probs  # noqa: E402
-from minitransformer.speculative.drafters import forward_first_layers  # noqa: E402
 
 PROMPTS = {
     "repeat": "Here is a list of fruits: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
@@ -52,7 +51,7 @@ def pass_cost(model, ids, sizes, repeats):
         times = []
         for _ in range(repeats):
             start = now()
-            model.forward(xp.asarray(ids[:T])[None], xp.arange(base, base + T)[None], kv=cache)
+            model.forward(xp.asarray(ids[:T])[None], xp.arange(base, base + T)[None], cache)
             times.append(now() - start)
             cache.truncate(base)                                       # roll back, as a rejection does
         costs[T] = statistics.median(times)
@@ -87,7 +86,7 @@ def sampled_check(model, layers: int, temperature: float, draws: int, seed: int)
     params = SamplingParams(temperature=temperature, max_tokens=1)
     positions = np.arange(len(ids))[None]
     target = model.forward(np.array([ids]), positions, last_only=True)                  # (1, V)
-    draft = forward_first_layers(model, ids, 0, None, layers)                            # (1, V)
+    draft = model.forward(np.array([ids]), positions, layers=layers, last_only=True)     # (1, V): L layers
     p = processed_probs(target, params, ids, [], model.tokenizer.eos_id).astype(np.float64)   # (V,)
     q = processed_probs(draft, params, ids, [], model.tokenizer.eos_id).astype(np.float64)    # (V,)
     p, q = p / p.sum(), q / q.sum()

@@ -10,9 +10,11 @@ See README.md for the map of the package and the lessons.
 
 from .config import ModelConfig
 from .errors import DeviceError, InputError, MiniTransformerError, ModelFetchError, ModelFileError
-from .generate import Delta, Request, Result, generate, stream
+from .generate import generate, stream
 from .kv_cache import KVCache, estimate_kv_bytes
-from .model import Transformer, load_model
+from .loading import load_model
+from .model import Transformer
+from .request import Delta, Request, Result
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 

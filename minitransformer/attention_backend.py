@@ -1,17 +1,20 @@
-"""Which code computes attention: the array implementation (layers.attention) or our CUDA kernels.
+"""Which code computes attention, chosen once when the model is loaded: plain arrays or our CUDA kernels.
 
-    load_model(..., attention="arrays")   layers.attention: NumPy/CuPy array ops (the reference, fastest on the CPU)
-    load_model(..., attention="kernels")  prefill through flash_prefill, decode (one query) through paged_decode
+    load_model(..., attention="arrays")   ArrayAttention: layers.attention's array ops (the reference; fastest on a CPU)
+    load_model(..., attention="kernels")  KernelAttention: flash_prefill for prompts and chunks, paged_decode for
+                                          one-query decodes (on NumPy arrays the kernels run on the CPU runner)
     load_model(..., attention="auto")     kernels on the GPU, arrays on the CPU
 
-The kernels take NumPy arrays too (then they run on the CPU runner, compiled from the same .cu files), which is how
-the kernel path is tested on a machine without a GPU. A shape the kernels cannot serve (head_dim not 64 or 128, more
-query heads per KV head than the decode kernel holds, positions that are not consecutive) falls back to the arrays
-with the reason logged once.
+The model keeps the object as `model.attention` and hands it to whatever cache a forward pass uses, so every cache
+(contiguous, paged, int8 or float32) attends through the one choice. Both classes answer the same three questions:
 
-The contiguous KVCache stores (B, K, S, d) but paged_decode reads (blocks, block_size, K, d), tokens before heads, so
-each decode step lays the cache out that way (a copy of the S cached tokens, as one block table per sequence).
-A cache stored token-major would make that a view; the serving engine's paged cache is already token-major.
+    causal(q, k, v, q_positions, k_positions)        keys already contiguous (the contiguous cache, or no cache)
+    paged_decode(cache, layer, q, positions, tables)  one query per sequence, keys in the paged pool's blocks
+    paged_chunk(cache, layer, q, positions, table)    one prefill chunk against its cached prefix and itself
+
+A model whose shapes the kernels were not compiled for (head_dim not 64 or 128, more query heads per KV head than
+the decode kernel holds) gets ArrayAttention at load, with the reason logged once. What only a call can tell (keys
+that are not consecutive positions, an int8 pool the decode kernel cannot read) goes to the arrays for that call.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from .backend import array_module
 from .errors import InputError
 from .kernels.attention import HEAD_DIMS, flash_prefill, paged_decode
 from .kernels.loader import source_constant
-from .layers import attention as array_attention
+from .layers import attention, causal_attention
 
 MODES = ("arrays", "kernels", "auto")
 DECODE_BLOCK = 16           # tokens per block of the one-table view of a contiguous cache
@@ -33,80 +36,135 @@ log = logging.getLogger("minitransformer.attention")
 _logged: set[str] = set()
 
 
-def choose_attention(mode: str, device: str):
-    """A KernelAttention for `mode` on `device`, or None for layers.attention (which model.py calls itself)."""
+def choose_attention(mode: str, device: str, config):
+    """The attention object for `mode` on `device` and this model's shapes (see the module docstring)."""
     if mode not in MODES:
         raise InputError(f"unknown attention {mode!r}; choose one of {', '.join(MODES)}")
     if mode == "arrays" or (mode == "auto" and device == "cpu"):
-        return None
+        return ArrayAttention()
+    group_limit = source_constant("paged_decode.cu", "DECODE_MAX_GROUP")
+    if config.head_dim not in HEAD_DIMS:
+        fallback(f"head_dim {config.head_dim} is not one of the compiled {HEAD_DIMS}")
+        return ArrayAttention()
+    if config.n_heads // config.n_kv_heads > group_limit:
+        fallback(f"{config.n_heads // config.n_kv_heads} query heads per KV head exceed the decode kernel's group "
+                 "limit")
+        return ArrayAttention()
     return KernelAttention()
 
 
 def fallback(reason: str) -> None:
-    """Log why a call went to the array implementation, once per distinct reason."""
+    """Log why attention goes to the array implementation, once per distinct reason."""
     if reason not in _logged:
         _logged.add(reason)
-        log.warning("attention kernels cannot serve this call (%s); using layers.attention", reason)
+        log.warning("attention kernels cannot serve this (%s); using layers.attention", reason)
 
 
-class KernelAttention:
-    """attention(q, k, v, q_positions, k_positions) with layers.attention's signature, through the kernels.
+class ArrayAttention:
+    """Attention as array operations (layers.attention): the reference every kernel is tested against."""
+    name = "arrays"
+    uses_kernels = False
 
-    Contract (what prefill.py, decode.py and KVCache guarantee): keys sit at positions 0..S-1 of their sequence
-    and the T queries are the last T of them. On NumPy inputs it is checked (cheap); on CuPy it is trusted,
-    since checking would read the positions back to the host every step.
-    """
+    def causal(self, q, k, v, q_positions, k_positions):
+        """q (B, H, T, d) against contiguous k, v (B, K, S, d) -> (B, H, T, d); the queries are the last T keys."""
+        return causal_attention(q, k, v, q_positions, k_positions)
+
+    def reads_pool(self, cache) -> bool:
+        """Whether decodes read the paged pool in place (a kernel), rather than gathering each sequence's blocks."""
+        return False
+
+    def paged_decode(self, cache, layer: int, q, positions, seq_lens, tables):
+        """One query per sequence: q (R, H, d) at positions (R,), keys through block tables (R, nb) -> (R, H, d).
+
+        seq_lens (R,) = positions + 1, int32 (what the kernel reads; the arrays mask by position instead).
+        """
+        k, v = cache.gather(layer, tables)                                       # (R, K, nb * block_size, d)
+        S = k.shape[2]
+        key_positions = cache.xp.broadcast_to(cache.xp.arange(S), (q.shape[0], S))   # (R, S)
+        return attention(q[:, :, None], k, v, positions[:, None], key_positions)[:, :, 0]
+
+    def paged_chunk(self, cache, layer: int, q, positions, table, num_keys: int):
+        """One prefill chunk: q (1, H, T, d) are keys [num_keys - T, num_keys) of the sequence whose blocks are
+        table (1, nb); it attends to its cached prefix and, causally, to itself -> (1, H, T, d)."""
+        k, v = cache.gather(layer, table)                                        # (1, K, nb * block_size, d)
+        k, v = k[:, :, :num_keys], v[:, :, :num_keys]                            # the rest of the last block: unused
+        key_positions = cache.xp.arange(num_keys)[None]                          # (1, num_keys)
+        return causal_attention(q, k, v, positions, key_positions)
+
+
+class KernelAttention(ArrayAttention):
+    """The same three answers through kernels/flash_prefill.cu and kernels/paged_decode.cu. `calls` counts which
+    code served each call (the tests read it)."""
+    name = "kernels"
+    uses_kernels = True
 
     def __init__(self):
         self.calls = {"flash_prefill": 0, "paged_decode": 0, "arrays": 0}
 
-    def __call__(self, q, k, v, q_positions, k_positions):
+    def causal(self, q, k, v, q_positions, k_positions):
+        """Contract (prefill.py, decode.py and KVCache keep it): keys at positions 0..S-1 of their sequence (or
+        consecutive from any start) and the T queries the last T of them. Checked on NumPy inputs (cheap); trusted
+        on CuPy, since checking would read the positions back to the host every step."""
         T, S = q.shape[2], k.shape[2]
-        reason = self.unsupported(q, k, q_positions, k_positions)
-        if reason:
-            fallback(reason)
+        if not consecutive(q_positions, k_positions, T, S):
+            fallback("positions are not the last T of S consecutive key positions")
             self.calls["arrays"] += 1
-            return array_attention(q, k, v, q_positions, k_positions)
+            return causal_attention(q, k, v, q_positions, k_positions)
         xp = array_module(q)
         if T == 1 and S > 1:
             self.calls["paged_decode"] += 1
-            return self.decode(q, k, v, xp)[:, :, None]                        # (B, H, 1, d)
+            return contiguous_decode(q, k, v, xp)[:, :, None]                   # (B, H, 1, d)
         self.calls["flash_prefill"] += 1
         return flash_prefill(xp.ascontiguousarray(q), xp.ascontiguousarray(k), xp.ascontiguousarray(v))
 
-    @staticmethod
-    def unsupported(q, k, q_positions, k_positions) -> str | None:
-        """Why the kernels cannot serve this call, or None when they can."""
-        B, H, T, d = q.shape
-        K, S = k.shape[1], k.shape[2]
-        if d not in HEAD_DIMS:
-            return f"head_dim {d} is not one of the compiled {HEAD_DIMS}"
-        if T == 1 and S > 1 and H // K > source_constant("paged_decode.cu", "DECODE_MAX_GROUP"):
-            return f"{H // K} query heads per KV head exceed the decode kernel's group limit"
-        if isinstance(q_positions, np.ndarray):      # host arrays: check the contract the kernels assume
-            keys = np.asarray(k_positions)
-            if not (np.array_equal(keys, np.broadcast_to(keys[:, :1] + np.arange(S), keys.shape))
-                    and np.array_equal(q_positions, keys[:, S - T:])):
-                return "positions are not the last T of S consecutive key positions"
-        return None
+    def reads_pool(self, cache) -> bool:
+        return cache.storage == "f32"          # the decode kernel reads float blocks; an int8 pool is gathered
 
-    @staticmethod
-    def decode(q, k, v, xp):
-        """One query per sequence against S cached keys: q (B, H, 1, d), k and v (B, K, S, d) -> (B, H, d).
+    def paged_decode(self, cache, layer: int, q, positions, seq_lens, tables):
+        if not self.reads_pool(cache):
+            self.calls["arrays"] += 1
+            return super().paged_decode(cache, layer, q, positions, seq_lens, tables)
+        self.calls["paged_decode"] += 1
+        xp = cache.xp
+        return paged_decode(xp.ascontiguousarray(q), cache.k[layer], cache.v[layer], tables.astype(np.int32),
+                            seq_lens.astype(np.int32))
 
-        The keys are laid out token-major in blocks of DECODE_BLOCK tokens, sequence b owning blocks
-        [b * nb, (b + 1) * nb): one block table per sequence, all of length S.
-        """
-        B, H, _, d = q.shape
-        K, S = k.shape[1], k.shape[2]
-        nb = -(-S // DECODE_BLOCK)
-        k_cache = xp.zeros((B, nb * DECODE_BLOCK, K, d), dtype=k.dtype)       # (B, nb * bs, K, d)
-        v_cache = xp.zeros_like(k_cache)
-        k_cache[:, :S] = k.transpose(0, 2, 1, 3)
-        v_cache[:, :S] = v.transpose(0, 2, 1, 3)
-        shape = (B * nb, DECODE_BLOCK, K, d)
-        tables = xp.arange(B * nb, dtype=np.int32).reshape(B, nb)              # (B, nb)
-        lens = xp.full((B,), S, dtype=np.int32)                                # (B,)
-        return paged_decode(xp.ascontiguousarray(q[:, :, 0]), k_cache.reshape(shape), v_cache.reshape(shape),
-                            tables, lens)
+    def paged_chunk(self, cache, layer: int, q, positions, table, num_keys: int):
+        """The chunk's blocks gathered (and dequantized) into contiguous keys, then flash_prefill: the kernel's
+        layout, queries the last T of num_keys keys."""
+        self.calls["flash_prefill"] += 1
+        xp = cache.xp
+        k, v = cache.gather(layer, table)                                        # (1, K, nb * block_size, d)
+        return flash_prefill(xp.ascontiguousarray(q), xp.ascontiguousarray(k[:, :, :num_keys]),
+                             xp.ascontiguousarray(v[:, :, :num_keys]))
 
+
+def consecutive(q_positions, k_positions, T: int, S: int) -> bool:
+    """Keys at S consecutive positions and the queries the last T of them (always True for device arrays)."""
+    if not isinstance(q_positions, np.ndarray):
+        return True
+    keys = np.asarray(k_positions)
+    return bool(np.array_equal(keys, np.broadcast_to(keys[:, :1] + np.arange(S), keys.shape))
+                and np.array_equal(q_positions, keys[:, S - T:]))
+
+
+def contiguous_decode(q, k, v, xp):
+    """One query per sequence against S contiguous keys through paged_decode: q (B, H, 1, d), k and v (B, K, S, d)
+    -> (B, H, d).
+
+    The contiguous cache stores (B, K, S, d) but paged_decode reads (blocks, block_size, K, d), tokens before heads,
+    so the keys are copied token-major into blocks of DECODE_BLOCK tokens, sequence b owning blocks
+    [b * nb, (b + 1) * nb): one block table per sequence, all of length S.
+    """
+    B, H, _, d = q.shape
+    K, S = k.shape[1], k.shape[2]
+    nb = -(-S // DECODE_BLOCK)
+    k_cache = xp.zeros((B, nb * DECODE_BLOCK, K, d), dtype=k.dtype)       # (B, nb * bs, K, d)
+    v_cache = xp.zeros_like(k_cache)
+    k_cache[:, :S] = k.transpose(0, 2, 1, 3)
+    v_cache[:, :S] = v.transpose(0, 2, 1, 3)
+    shape = (B * nb, DECODE_BLOCK, K, d)
+    tables = xp.arange(B * nb, dtype=np.int32).reshape(B, nb)              # (B, nb)
+    lens = xp.full((B,), S, dtype=np.int32)                                # (B,)
+    return paged_decode(xp.ascontiguousarray(q[:, :, 0]), k_cache.reshape(shape), v_cache.reshape(shape),
+                        tables, lens)

@@ -23,6 +23,7 @@ from .errors import DeviceError, InputError, MemoryLimitError
 
 DTYPE = np.float32          # activations, weights and logits (weights may be stored float16: matmul_float16)
 INDEX_DTYPE = np.int64      # token ids and positions
+INT8_MAX = 127              # symmetric int8 (weights and KV cache): -127..127, so -w quantizes to -q (no lone -128)
 
 DEVICES = ("cpu", "gpu")
 

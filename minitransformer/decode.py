@@ -16,4 +16,4 @@ def decode_step(model, token_ids, cache: KVCache):
     xp = model.xp
     tokens = xp.asarray(token_ids).reshape(-1, 1)                         # (B, 1)
     positions = xp.full(tokens.shape, cache.length)                       # (B, 1): the next free slot
-    return model.forward(tokens, positions, kv=cache, last_only=True)
+    return model.forward(tokens, positions, cache, last_only=True)

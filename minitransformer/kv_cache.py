@@ -10,7 +10,8 @@ token. GQA is why kv_heads (3) and not query heads (9) appear there: the cache i
 
 The cache is preallocated for prompt + max_tokens (so appending never reallocates or copies) and shared by a batch of
 sequences that all have the same length (same-length prompts decoded in lock step). Ragged batches, where every
-sequence has its own length, are the paged cache's job (serving/).
+sequence has its own length, are the paged cache's job (serving/paged_cache.py). Both caches speak the protocol the
+model's forward uses (model.py) and both store float32 or int8 (kv_storage.py).
 """
 
 from __future__ import annotations
@@ -20,12 +21,20 @@ import numpy as np
 from .backend import DTYPE, check_count, check_memory
 from .config import ModelConfig
 from .errors import InputError
+from .kv_storage import KVStorage, bytes_per_vector, check_storage
 
 
-def estimate_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype=DTYPE) -> int:
-    """Bytes of K and V for `tokens` tokens of `batch` sequences: 2 * layers * batch * kv_heads * tokens * head_dim
-    * itemsize. Equal to a KVCache's `bytes_used` at that length (tests/test_kv_cache.py checks it)."""
-    return 2 * config.n_layers * batch * config.n_kv_heads * tokens * config.head_dim * np.dtype(dtype).itemsize
+def estimate_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype=DTYPE, storage: str = "f32") -> int:
+    """Bytes of K and V for `tokens` tokens of `batch` sequences: 2 * layers * batch * kv_heads * tokens * (bytes of
+    one head_dim vector: head_dim * itemsize, or head_dim + a 4-byte scale for int8 storage). Equal to a cache's
+    `bytes_used` at that length (tests/test_kv_cache.py checks it)."""
+    per_vector = bytes_per_vector(config.head_dim, storage, dtype)
+    return 2 * config.n_layers * batch * config.n_kv_heads * tokens * per_vector
+
+
+def estimate_int8_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1) -> int:
+    """estimate_kv_bytes for int8 storage (lesson 13 prints both)."""
+    return estimate_kv_bytes(config, tokens, batch, storage="int8")
 
 
 def check_sizes(config: ModelConfig, max_len, batch, nbytes_of, xp) -> tuple[int, int]:
@@ -43,42 +52,46 @@ def check_sizes(config: ModelConfig, max_len, batch, nbytes_of, xp) -> tuple[int
 class KVCache:
     """K and V for `batch` sequences, each (layers, batch, kv_heads, max_len, head_dim), filled to `length`.
 
-    The model calls `update(layer, k_new, v_new, positions)` once per layer during a forward pass (the protocol in
-    model.py); the new keys land at [length, length + T) and the cache's `length` moves on after the last layer.
-    Invariant: positions of the tokens passed in are length, length + 1, ...; prefill.py and decode.py make them so.
+    The model's protocol (model.py): `attend(layer, q, k, v, positions, attention)` once per layer of a forward
+    pass stores the new keys at [length, length + T) and attends to [0, length + T); `advance(T)` after the pass
+    moves `length` on. Invariant: the T tokens passed in sit at positions length, length + 1, ... (prefill.py and
+    decode.py make them so). storage "f32" or "int8" (kv_storage.py): attention sees float32 either way.
     """
 
-    def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np, dtype=DTYPE):
+    def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np, dtype=DTYPE, storage: str = "f32"):
+        check_storage(storage)
         max_len, batch = check_sizes(config, max_len, batch,
-                                     lambda n, b: estimate_kv_bytes(config, n, b, dtype), xp)
-        self.config = config
-        self.max_len = max_len
-        self.batch = batch
-        self.xp = xp
-        self.dtype = np.dtype(dtype)
+                                     lambda n, b: estimate_kv_bytes(config, n, b, dtype, storage), xp)
+        self.config, self.max_len, self.batch, self.xp = config, max_len, batch, xp
         shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
-        self.k = xp.zeros(shape, dtype=dtype)      # (layers, batch, kv_heads, max_len, head_dim)
-        self.v = xp.zeros(shape, dtype=dtype)      # (layers, batch, kv_heads, max_len, head_dim)
-        self.length = 0                            # tokens stored per sequence
+        self.store = KVStorage(shape, storage, xp, dtype)   # k, v (layers, batch, kv_heads, max_len, head_dim)
+        self.storage, self.dtype = storage, self.store.dtype    # dtype of the stored values (int8 for "int8")
+        self.length = 0                                     # tokens stored per sequence
         self.key_positions = xp.broadcast_to(xp.arange(max_len), (batch, max_len))   # (batch, max_len)
 
-    # ------------------------------------------------------------------ the model's hook
+    k = property(lambda self: None if self.store is None else self.store.k)
+    v = property(lambda self: None if self.store is None else self.store.v)
 
-    def update(self, layer: int, k_new, v_new, positions):
-        """Store this step's keys/values and return everything to attend to.
+    # ------------------------------------------------------------------ the model's protocol
 
-        k_new, v_new (B, K, T, d) -> k, v (B, K, length + T, d) views into the cache, key positions (B, length + T).
+    def attend(self, layer: int, q, k_new, v_new, positions, attention):
+        """Store this step's keys/values of `layer` and attend to everything stored.
+
+        q (B, H, T, d), k_new, v_new (B, K, T, d) -> (B, H, T, d), through `attention` (the model's choice of
+        arrays or kernels, attention_backend.py) on the float32 keys [0, length + T).
         """
         start, end = self.next_slots(k_new.shape[2])
-        self.k[layer, :, :, start:end] = k_new
-        self.v[layer, :, :, start:end] = v_new
-        if layer == self.config.n_layers - 1:      # the last layer has written: the step is complete
-            self.length = end
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end], self.key_positions[:, :end]
+        self.store.put(layer, (slice(None), slice(None), slice(start, end)), k_new, v_new)
+        k, v = self.store.get(layer, (slice(None), slice(None), slice(0, end)))     # (B, K, end, d) each
+        return attention.causal(q, k, v, positions, self.key_positions[:, :end])
+
+    def advance(self, T: int) -> None:
+        """A forward pass has stored T more tokens (in the layers it ran)."""
+        self.length = self.next_slots(T)[1]
 
     def next_slots(self, T: int) -> tuple[int, int]:
         """[start, end) of the slots T new tokens go to, or the InputError of a released or full cache."""
-        if self.k is None:
+        if self.store is None:
             raise InputError("this KV cache was released; allocate a new one")
         start, end = self.length, self.length + T
         if end > self.max_len:
@@ -88,8 +101,8 @@ class KVCache:
     def truncate(self, length: int) -> None:
         """Forget every token from `length` on (speculative decoding rolls back rejected drafts this way).
 
-        Only the length moves: the slots past it are overwritten by the next update, and nothing ever reads them
-        (update returns views up to the new end), so rolling back costs no copy.
+        Only the length moves: the slots past it are overwritten by the next pass, and nothing ever reads them
+        (attend reads up to the new end), so rolling back costs no copy.
         """
         if not 0 <= length <= self.length:
             raise InputError(f"cannot truncate a KV cache of {self.length} tokens to {length}; the new length must "
@@ -106,14 +119,21 @@ class KVCache:
 
     @property
     def bytes_used(self) -> int:
-        """Bytes of K and V holding real tokens."""
-        return estimate_kv_bytes(self.config, self.length, self.batch, self.dtype)
+        """Bytes of K and V holding real tokens (scales included for int8)."""
+        return estimate_kv_bytes(self.config, self.length, self.batch, self.dtype, self.storage)
 
     @property
     def bytes_reserved(self) -> int:
         """Bytes allocated up front (max_len tokens); 0 once released."""
-        return 0 if self.k is None else int(self.k.nbytes + self.v.nbytes)
+        return 0 if self.store is None else self.store.nbytes
 
     def release(self) -> None:
         """Drop the arrays (a finished or aborted request gives its memory back). The length is kept for reports."""
-        self.k = self.v = None
+        self.store = None
+
+
+class Int8KVCache(KVCache):
+    """KVCache with int8 storage, under its own name for the tools that take a cache class (lesson 13, quality.py)."""
+
+    def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np):
+        super().__init__(config, max_len, batch, xp, storage="int8")

@@ -9,28 +9,33 @@ one small matmul each, far slower than one 2-D matmul, so hidden states live as 
 inside attention.
 Weights are dequantized once at load time and stored once, in the (in, out) layout that `x @ w` wants.
 
-The KV cache is passed in (`kv`), never owned here: prefill.py and decode.py (and the serving engine) decide what
-to keep; the model only asks the cache for the keys and values to attend to. Any object with
-`update(layer, k_new, v_new, positions) -> (k, v, key_positions)` works: k_new, v_new (B, K, T, d) are this call's
-keys/values, k, v (B, K, S, d) everything to attend to, key_positions (B, S) their positions, with this call's
-keys last, in order (k[:, :, S-T:] is k_new): attention skips the keys after each query's own (causal_attention).
+One forward pass serves every caller: a whole prompt, a decode step, the serving engine's flat batch of many
+sequences' tokens laid end to end (B = 1), a CUDA-graph replay, and the self-drafter's first layers (`layers=L`).
+What differs between them is only where keys and values are kept, so the cache is passed in and never owned here.
+A cache is any object with
+
+    attend(layer, q, k, v, positions, attention) -> out   store this call's keys/values of `layer`, attend each query
+                                                          to its own sequence's keys; q (B, H, T, d), k and v
+                                                          (B, K, T, d), out (B, H, T, d)
+    advance(T)                                            after the pass: the T tokens are stored
+
+(kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool). `attention` is the model's one choice
+of arrays or kernels (attention_backend.py), made at load. With no cache the T tokens attend to each other.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from .attention_backend import choose_attention
-from .backend import DTYPE, INDEX_DTYPE, get_xp
+from .attention_backend import ArrayAttention
+from .backend import INDEX_DTYPE
 from .config import ModelConfig
-from .errors import InputError, ModelFileError
-from .layers import apply_rope, causal_attention, rms_norm, swiglu
+from .errors import InputError
+from .layers import apply_rope, rms_norm, swiglu
 from .rope import RopeTable
-from .weights import dequantize, open_gguf, resolve_model_path
 
 
 @dataclass
@@ -39,8 +44,7 @@ class LayerWeights:
 
     Q, K and V are one (D, H*d + 2*K*d) matrix and gate and up one (D, 2F) matrix: x @ w_qkv is one matmul where
     three would each pay a call and a pass over x, and at decode a matrix-vector product is limited by how fast its
-    weights stream from memory, and a few large matrices stream faster than many small ones (measured on 2 cores:
-    the matrix-vector products of all 30 layers took ~19 ms as seven matmuls per layer, ~16 ms as four).
+    weights stream from memory, and a few large matrices stream faster than many small ones.
     The separate matrices are still there to read, as views (wq, wk, wv, w_gate, w_up), at no extra memory.
     """
     attn_norm: object   # (D,)
@@ -77,11 +81,11 @@ VOCAB_CHUNK = 4096     # vocabulary rows per lm_head product when several rows n
 
 
 class Transformer:
-    """A loaded model: config, tokenizer, float32 weights on one device, and `forward`."""
+    """A loaded model (loading.load_model builds one): config, tokenizer, weights on one device, and `forward`."""
 
     def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
                  lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0,
-                 attention_mode: str = "auto"):
+                 attention=None):
         self.config = config
         self.tokenizer = tokenizer
         self.embedding = embedding          # (V, D): row i is token i's vector
@@ -92,43 +96,52 @@ class Transformer:
         self.device = device
         self.path = path
         self.load_seconds = load_seconds
-        self.kernel_attention = choose_attention(attention_mode, device)   # None: layers.attention
+        self.attention = attention or ArrayAttention()   # arrays or kernels, chosen once (attention_backend.py)
         self.rope = RopeTable(config, xp)       # cos and sin of the positions in use (rope.py)
+
+    @property
+    def kernel_attention(self):
+        """The KernelAttention when the kernels compute attention, else None."""
+        return self.attention if self.attention.uses_kernels else None
 
     rope_cos = property(lambda self: self.rope.cos)     # (positions, d/2): row p rotates position p
     rope_sin = property(lambda self: self.rope.sin)     # (positions, d/2)
 
     # ------------------------------------------------------------------ the forward pass, in reading order
 
-    def forward(self, token_ids, positions, kv=None, last_only: bool = False):
-        """token_ids (B, T), positions (B, T) -> logits (B, T, V), or (B, V) for the last position if last_only.
+    def forward(self, token_ids, positions, cache=None, layers: int | None = None, logits_rows=None,
+                last_only: bool = False):
+        """token_ids (B, T), positions (B, T) -> logits (B, T, V); with last_only (B, V) of each row's last token;
+        with logits_rows (R,) only those rows of the B*T (row b*T + t), -> (R, V): the rows that will sample.
 
-        With kv=None the T tokens attend only to each other (a whole prompt, or the no-cache baseline).
+        cache: None, or an object with the protocol in the module docstring. layers: run only the first `layers`
+        layers before the final norm and lm_head (the self-drafter's cut-short model, speculative/drafters.py).
         """
         token_ids, positions = self._check_inputs(token_ids, positions)
         B, T = token_ids.shape
         h = self.embedding[token_ids.reshape(-1)]                          # (B*T, D)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]      # (B, T, d/2) each
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.layers[:layers]):
             h = h + self.attention_block(index, layer, rms_norm(h, layer.attn_norm, self.config.norm_eps),
-                                         positions, cos, sin, kv)
+                                         positions, cos, sin, cache)
             h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
+        if cache is not None:
+            cache.advance(T)
         if last_only:
             return self.output_logits(h.reshape(B, T, -1)[:, -1])         # (B, V): only the next token's logits
+        if logits_rows is not None:
+            return self.output_logits(h[logits_rows])                      # (R, V)
         return self.output_logits(h).reshape(B, T, -1)                     # (B, T, V)
 
-    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, kv):
+    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, cache):
         """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
-        cfg = self.config
         B, T = positions.shape
         q, k, v = self.project_qkv(layer, x, B, T, cos, sin)   # (B, H, T, d), (B, K, T, d), (B, K, T, d)
-        if kv is None:
-            k_all, v_all, key_positions = k, v, positions
+        if cache is None:
+            out = self.attention.causal(q, k, v, positions, positions)                # (B, H, T, d)
         else:
-            k_all, v_all, key_positions = kv.update(index, k, v, positions)        # (B, K, S, d), (B, S)
-        attend = causal_attention if self.kernel_attention is None else self.kernel_attention
-        out = attend(q, k_all, v_all, positions, key_positions)                   # (B, H, T, d)
-        return out.transpose(0, 2, 1, 3).reshape(B * T, cfg.q_dim) @ layer.wo      # (B*T, D)
+            out = cache.attend(index, q, k, v, positions, self.attention)             # (B, H, T, d)
+        return out.transpose(0, 2, 1, 3).reshape(B * T, self.config.q_dim) @ layer.wo  # (B*T, D)
 
     def project_qkv(self, layer: LayerWeights, x, B: int, T: int, cos, sin):
         """x (B*T, D) -> q (B, H, T, d), k (B, K, T, d) rotated by RoPE, and v (B, K, T, d)."""
@@ -139,38 +152,14 @@ class Transformer:
         qk = apply_rope(heads[:, :H + K], cos, sin)            # (B, H + K, T, d): q and k rotated in one call
         return qk[:, :H], qk[:, H:], heads[:, H + K:]
 
-    def forward_flat(self, token_ids, positions, attend, logits_rows):
-        """The serving engine's forward: the tokens of many sequences laid end to end, attention left to `attend`.
-
-        token_ids (N,), positions (N,) int arrays on the device: several decodes and prefill chunks of different
-        lengths in one pass. Every matmul runs once over all N rows (the weights are read once per step, whatever
-        the mix); only attention needs to know which rows belong to which sequence, so the caller does it:
-        attend(layer_index, q (H, N, d), k (K, N, d), v (K, N, d)) -> (H, N, d) stores this step's keys and values
-        and attends each row to its own sequence (serving/model_runner.py, through the paged KV cache).
-        logits_rows: the rows whose next-token logits are wanted -> logits (len(logits_rows), V).
-        """
-        N = positions.shape[0]
-        if isinstance(positions, np.ndarray):          # on a GPU the engine has reserved its longest sequence
-            self.rope.reserve(int(positions.max()) + 1)
-        h = self.embedding[token_ids]                                      # (N, D)
-        cos, sin = self.rope_cos[positions][None], self.rope_sin[positions][None]   # (1, N, d/2) each
-        for index, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.attn_norm, self.config.norm_eps)
-            q, k, v = self.project_qkv(layer, x, 1, N, cos, sin)          # (1, H, N, d), (1, K, N, d) x 2
-            out = attend(index, q[0], k[0], v[0])                          # (H, N, d)
-            h = h + out.transpose(1, 0, 2).reshape(N, self.config.q_dim) @ layer.wo       # (N, D)
-            h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
-        return self.output_logits(h[logits_rows])                          # (R, V): only rows that sample
-
     def output_logits(self, h):
         """The final RMSNorm and lm_head: h (R, D) last hidden states -> logits (R, V), one score per token.
 
         For several rows it is computed as (lm_head.T @ x.T).T, VOCAB_CHUNK vocabulary rows at a time: with tied
-        embeddings lm_head.T is the row-major (V, D) embedding table itself, and OpenBLAS runs (V, D) @ (D, R) ~1.7x
-        faster than (R, D) @ (D, V) through the transposed view at R = 16 (the serving engine's decode step), and
-        4096-row slices of the table faster again than the whole (measured on 2 cores: 12.8 -> 10.8 ms at R = 16,
-        12.1 -> 8.6 ms at R = 4, 25.7 -> 23.7 ms at R = 64). The same products, summed in another order: logits agree
-        to float32 rounding. One row (batch-1 decode, a prompt's last token) is one matrix-vector product.
+        embeddings lm_head.T is the row-major (V, D) embedding table itself, which OpenBLAS multiplies faster than
+        (R, D) @ (D, V) through the transposed view, and in slices faster than whole (scripts/bench_loop.py times
+        the engine's steps). The same products, summed in another order: logits agree to float32 rounding. One row
+        (batch-1 decode, a prompt's last token) is one matrix-vector product.
         """
         xp = self.xp
         x = rms_norm(h, self.final_norm, self.config.norm_eps)            # (R, D)
@@ -227,78 +216,3 @@ class Transformer:
         if not self.config.tied_embeddings:
             arrays.append(self.lm_head)
         return sum(int(a.nbytes) for a in arrays)
-
-
-# ---------------------------------------------------------------------------------------------------- loading
-
-def load_model(path: str | Path | None = None, device: str = "cpu", attention: str = "auto",
-               dtype: str = "float32") -> Transformer:
-    """Load a llama-architecture GGUF (the default SmolLM2-135M-Instruct when `path` is None, fetched on first
-    use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32.
-
-    attention: "arrays" (layers.attention), "kernels" (flash_prefill / paged_decode, also on the CPU runner) or
-    "auto" (kernels on the GPU, arrays on the CPU); see attention_backend.py.
-    dtype: "float32" (the default: exact comparison with the CPU and HF) or "float16": float16 storage of every
-    matrix, embedding included, with float32 accumulation = this float32 load, then quantize.quantize_model(model,
-    "f16", embedding="f16") (half the weight bytes; norms, activations, KV cache and logits stay float32).
-    "bfloat16" is refused (check_dtype says why).
-    """
-    from .tokenizer import Tokenizer
-
-    check_dtype(dtype)
-    start = time.perf_counter()
-    xp = get_xp(device)
-    path = resolve_model_path(path)
-    reader = open_gguf(path)
-    config = ModelConfig.from_gguf(reader)
-    tokenizer = Tokenizer.from_gguf(reader)
-    tensors = {t.name: t for t in reader.tensors}
-
-    def load(name: str, shape: tuple, transpose: bool = False):
-        """Dequantize one tensor, check its shape, lay it out as (in, out) if asked, move it to the device."""
-        if name not in tensors:
-            raise ModelFileError(f"{path}: tensor {name} is missing; not a complete llama-architecture model")
-        array = dequantize(tensors[name])                      # (out, in) for matrices
-        if transpose:
-            array = np.ascontiguousarray(array.T)              # (in, out); the (out, in) copy is dropped here
-        if array.shape != shape:
-            raise ModelFileError(f"{path}: tensor {name} has shape {array.shape}, expected {shape} from the "
-                                 "metadata")
-        return xp.asarray(array, dtype=DTYPE)
-
-    D, F, V = config.d_model, config.ffn_dim, config.vocab_size
-    layers = []
-    for i in range(config.n_layers):
-        p = f"blk.{i}."
-        layers.append(LayerWeights(
-            attn_norm=load(p + "attn_norm.weight", (D,)),
-            w_qkv=xp.concatenate([load(p + "attn_q.weight", (D, config.q_dim), transpose=True),
-                                  load(p + "attn_k.weight", (D, config.kv_dim), transpose=True),
-                                  load(p + "attn_v.weight", (D, config.kv_dim), transpose=True)], axis=1),
-            wo=load(p + "attn_output.weight", (config.q_dim, D), transpose=True),
-            ffn_norm=load(p + "ffn_norm.weight", (D,)),
-            w_gate_up=xp.concatenate([load(p + "ffn_gate.weight", (D, F), transpose=True),
-                                      load(p + "ffn_up.weight", (D, F), transpose=True)], axis=1),
-            w_down=load(p + "ffn_down.weight", (F, D), transpose=True),
-        ))
-    embedding = load("token_embd.weight", (V, D))
-    lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
-    final_norm = load("output_norm.weight", (D,))
-    model = Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
-                        load_seconds=time.perf_counter() - start, attention_mode=attention)
-    if dtype == "float16":
-        from .quantize import quantize_model      # here, not at the top: quantize/ imports this module
-        model = quantize_model(model, "f16", embedding="f16")
-        model.load_seconds = time.perf_counter() - start
-    return model
-
-
-def check_dtype(dtype: str) -> None:
-    """float32 and float16 (storage; float32 accumulation) are implemented; say why for the others instead of
-    silently computing in float32."""
-    if dtype in ("float32", "float16"):
-        return
-    if dtype == "bfloat16":
-        raise InputError("dtype bfloat16 is not available: NumPy has no bfloat16 type, so the CPU could not check "
-                         "the GPU's arithmetic; use float16 or float32")
-    raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")

@@ -27,4 +27,4 @@ def prefill(model, prompt_ids, cache: KVCache, all_logits: bool = False):
         raise InputError(f"the cache holds {cache.batch} sequences but {B} prompts were given")
     start = cache.length                                                   # 0 for a fresh cache
     positions = xp.broadcast_to(xp.arange(start, start + T), (B, T))       # (B, T)
-    return model.forward(token_ids, positions, kv=cache, last_only=not all_logits)
+    return model.forward(token_ids, positions, cache, last_only=not all_logits)

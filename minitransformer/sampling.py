@@ -216,6 +216,12 @@ def _top_k_top_p_mask(masked, params: Sequence[SamplingParams], width: int | Non
     return masked >= xp.maximum(kth, boundary)
 
 
+def draw_from(probs, generator) -> int:
+    """One token drawn from probs (V,) with one uniform from `generator`: the draw sample() makes, for callers with a
+    distribution of their own (the speculative drafters and the accept-or-resample step)."""
+    return int(_inverse_cdf(probs[None], [generator.random()])[0])
+
+
 def _inverse_cdf(probs, uniforms: Sequence[float]) -> np.ndarray:
     """Draw one token per row: the first token id whose cumulative probability exceeds u * total.
 

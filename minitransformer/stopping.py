@@ -104,6 +104,18 @@ def tokens_to_suppress(params, num_output: int, eos_id: int | None) -> tuple[int
     return tuple(dict.fromkeys((*eos, *params.stop_token_ids)))   # no duplicates, order kept
 
 
+def mask_tokens(logits, suppressed_rows):
+    """logits (R, V) with row r's ids in suppressed_rows[r] set to -inf, so the sampler cannot draw them: a copy when
+    any row has some (the raw logits stay as they are for logprobs), the same array when none has."""
+    if not any(suppressed_rows):
+        return logits
+    logits = logits.copy()
+    for row, ids in enumerate(suppressed_rows):
+        if ids:
+            logits[row, list(ids)] = -float("inf")
+    return logits
+
+
 def check_abort(deadline: float | None, cancelled) -> StopDecision | None:
     """Before each step: past the deadline (on metrics.now()'s clock, the one every request timestamp uses)
     -> timeout; cancel.is_set() -> cancelled."""

@@ -28,6 +28,7 @@ from .bench.machine import forward_cost, measure_copy_bandwidth, measure_gemm_fl
 from .decode import decode_step
 from .generate import generate
 from .kv_cache import KVCache, estimate_kv_bytes
+from .loading import load_model
 from .metrics import now
 from .prefill import prefill
 from .sampling_params import SamplingParams
@@ -253,7 +254,6 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .model import load_model
 
     sweep = QUICK if quick else FULL
     out = Path(out)

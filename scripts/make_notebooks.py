@@ -111,21 +111,25 @@ print(f"wq is a view of w_qkv: {np.shares_memory(layer.wq, layer.w_qkv)};  max |
 assert qkv_split_diff < 1e-4 and q2d.dtype == np.float32
 '''), md(r'''
 Every layer has the same shapes. To see what the model itself computes in all 30, we pass `forward` a stand-in
-for the KV cache: any object with `update(layer, k_new, v_new, positions)` (the protocol in `model.py`). This one
-only records each layer's keys and values (after RoPE) and hands them back unchanged.
+for the KV cache: any object with `attend(layer, q, k, v, positions, attention)` and `advance(T)` (the protocol in
+`model.py`). This one records each layer's keys and values (after RoPE) and lets the T tokens attend to each other,
+as with no cache.
 '''), code(r'''
 class Recorder:
     """Stands where a KV cache stands (model.py's protocol); keeps every layer's new keys and values."""
     def __init__(self):
         self.k, self.v = {}, {}
 
-    def update(self, layer, k_new, v_new, positions):
+    def attend(self, layer, q, k_new, v_new, positions, attention):
         self.k[layer], self.v[layer] = k_new, v_new     # (B, K, T, d) each
-        return k_new, v_new, positions                  # attend to this call's tokens only, as with kv=None
+        return attention.causal(q, k_new, v_new, positions, positions)   # this call's tokens only, as with no cache
+
+    def advance(self, T):
+        pass
 
 positions = np.arange(T)[None]                          # (1, T)
 rec = Recorder()
-all_logits = model.forward(np.array([ids]), positions, kv=rec)          # (1, T, V)
+all_logits = model.forward(np.array([ids]), positions, rec)             # (1, T, V)
 print("layer   k shape          v shape          rms(k)   rms(v)")
 for i in range(cfg.n_layers):
     k_i, v_i = rec.k[i], rec.v[i]
@@ -349,14 +353,17 @@ class Recorder:
     def __init__(self):
         self.k, self.v = {}, {}
 
-    def update(self, layer, k_new, v_new, positions):
+    def attend(self, layer, q, k_new, v_new, positions, attention):
         self.k[layer], self.v[layer] = k_new, v_new     # (B, K, S, d)
-        return k_new, v_new, positions
+        return attention.causal(q, k_new, v_new, positions, positions)
+
+    def advance(self, T):
+        pass
 
 sequence = ids + tokens[:-1]                            # everything the cache holds: T + N tokens
 rec = Recorder()
 t0 = time.perf_counter()
-full = model.forward(np.array([sequence]), np.arange(len(sequence))[None], kv=rec)      # (1, T + N, V)
+full = model.forward(np.array([sequence]), np.arange(len(sequence))[None], rec)         # (1, T + N, V)
 full_s = time.perf_counter() - t0
 key_diff = max(float(np.abs(cache.k[l, 0] - rec.k[l][0]).max()) for l in range(cfg.n_layers))
 value_diff = max(float(np.abs(cache.v[l, 0] - rec.v[l][0]).max()) for l in range(cfg.n_layers))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minitransformer import load_model
-from minitransformer.attention_backend import KernelAttention
+from minitransformer.attention_backend import ArrayAttention, KernelAttention, consecutive
 from minitransformer.errors import InputError
 from minitransformer.kv_cache import KVCache
 from minitransformer.prefill import prefill
@@ -70,20 +70,24 @@ def test_no_cache_forward_goes_through_flash_prefill(kernel_sized_path):
     assert kernels.kernel_attention.calls["flash_prefill"] == 2
 
 
-def test_unsupported_shapes_fall_back_with_one_logged_reason(tiny_model_path, caplog):
+def test_unsupported_shapes_fall_back_with_one_logged_reason(tiny_model_path, kernel_sized_path, caplog):
+    """A shape the kernels are not compiled for is decided once, at load (arrays, the reason logged); positions
+    that break the kernels' contract go to the arrays for that call."""
     arrays = load_model(tiny_model_path, attention="arrays")
-    kernels = load_model(tiny_model_path, attention="kernels")             # head_dim 16: not compiled
+    with caplog.at_level(logging.WARNING, logger="minitransformer.attention"):
+        kernels = load_model(tiny_model_path, attention="kernels")         # head_dim 16: not compiled
+        load_model(tiny_model_path, attention="kernels")
     ids = np.array([[4, 8, 15, 16]])
     positions = np.arange(4)[None]
-    with caplog.at_level(logging.WARNING, logger="minitransformer.attention"):
-        got = kernels.forward(ids, positions)
-        kernels.forward(ids, positions)
-    np.testing.assert_array_equal(got, arrays.forward(ids, positions))
+    np.testing.assert_array_equal(kernels.forward(ids, positions), arrays.forward(ids, positions))
     reasons = [r.getMessage() for r in caplog.records if "head_dim 16" in r.getMessage()]
-    assert len(reasons) <= 1 and kernels.kernel_attention.calls["arrays"] == 4   # 2 layers x 2 calls
-    assert KernelAttention.unsupported(np.zeros((1, 4, 2, 64)), np.zeros((1, 2, 3, 64)), np.array([[0, 2]]),
-                                       np.arange(3)[None]) == ("positions are not the last T of S consecutive "
-                                                               "key positions")
+    assert len(reasons) <= 1 and kernels.kernel_attention is None
+    assert not consecutive(np.array([[0, 2]]), np.arange(3)[None], 2, 3)
+    sized = load_model(kernel_sized_path, attention="kernels")
+    gapped = np.array([[0, 1, 5, 6]])                                       # not consecutive: the arrays serve it
+    np.testing.assert_allclose(sized.forward(ids, gapped),
+                               load_model(kernel_sized_path, attention="arrays").forward(ids, gapped), atol=1e-5)
+    assert sized.kernel_attention.calls["arrays"] == sized.config.n_layers
 
 
 def test_auto_means_arrays_on_the_cpu_and_bad_options_are_refused(tiny_model_path):
@@ -103,12 +107,13 @@ def test_host_inputs_are_still_range_checked(tiny_model):
 def test_serving_engine_decodes_through_the_paged_kernel(kernel_sized_path, monkeypatch):
     """Ragged batch in the paged cache (block size 4, sequences of different lengths): same tokens with the kernel."""
     from minitransformer.sampling_params import SamplingParams
-    from minitransformer.serving import paged_cache
     from minitransformer.serving.engine import Engine
     calls = []
-    original = paged_cache.PagedKVCache.decode_attention
-    monkeypatch.setattr(paged_cache.PagedKVCache, "decode_attention",
-                        lambda self, *a: calls.append(sorted(a[2].tolist())) or original(self, *a))
+    original = KernelAttention.paged_decode
+    monkeypatch.setattr(KernelAttention, "paged_decode",
+                        lambda self, cache, layer, q, positions, seq_lens, tables:
+                        calls.append(sorted(seq_lens.tolist()))
+                        or original(self, cache, layer, q, positions, seq_lens, tables))
     prompts = [[5, 17, 42, 99, 3], [250, 7, 61, 12, 88, 140, 33, 9, 70], [21, 200]]
     results = {}
     for mode in ("arrays", "kernels"):
@@ -128,13 +133,13 @@ def test_serving_engine_prefills_chunks_through_flash_prefill(kernel_sized_path,
     """Prompts split over several steps by a small token budget (a chunk attends to its cached prefix and to itself)
     and an int8 pool (gathered keys are dequantized): every chunk goes through the kernel, same tokens as arrays."""
     from minitransformer.sampling_params import SamplingParams
-    from minitransformer.serving import paged_cache
     from minitransformer.serving.engine import Engine
     chunks = []
-    original = paged_cache.PagedKVCache.prefill_attention
-    monkeypatch.setattr(paged_cache.PagedKVCache, "prefill_attention",
-                        lambda self, layer, q, table, num_keys: chunks.append((layer, q.shape[2], num_keys))
-                        or original(self, layer, q, table, num_keys))
+    original = KernelAttention.paged_chunk
+    monkeypatch.setattr(KernelAttention, "paged_chunk",
+                        lambda self, cache, layer, q, positions, table, num_keys:
+                        chunks.append((layer, q.shape[2], num_keys))
+                        or original(self, cache, layer, q, positions, table, num_keys))
     prompts = [[5, 17, 42, 99, 3, 8, 250, 7, 61, 12, 88, 140, 33], [9, 70, 21, 200, 4, 77, 31]]
     for kv_cache in ("f32", "int8"):
         results = {}
@@ -168,8 +173,8 @@ def test_paged_decode_attention_matches_the_gather_path(kernel_sized_path):
     lens = np.array([9, 3, 16])                                               # (R,)
     tables = np.array([[7, 2, 11, 0], [5, 0, 0, 0], [1, 3, 8, 4]])           # (R, 4): padded with block 0
     q = rng.standard_normal((3, config.n_heads, config.head_dim)).astype(np.float32)     # (R, H, d)
-    expected = cache.attention(1, q[:, :, None], (lens - 1)[:, None], tables)[:, :, 0]  # (R, H, d)
-    got = cache.decode_attention(1, q, lens, tables)
+    expected = ArrayAttention().paged_decode(cache, 1, q, lens - 1, lens, tables)   # (R, H, d): gathered
+    got = KernelAttention().paged_decode(cache, 1, q, lens - 1, lens, tables)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
 
 

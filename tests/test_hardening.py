@@ -240,7 +240,7 @@ cases = {
     "generate max_tokens=16M": lambda: generate(LONG, "hi", SamplingParams(max_tokens=16_000_000)),
     "RoPE position 3e9": lambda: LONG.forward([[1]], [[3_000_000_000]]),
     "graph buffers 10**9 blocks": lambda: DecodeGraphs(tiny, Engine(tiny, num_blocks=4).cache, 16, 10**9, 4,
-                                                       use_kernel=False, capture=False),
+                                                       capture=False),
     "Engine long, small pool": lambda: Engine(LONG, kv_cache_bytes=2**24),
 }
 out = {}

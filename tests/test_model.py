@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import minitransformer.attention_backend as attention_backend
 import minitransformer.model as model_module
 from minitransformer import load_model
 from minitransformer.errors import InputError
@@ -101,8 +102,9 @@ def test_forward_matches_naive_float64_reference(tiny_model):
 def test_no_float64_inside_the_forward(tiny_model, monkeypatch):
     """Every activation that leaves a building block is float32 (float64 scalars must not promote it: backend.py)."""
     seen = []
-    for name in ("rms_norm", "apply_rope", "causal_attention", "swiglu"):
-        original = getattr(model_module, name)
+    for module, name in ((model_module, "rms_norm"), (model_module, "apply_rope"),
+                         (attention_backend, "causal_attention"), (model_module, "swiglu")):
+        original = getattr(module, name)
 
         def recording(*args, _original=original, _name=name, **kwargs):
             for arg in args:
@@ -111,7 +113,7 @@ def test_no_float64_inside_the_forward(tiny_model, monkeypatch):
             out = _original(*args, **kwargs)
             seen.append((_name, out.dtype))
             return out
-        monkeypatch.setattr(model_module, name, recording)
+        monkeypatch.setattr(module, name, recording)
     logits = tiny_model.forward(np.array([[5, 6, 7]]), np.array([[0, 1, 2]]))
     assert logits.dtype == np.float32
     assert {dtype for _, dtype in seen} == {np.dtype(np.float32)}, [s for s in seen if s[1] != np.float32]
@@ -141,28 +143,31 @@ def test_last_only_and_causality(tiny_model):
 
 
 class ListCache:
-    """The smallest object honouring the model's kv protocol: concatenate and return everything so far."""
+    """The smallest object honouring the model's cache protocol: concatenate everything so far, attend to it."""
 
     def __init__(self, n_layers):
         self.k, self.v, self.positions = [None] * n_layers, [None] * n_layers, [None] * n_layers
 
-    def update(self, layer, k_new, v_new, positions):
+    def attend(self, layer, q, k_new, v_new, positions, attention):
         if self.k[layer] is None:
             self.k[layer], self.v[layer], self.positions[layer] = k_new, v_new, positions
         else:
             self.k[layer] = np.concatenate([self.k[layer], k_new], axis=2)
             self.v[layer] = np.concatenate([self.v[layer], v_new], axis=2)
             self.positions[layer] = np.concatenate([self.positions[layer], positions], axis=1)
-        return self.k[layer], self.v[layer], self.positions[layer]
+        return attention.causal(q, self.k[layer], self.v[layer], positions, self.positions[layer])
+
+    def advance(self, T):
+        pass
 
 
 def test_kv_protocol_gives_the_same_logits_as_recomputing(tiny_model):
     ids = np.random.default_rng(3).integers(0, tiny_model.config.vocab_size, size=(1, 9))
     full = tiny_model.forward(ids, np.arange(9)[None])
     cache = ListCache(tiny_model.config.n_layers)
-    tiny_model.forward(ids[:, :6], np.arange(6)[None], kv=cache)
+    tiny_model.forward(ids[:, :6], np.arange(6)[None], cache)
     for t in range(6, 9):                              # then one token at a time, reading the cache
-        step = tiny_model.forward(ids[:, t:t + 1], np.array([[t]]), kv=cache, last_only=True)
+        step = tiny_model.forward(ids[:, t:t + 1], np.array([[t]]), cache, last_only=True)
         np.testing.assert_allclose(step[0], full[0, t], rtol=1e-5, atol=1e-5)
 
 

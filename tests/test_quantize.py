@@ -171,23 +171,30 @@ def test_kv_quantization_bound_per_token_and_head():
 
 
 def test_int8_cache_protocol_and_bytes(tiny_model):
+    from minitransformer.attention_backend import ArrayAttention
+    from minitransformer.layers import causal_attention
     c = tiny_model.config
     cache = Int8KVCache(c, max_len=12, batch=2)
     rng = np.random.default_rng(4)
     k1, v1 = (rng.normal(size=(2, c.n_kv_heads, 5, c.head_dim)).astype(np.float32) for _ in range(2))
+    q = rng.normal(size=(2, c.n_heads, 5, c.head_dim)).astype(np.float32)
+    positions = np.broadcast_to(np.arange(5), (2, 5))
     for layer in range(c.n_layers):
-        k, v, key_pos = cache.update(layer, k1, v1, np.broadcast_to(np.arange(5), (2, 5)))
+        out = cache.attend(layer, q, k1, v1, positions, ArrayAttention())
+    cache.advance(5)
+    k, v = cache.store.get(0, (slice(None), slice(None), slice(0, cache.length)))
     assert cache.length == 5 and k.shape == (2, c.n_kv_heads, 5, c.head_dim) and k.dtype == np.float32
-    assert key_pos.tolist() == [list(range(5))] * 2
     kq, ks = quantize_kv(k1)
     np.testing.assert_array_equal(k, dequantize_kv(kq, ks))                   # attention sees what is stored
+    np.testing.assert_array_equal(out, causal_attention(q, k, v, positions, positions))
     per_token_head = 2 * c.n_layers * 2 * c.n_kv_heads * (c.head_dim + 4)      # K and V, layers, batch 2
     assert cache.bytes_used == 5 * per_token_head == estimate_int8_kv_bytes(c, 5, 2)
     assert cache.bytes_reserved == 12 * per_token_head
     f32 = KVCache(c, max_len=12, batch=2)
     assert f32.bytes_reserved / cache.bytes_reserved == 4 * c.head_dim / (c.head_dim + 4)
     with pytest.raises(InputError, match="full"):
-        cache.update(0, *(np.zeros((2, c.n_kv_heads, 8, c.head_dim), np.float32),) * 2, None)
+        zeros = np.zeros((2, c.n_kv_heads, 8, c.head_dim), np.float32)
+        cache.attend(0, np.zeros((2, c.n_heads, 8, c.head_dim), np.float32), zeros, zeros, None, ArrayAttention())
     cache.release()
     assert cache.bytes_reserved == 0
 
@@ -198,7 +205,7 @@ def test_int8_cache_decodes_like_its_own_prefill(tiny_model):
     ids = [5, 70, 3, 9, 120, 44, 7]
     cache = Int8KVCache(tiny_model.config, len(ids))
     prefill(tiny_model, ids[:4], cache)
-    stepped = [tiny_model.forward(np.array([[t]]), np.array([[cache.length]]), kv=cache, last_only=True)
+    stepped = [tiny_model.forward(np.array([[t]]), np.array([[cache.length]]), cache, last_only=True)
                for t in ids[4:]]
     whole = prefill(tiny_model, ids, Int8KVCache(tiny_model.config, len(ids)), all_logits=True)[0]
     np.testing.assert_allclose(np.concatenate(stepped), whole[4:], rtol=1e-4, atol=1e-4)
@@ -219,7 +226,7 @@ def test_generate_runs_on_the_int8_cache(tiny_model):
     logits, expected = prefill(tiny_model, ids, cache), []
     for _ in range(6):
         expected.append(int(np.argmax(logits[0])))
-        logits = tiny_model.forward(np.array([[expected[-1]]]), np.array([[cache.length]]), kv=cache,
+        logits = tiny_model.forward(np.array([[expected[-1]]]), np.array([[cache.length]]), cache,
                                     last_only=True)
     assert out.token_ids == expected
     with pytest.raises(InputError, match="kv_cache must be one of f32, int8"):

@@ -4,18 +4,20 @@ own forward, slot mapping, reference counts, prefix-cache hashing and LRU evicti
 import numpy as np
 import pytest
 
+from minitransformer.attention_backend import ArrayAttention
 from minitransformer.errors import InputError
 from minitransformer.kv_cache import KVCache
 from minitransformer.layers import attention
 from minitransformer.serving import BlockManager, PagedKVCache
+from minitransformer.request import Request
+from minitransformer.sampling_params import SamplingParams
 from minitransformer.serving.sequence import Sequence
 
 
 def make_seq(tokens, rid="r"):
     """A Sequence with just what the block manager reads (request id and tokens)."""
-    class Req:
-        request_id, prompt_token_ids = rid, list(tokens)
-    return Sequence(request=Req(), detokenizer=None, generator=None, metrics=None)
+    request = Request(rid, None, [int(t) for t in tokens], SamplingParams(), 0.0)
+    return Sequence(request, None, 10**6, kv_bytes=lambda tokens: 0)
 
 
 def test_paged_attention_equals_contiguous_attention(tiny_model):
@@ -41,7 +43,8 @@ def test_paged_attention_equals_contiguous_attention(tiny_model):
     padded = np.array([t + [0] * (width - len(t)) for t in tables])
     q = rng.normal(size=(4, H, 1, d)).astype(np.float32)
     q_pos = np.array([[L - 1] for L in lengths])
-    paged = cache.attention(1, q, q_pos, padded)                               # (4, H, 1, d)
+    arrays = ArrayAttention()
+    paged = arrays.paged_decode(cache, 1, q[:, :, 0], q_pos[:, 0], q_pos[:, 0] + 1, padded)[:, :, None]   # (4, H, 1, d)
     for row, L in enumerate(lengths):
         ref = attention(q[row:row + 1], keys[row][None], values[row][None], q_pos[row:row + 1],
                         np.arange(L)[None])
@@ -49,7 +52,7 @@ def test_paged_attention_equals_contiguous_attention(tiny_model):
     # a prefill chunk of the longest: queries at positions 9..12 against its whole prefix
     qc = rng.normal(size=(1, H, 4, d)).astype(np.float32)
     pos = np.arange(9, 13)[None]
-    paged = cache.attention(1, qc, pos, np.array([tables[3]]))
+    paged = arrays.paged_chunk(cache, 1, qc, pos, np.array([tables[3]]), num_keys=13)
     ref = attention(qc, keys[3][None], values[3][None], pos, np.arange(13)[None])
     np.testing.assert_allclose(paged, ref, atol=1e-5, rtol=0)
     assert paged.dtype == np.float32

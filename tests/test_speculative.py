@@ -266,7 +266,8 @@ def test_make_config_names_the_drafter(tiny_model):
 
 
 def test_cli_helpers(tiny_model, tiny_model_path):
-    from minitransformer.speculative import describe, from_cli
+    from minitransformer.cli.options import speculative_from_cli as from_cli
+    from minitransformer.speculative import describe
     assert from_cli("ngram", None) == "ngram" and from_cli(None, None) is None
     with pytest.raises(InputError, match="needs --draft-model"):
         from_cli("model", None)
@@ -281,7 +282,7 @@ def test_cli_helpers(tiny_model, tiny_model_path):
 
 def test_the_verify_step_samples_from_the_processed_target_distribution(tiny_model):
     """sample_next with a draft pending: penalties, temperature and top_k shape p exactly as in plain sampling."""
-    from minitransformer.generate import _sample_one
+    from minitransformer.request import RequestState
     V = tiny_model.config.vocab_size
     rng = np.random.default_rng(5)
     logits = rng.normal(0, 2, (1, V)).astype(np.float32)                  # (1, V)
@@ -300,13 +301,13 @@ def test_the_verify_step_samples_from_the_processed_target_distribution(tiny_mod
     q = np.zeros(V, dtype=np.float32)
     q[[top[0], top[2], top[7]]] = [0.5, 0.3, 0.2]                        # top[0] and top[7] fall outside p's support
     runner = SpeculativeRunner(tiny_model, request, SpeculativeConfig("ngram", k=1))
-    generator = np.random.default_rng(1)
+    state = RequestState(request, tiny_model.tokenizer, tiny_model.config.context_length, lambda: (0, 0))
+    state.output_ids, state.generator = output_ids, np.random.default_rng(1)
     tokens = []
     for draft in np.random.default_rng(2).choice(V, size=10_000, p=q / q.sum()):
         runner.drafts, runner.qs, runner.row = [int(draft)], [q], 0            # what a verify pass leaves
         runner.stats.passes.append(VerifyPass([int(draft)]))                     # ... and its record
-        tokens.append(runner.sample_next(logits, request, generator, output_ids, tiny_model.tokenizer.eos_id,
-                                         _sample_one))
+        tokens.append(runner.sample_next(logits, state))
     tokens = np.array(tokens)
     assert set(tokens) <= set(keep.tolist())
     stat, df = chi_square(tokens, p)
@@ -328,3 +329,18 @@ def test_self_drafter_sharing_the_target_cache_drafts_what_the_first_layers_alon
         logits = truncated.forward(np.asarray(ids)[None], np.arange(len(ids))[None], last_only=True)   # (1, V)
         assert draft == int(np.argmax(logits[0]))
         ids.append(draft)
+
+
+def test_self_drafting_accepts_as_often_on_an_int8_cache_as_on_float32(real_model):
+    """The self-drafter writes its drafts' keys into the target's cache through the cache's own storage, so on an
+    int8 cache it drafts from the same (dequantized) keys the target reads: acceptance as on float32, within the
+    noise int8 rounding adds (a near-tie draft may flip: 0.1 = 2 of ~22 drafts). A drafter writing floats into int8
+    arrays accepted none here."""
+    prompt = "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    runs = {kv: generate(real_model, prompt, params, speculative="self:20", num_speculative_tokens=3, kv_cache=kv)
+            for kv in ("f32", "int8")}
+    rates = {kv: r.speculative["acceptance_rate"] for kv, r in runs.items()}
+    assert rates["f32"] >= 0.3, rates                          # the prompt gives the drafter something to get right
+    assert abs(rates["int8"] - rates["f32"]) <= 0.1, rates
+    assert runs["int8"].token_ids == generate(real_model, prompt, params, kv_cache="int8").token_ids

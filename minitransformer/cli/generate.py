@@ -13,12 +13,12 @@ import sys
 import threading
 
 from ..errors import InputError
-from .options import _load, sampling_params
+from .options import _load, sampling_params, speculative_from_cli
 
 
 def cmd_generate(args) -> int:
     from ..generate import generate, stream
-    from ..speculative import MAX_SPECULATIVE_TOKENS, check_cli, describe, from_cli
+    from ..speculative import MAX_SPECULATIVE_TOKENS, check_cli, describe
 
     params = sampling_params(args)
     if args.timeout is not None and not args.timeout > 0:
@@ -28,7 +28,7 @@ def cmd_generate(args) -> int:
                          f"got {args.num_speculative_tokens}")
     check_cli(args.speculative, args.draft_model)             # a typo here is found before the model loads
     model = _load(args)
-    speculative = from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
+    speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
     with _ctrl_c_cancels() as cancel:
         options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel,
                        speculative=speculative, num_speculative_tokens=args.num_speculative_tokens,

@@ -30,7 +30,7 @@ def _add_model_options(parser) -> None:
 def _load(args):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
     load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only)."""
-    from ..model import load_model
+    from ..loading import load_model
 
     dtype = "float16" if args.weights == "f16" else "float32"
     model = load_model(args.model, device=args.device, attention=args.attention, dtype=dtype)
@@ -38,6 +38,19 @@ def _load(args):
         from ..quantize import quantize_model
         model = quantize_model(model, args.weights, use_kernel=args.device == "gpu")
     return model
+
+
+def speculative_from_cli(name: str | None, draft_model: str | None, device: str = "cpu",
+                         n_layers: int | None = None):
+    """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes (a loaded
+    draft model for "model")."""
+    from ..loading import load_model
+    from ..speculative import check_cli
+
+    check_cli(name, draft_model, n_layers)
+    if name != "model":
+        return name
+    return load_model(draft_model, device=device)
 
 
 def _add_sampling_options(parser, max_tokens: int) -> None:

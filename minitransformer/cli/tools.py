@@ -65,7 +65,7 @@ def cmd_bench(args) -> int:
 
     from ..bench.report import markdown, print_table, write_outputs
     from ..bench.run import choose_peers, load_systems, make_settings, parse_sizes, run_bench
-    from ..model import load_model
+    from ..loading import load_model
 
     settings = make_settings(args.quick, args.repeats, parse_sizes(args.prefill_lengths, "--prefill-lengths"),
                              parse_sizes(args.batches, "--batches"))

@@ -15,6 +15,7 @@ from .loader import array_param, backend_of, get_kernel, scalar_param, source_co
 
 GEMV_FILE = "dequant_gemv.cu"
 BATCH_SIZES = (1, 8)            # MAX_BATCH instantiations: one sequence, or up to 8 rows per weight read
+INT4_GROUP = 32                 # inputs per int4 scale / minimum: the kernel's g = i / 32 (quantize/schemes.py GROUP)
 
 
 def _expressions() -> tuple[str, ...]:
@@ -27,13 +28,11 @@ GEMV_EXPRESSIONS = _expressions()
 
 def dequant_gemv(x, w, module=None):
     """x (N, in) float32 @ the quantized matrix w (logically (in, out)) -> (N, out) float32 through the kernel."""
-    from ..quantize import GROUP
-
     if x.ndim != 2 or x.shape[1] != w.in_features:
         raise InputError(f"dequant_gemv needs x of shape (N, {w.in_features}), got {tuple(x.shape)}")
     if x.dtype != np.float32:
         raise InputError(f"dequant_gemv takes float32 activations, got {x.dtype}")
-    multiple = 4 if w.scheme == "int8" else GROUP
+    multiple = 4 if w.scheme == "int8" else INT4_GROUP
     if w.in_features % multiple:
         raise InputError(f"{w.scheme} dequant_gemv needs in_features divisible by {multiple}, got {w.in_features}")
     backend = backend_of(x)

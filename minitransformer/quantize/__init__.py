@@ -20,19 +20,18 @@ of GGUF (one row per output channel), so a row block is a block of output channe
 `QuantizedLinear` stands where a float (in, out) matrix stood in `x @ w` and dequantizes on the fly, a block of output
 rows at a time (bounded extra memory: one float32 block of at most `block_bytes`), or, for decode-sized inputs, through
 the CUDA dequantize-GEMV kernel (kernels/dequant_gemv.cu) when `use_kernel` is set. `quantize_model` builds a
-Transformer from these without touching model.py. `Int8KVCache` is KVCache with int8 storage and one float32 scale per
-(token, head); its `quantize_kv` / `dequantize_kv` work on any array whose last axis is head_dim, so a paged pool can
-reuse them.
+Transformer from these without touching model.py. The int8 KV cache is a storage option of both caches
+(kv_storage.py: one float32 scale per (token, head)); its names are re-exported here for lesson 13.
 
 All float math in float32 with Python-float constants (backend.py says why: float64 scalars promote arrays).
 
 Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quantize, dequantize, unpack), linear.py
-(QuantizedLinear, quantize_model, set_use_kernel, expected_weight_bytes), kv_cache.py (Int8KVCache,
-Int8PagedKVCache). Every name is re-exported here, so `from minitransformer.quantize import X` works as before.
+(QuantizedLinear, quantize_model, set_use_kernel, expected_weight_bytes). Every name is re-exported here, so
+`from minitransformer.quantize import X` works.
 """
 
-from .kv_cache import (KV_CACHES, Int8KVCache, Int8PagedKVCache, dequantize_kv, estimate_int8_kv_bytes,
-                       quantize_kv)
+from ..kv_cache import Int8KVCache, estimate_int8_kv_bytes
+from ..kv_storage import dequantize_kv, quantize_kv
 from .linear import (DEFAULT_BLOCK_BYTES, KERNEL_MAX_ROWS, QuantizedLinear, expected_weight_bytes, quantize_model,
                      quantized_bytes, set_use_kernel)
 from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, INT8_MAX, SCHEMES, dequantize_float16, dequantize_int4,
@@ -43,5 +42,5 @@ __all__ = [
     "quantize_int4", "unpack_int4", "dequantize_int4", "FLOAT16_MAX", "quantize_float16", "dequantize_float16",
     "DEFAULT_BLOCK_BYTES", "KERNEL_MAX_ROWS", "quantized_bytes", "QuantizedLinear", "quantize_model",
     "set_use_kernel", "expected_weight_bytes",
-    "quantize_kv", "dequantize_kv", "estimate_int8_kv_bytes", "Int8KVCache", "KV_CACHES", "Int8PagedKVCache",
+    "quantize_kv", "dequantize_kv", "estimate_int8_kv_bytes", "Int8KVCache",
 ]

@@ -15,6 +15,7 @@ import numpy as np
 from ..backend import DTYPE, array_module, matmul_float16
 from ..config import ModelConfig
 from ..errors import InputError
+from ..model import LayerWeights, Transformer
 from .schemes import (GROUP, SCHEMES, dequantize_float16, dequantize_int4, dequantize_int8, quantize_float16,
                       quantize_int4, quantize_int8)
 
@@ -175,8 +176,6 @@ def quantize_model(model, weights: str = "int8", embedding: str | None = "int8",
     rows, `h @ lm_head` multiplies by it. Norms stay float32 and are shared with `model`, as are the tokenizer,
     config and RoPE tables. An untied lm_head is quantized on its own.
     """
-    from ..model import LayerWeights, Transformer
-
     if weights == "f32":
         return model
     if weights not in SCHEMES or (embedding is not None and embedding not in SCHEMES):
@@ -195,9 +194,8 @@ def quantize_model(model, weights: str = "int8", embedding: str | None = "int8",
     else:
         table = QuantizedLinear.from_float(model.embedding, emb_scheme, **options)      # (V, D): rows are tokens
         lm_head = table if model.config.tied_embeddings else q(model.lm_head, emb_scheme)
-    attention = "arrays" if model.kernel_attention is None else "kernels"     # as `model` was loaded, not "auto"
     quantized = Transformer(model.config, model.tokenizer, table, layers, model.final_norm, lm_head, model.xp,
-                            model.device, model.path, load_seconds=model.load_seconds, attention_mode=attention)
+                            model.device, model.path, load_seconds=model.load_seconds, attention=model.attention)
     quantized.weight_scheme = weights
     return quantized
 

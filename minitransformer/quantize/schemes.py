@@ -3,19 +3,18 @@ quantize / dequantize / unpack.
 
 Pure functions over (out, in) arrays, GGUF's layout; the package docstring (quantize/__init__.py) gives each format's
 definition and error bound, lesson 13 measures what they cost in quality. linear.py builds the matrix on them,
-kv_cache.py reuses INT8_MAX for its per-vector scales.
+kv_storage.py uses the same INT8_MAX (backend.py) for its per-vector scales.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DTYPE, array_module
+from ..backend import DTYPE, INT8_MAX, array_module
 from ..errors import InputError
 
 SCHEMES = ("f32", "int8", "int4", "f16")
 GROUP = 32                      # int4: inputs per group (one scale and one minimum each)
-INT8_MAX = 127                  # symmetric: -127..127, so -w quantizes to -q (no lone -128)
 INT4_LEVELS = 15                # 0..15
 FLOAT16_MAX = 65504.0           # the largest finite float16: anything beyond rounds to inf
 

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..errors import MiniTransformerError, QuotaError
-from ..generate import make_request
+from ..request import make_request
 from ..metrics import now
 from .engine_loop import EngineLoop, StreamItem
 from .errors import APIError, EngineFailed, QueueFull, bad_request, too_many_requests

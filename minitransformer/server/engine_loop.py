@@ -25,7 +25,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ..generate import Result
+from ..request import Result
 from ..metrics import now
 from ..serving import Engine
 from .errors import EngineFailed, QueueFull

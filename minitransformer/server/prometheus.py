@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import threading
 
-from ..generate import Result
+from ..request import Result
 from ..serving import EngineStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..generate import Result
+from ..request import Result
 
 
 def finish(result: Result) -> tuple[str, object]:

@@ -7,11 +7,10 @@
 
 Each step: the scheduler picks sequences and token counts (scheduler.py) -> one forward over all their tokens
 through the paged KV cache (model_runner.py) -> every sequence whose pending tokens are done samples one token, in
-one batched sample() call -> per sequence, the same stages as generate.py: detokenize, check_stop, stream a Delta,
-and on finish free its blocks and build its Result. A request's tokens do not depend on what it is batched with:
-its logits are its own rows of the matmuls and its own attention (equal to its logits alone up to float32 rounding,
-~1e-5: BLAS may sum a row in another order when the batch has other rows), and its sampler row uses its own
-generator. The tests check identical tokens; a near-tie in the logits could in principle still flip one.
+one batched sample() call -> per sequence, the same stages as generate.py (request.RequestState.append: detokenize,
+check_stop, stream a Delta, build the Result on finish), and a finished sequence's blocks are freed. A request's tokens do not depend on what it is batched with:
+its logits are its own rows of the matmuls and its own attention (equal to its logits alone up to float32 rounding:
+BLAS may sum a row in another order when the batch has other rows), and its sampler row uses its own generator. The tests check identical tokens; a near-tie in the logits could in principle still flip one.
 
 Admission control (add_request raises InputError with the numbers): the generate.py checks (context length,
 vocabulary, ...), prompt + max_tokens <= max_model_len, the request must fit in the whole KV pool by itself, and a
@@ -27,12 +26,12 @@ import numpy as np
 
 from ..backend import check_count
 from ..errors import InputError, QuotaError
-from ..generate import Delta, Result, make_request
 from ..kv_cache import estimate_kv_bytes
-from ..metrics import RequestMetrics, Usage, now
-from ..sampling import SamplingParams, compute_logprobs, make_generator, sample
-from ..stopping import StopDecision, check_stop, tokens_to_suppress
-from ..detokenizer import IncrementalDetokenizer
+from ..kv_storage import check_storage
+from ..metrics import now
+from ..request import Result, make_request
+from ..sampling import SamplingParams, compute_logprobs, sample
+from ..stopping import StopDecision, mask_tokens
 from . import model_runner
 from .block_manager import BlockManager
 from .graph_runner import DecodeGraphs
@@ -51,8 +50,8 @@ class Engine:
 
     max_num_seqs and max_num_batched_tokens bound one step (sequences, tokens); num_blocks x block_size tokens of
     K and V are allocated once (num_blocks=None: as many as max_num_seqs full contexts need, capped at
-    kv_cache_bytes); policy "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8"
-    (quantize.Int8PagedKVCache: 3.8x more tokens in the same bytes, lesson 13 measures the quality cost);
+    kv_cache_bytes); policy "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8", the
+    pool's storage (kv_storage.py: more tokens in the same bytes, lesson 13 measures the quality cost);
     cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU with the paged_decode kernel; on the
     CPU True runs the same static-buffer step without capture, which is how its equivalence is tested).
     """
@@ -63,13 +62,8 @@ class Engine:
                  aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32",
                  cuda_graphs: bool | None = None):
         config = model.config
-        if kv_cache == "f32":
-            cache_class, kv_bytes = PagedKVCache, estimate_kv_bytes
-        elif kv_cache == "int8":                         # quantize/ builds on serving/, so imported late
-            from ..quantize import Int8PagedKVCache as cache_class, estimate_int8_kv_bytes as kv_bytes
-        else:
-            raise InputError(f"kv_cache must be one of f32, int8, got {kv_cache!r}")
-        self.kv_bytes = lambda tokens: kv_bytes(config, tokens)         # bytes of K and V for `tokens` tokens
+        check_storage(kv_cache)
+        self.kv_bytes = lambda tokens: estimate_kv_bytes(config, tokens, storage=kv_cache)   # K and V of `tokens`
         if policy not in POLICIES:
             raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         # every size is checked as an integer before it is multiplied into a byte count
@@ -92,11 +86,11 @@ class Engine:
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
-        use_kernel = model_runner.use_decode_kernel(model, cache_class)
-        self.cuda_graphs = (model.device == "gpu" and use_kernel) if cuda_graphs is None else bool(cuda_graphs)
+        reads_pool = model.attention.reads_pool(kv_cache)
+        self.cuda_graphs = (model.device == "gpu" and reads_pool) if cuda_graphs is None else bool(cuda_graphs)
         # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
         # bookkeeping is built.
-        self.cache = cache_class(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp)
+        self.cache = PagedKVCache(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp, storage=kv_cache)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         # No sequence is longer than the pool: the RoPE table and the graphs' block tables need no more positions.
         longest = min(self.max_model_len, num_blocks * block_size)
@@ -106,8 +100,7 @@ class Engine:
             # a step decodes at most max_num_batched_tokens sequences (one token each): no larger graph is needed
             self.graphs = DecodeGraphs(model, self.cache, min(max_num_seqs, max_num_batched_tokens),
                                        -(-longest // block_size),
-                                       scratch_block=num_blocks, use_kernel=use_kernel,
-                                       capture=model.device == "gpu")
+                                       scratch_block=num_blocks, capture=model.device == "gpu")
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
         self.tenant_token_quota = tenant_token_quota
         self.sequences: dict[str, Sequence] = {}         # unfinished requests
@@ -151,12 +144,8 @@ class Engine:
                 if held + total > limit:
                     raise QuotaError(f"tenant {tenant!r} would hold {held + total} tokens in flight (prompt + "
                                      f"max_tokens of its unfinished requests), over its quota of {limit}")
-        seq = Sequence(request=request,
-                       detokenizer=IncrementalDetokenizer(self.model.tokenizer, params.stop),
-                       generator=make_generator(params.seed),
-                       metrics=RequestMetrics(arrival_time=request.arrival_time),
-                       priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals),
-                       logprobs=[] if params.logprobs is not None else None)
+        seq = Sequence(request, self.model.tokenizer, self.model.config.context_length, self.kv_bytes,
+                       priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals))
         self.sequences[request.request_id] = seq
         self.scheduler.add(seq)
         return request.request_id
@@ -221,53 +210,37 @@ class Engine:
 
     def _sample(self, logits, seqs: list[Sequence]) -> np.ndarray:
         """One batched sample() over the rows of the sequences that predict a token this step."""
-        suppress = [tokens_to_suppress(s.params, s.num_output_tokens, self.model.tokenizer.eos_id) for s in seqs]
-        raw = logits
-        if any(suppress):                          # min_tokens: EOS and stop ids cannot be drawn yet (vLLM's rule)
-            logits = logits.copy()
-            for row, ids in enumerate(suppress):
-                if ids:
-                    logits[row, list(ids)] = -float("inf")
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+        masked = mask_tokens(logits, [s.suppressed for s in seqs])     # min_tokens: no EOS / stop ids yet
+        tokens = sample(masked, [s.params for s in seqs], [s.generator for s in seqs],
                         [s.prompt_token_ids for s in seqs], [s.output_ids for s in seqs])   # (R,) on the host
         wanted = [row for row, s in enumerate(seqs) if s.logprobs is not None]
-        if wanted:
-            for row, entry in zip(wanted, compute_logprobs(raw[wanted], tokens[wanted],
+        if wanted:                                         # of the raw logits, as vLLM reports
+            for row, entry in zip(wanted, compute_logprobs(logits[wanted], tokens[wanted],
                                                           max(seqs[r].params.logprobs for r in wanted))):
                 entry["top"] = entry["top"][:seqs[row].params.logprobs]
                 seqs[row].logprobs.append(entry)
         return tokens
 
     def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
-        seq.output_ids.append(token)
-        seq.metrics.mark_token()
+        """The request's own stages (request.RequestState.append); a finished one leaves the engine."""
         self._num_generation_tokens += 1
-        new_chars = seq.detokenizer.add_token(token)
-        decision = check_stop(seq.params, seq.detokenizer, seq.output_ids, new_chars,
-                              self.model.tokenizer.eos_id, seq.num_prompt_tokens, self.model.config.context_length)
-        if decision is None:
-            return RequestOutput(seq.request_id, Delta(seq.detokenizer.take_delta(), [token]), False)
-        return self._finish(seq, decision, new_tokens=[token])
+        delta = seq.append(token)
+        if delta.finish_reason is not None:
+            self._release(seq)
+        return RequestOutput(seq.request_id, delta, delta.finish_reason is not None, delta.result)
 
     def _finish(self, seq: Sequence, decision: StopDecision, new_tokens: list[int]) -> RequestOutput:
-        """Free the blocks, finalize the text and metrics, build the Result (same fields as generate's).
-        new_tokens: what the final Delta carries — the token that stopped it, or nothing for an abort between
-        steps (its last token was streamed already)."""
-        kv_tokens = seq.num_computed_tokens
+        """End a request now (an abort): its Result, then its blocks freed."""
+        delta = seq.finish(decision, new_tokens)
+        self._release(seq)
+        return RequestOutput(seq.request_id, delta, True, delta.result)
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence leaves the scheduler and gives its blocks back."""
         self.scheduler.remove(seq)
         self.block_manager.free(seq)
         del self.sequences[seq.request_id]
-        seq.status, seq.decision = SequenceStatus.FINISHED, decision
-        if decision.truncate_to is not None:
-            seq.detokenizer.truncate(decision.truncate_to)
-        final_text = seq.detokenizer.take_delta(final=True)
-        seq.metrics.mark_finished()
-        result = Result(seq.request_id, seq.prompt_token_ids, seq.detokenizer.text, list(seq.output_ids),
-                        decision.finish_reason, decision.stop_reason,
-                        Usage(seq.num_prompt_tokens, seq.num_output_tokens), seq.metrics, seq.logprobs,
-                        kv_tokens, self.kv_bytes(kv_tokens))
-        delta = Delta(final_text, new_tokens, decision.finish_reason, result)
-        return RequestOutput(seq.request_id, delta, True, result)
+        seq.status = SequenceStatus.FINISHED
 
     # ------------------------------------------------------------------ observability
 

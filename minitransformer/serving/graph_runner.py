@@ -30,6 +30,7 @@ import logging
 import numpy as np
 
 from ..backend import INDEX_DTYPE, check_memory
+from .paged_cache import PagedStep
 
 log = logging.getLogger("minitransformer.graphs")
 
@@ -58,8 +59,7 @@ class DecodeGraphs:
     `replays` counts steps served per capture size; `disabled` holds the reason when capture failed.
     """
 
-    def __init__(self, model, cache, max_num_seqs: int, max_blocks: int, scratch_block: int, use_kernel: bool,
-                 capture: bool):
+    def __init__(self, model, cache, max_num_seqs: int, max_blocks: int, scratch_block: int, capture: bool):
         self.model, self.cache = model, cache
         self.sizes = capture_sizes(max_num_seqs)
         self.max_blocks, self.scratch_block = max_blocks, scratch_block
@@ -68,7 +68,7 @@ class DecodeGraphs:
         check_memory(sum(self.sizes) * (3 * 8 + 4 + 4 * max_blocks),
                      f"CUDA graph buffers for batches up to {max_num_seqs} with {max_blocks}-block tables", model.xp,
                      "lower max_num_seqs or max_model_len, or cuda_graphs=False")
-        self.use_kernel, self.capture = use_kernel, capture
+        self.capture = capture
         self.steps: dict[int, object] = {}           # capture size -> GraphedStep (GPU) or EagerStep (CPU)
         self.replays = {size: 0 for size in self.sizes}
         self.rope_tables: dict[int, tuple] = {}      # capture size -> the RoPE table its graph reads
@@ -127,13 +127,5 @@ class DecodeGraphs:
 
     def _forward(self, rows, token_ids, positions, slots, seq_lens, tables):
         """One decode step over static buffers: the engine's forward, attention by seq_lens and full-width tables."""
-        cache = self.cache
-
-        def attend(layer, q, k, v):                  # q (H, G, d), k and v (K, G, d)
-            cache.write(layer, slots, k, v)
-            if self.use_kernel:                      # paged_decode: keys [0, seq_len) read in place
-                return cache.decode_attention(layer, q.transpose(1, 0, 2), seq_lens, tables).transpose(1, 0, 2)
-            qd = q.transpose(1, 0, 2)[:, :, None]                            # (G, H, 1, d)
-            return cache.attention(layer, qd, positions[:, None], tables)[:, :, 0].transpose(1, 0, 2)
-
-        return self.model.forward_flat(token_ids, positions, attend, rows)  # (G, V)
+        step = PagedStep(self.cache, slots, token_ids.shape[0], positions, seq_lens, tables)
+        return self.model.forward(token_ids[None], positions[None], step, logits_rows=rows)     # (G, V)

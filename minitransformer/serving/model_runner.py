@@ -18,11 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attention_backend import fallback
 from ..backend import INDEX_DTYPE
-from ..kernels.attention import HEAD_DIMS
-from ..kernels.loader import source_constant
-from .paged_cache import PagedKVCache
+from .paged_cache import PagedStep
 
 
 @dataclass
@@ -32,7 +29,7 @@ class StepInputs:
     positions: object          # (N,)
     slots: object              # (N,) cache slot of each token
     num_decodes: int           # rows [0, num_decodes) are decodes, one per sequence
-    decode_positions: object   # (num_decodes, 1)
+    decode_positions: object   # (num_decodes,)
     decode_tables: object      # (num_decodes, max blocks) padded block tables
     chunks: list               # per prefill chunk: (first row, length, positions (1, n), block table (1, nb))
                                # and keys it reads (its last position + 1)
@@ -67,61 +64,14 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
         table = block_manager.block_tables[seq.request_id][:-(-(start + n) // bs)]
         chunk_list.append((row, n, as_index(np.arange(start, start + n)[None]), as_index([table]), start + n))
     return StepInputs(as_index(ids), as_index(positions), as_index(slots), len(decodes),
-                      as_index([[s.num_computed_tokens] for s, _ in decodes]), as_index(padded), chunk_list,
+                      as_index([s.num_computed_tokens for s, _ in decodes]), as_index(padded), chunk_list,
                       logits_rows, sampled)
-
-
-def use_prefill_kernel(model) -> bool:
-    """Whether prefill chunks go through flash_prefill: the model asks for kernels and its head_dim is compiled."""
-    if getattr(model, "kernel_attention", None) is None:       # arrays, or a model class without the option
-        return False
-    if model.config.head_dim not in HEAD_DIMS:
-        fallback(f"head_dim {model.config.head_dim} is not one of the compiled {HEAD_DIMS}")
-        return False
-    return True
-
-
-def use_decode_kernel(model, cache_type: type) -> bool:
-    """Whether decodes go through the paged_decode kernel: what the prefill kernel needs, and the cache (its class)
-    and the heads per KV head fit."""
-    if not use_prefill_kernel(model):
-        return False
-    cfg = model.config
-    reason = None
-    if cache_type is not PagedKVCache:
-        reason = f"{cache_type.__name__} is not the float paged cache the kernel reads"
-    elif cfg.n_heads // cfg.n_kv_heads > source_constant("paged_decode.cu", "DECODE_MAX_GROUP"):
-        reason = f"{cfg.n_heads // cfg.n_kv_heads} query heads per KV head exceed the decode kernel's group limit"
-    if reason:
-        fallback(reason)
-    return reason is None
 
 
 def execute(model, cache, inputs: StepInputs):
     """One forward over the step's tokens -> logits (R, V) of the rows in inputs.logits_rows."""
     xp = model.xp
-    D = inputs.num_decodes
-    kernel = D > 0 and use_decode_kernel(model, type(cache))
-    prefill_kernel = bool(inputs.chunks) and use_prefill_kernel(model)
-    seq_lens = inputs.decode_positions[:, 0] + 1 if kernel else None             # (D,): the new token included
-
-    def attend(layer, q, k, v):                     # q (H, N, d), k and v (K, N, d)
-        cache.write(layer, inputs.slots, k, v)
-        out = xp.empty_like(q)                                                       # (H, N, d)
-        if kernel:
-            out[:, :D] = cache.decode_attention(layer, q[:, :D].transpose(1, 0, 2), seq_lens,
-                                                inputs.decode_tables).transpose(1, 0, 2)
-        elif D:
-            qd = q[:, :D].transpose(1, 0, 2)[:, :, None]                             # (D, H, 1, d)
-            out[:, :D] = cache.attention(layer, qd, inputs.decode_positions,
-                                         inputs.decode_tables)[:, :, 0].transpose(1, 0, 2)
-        for row, n, positions, table, num_keys in inputs.chunks:
-            if prefill_kernel:
-                out[:, row:row + n] = cache.prefill_attention(layer, q[None, :, row:row + n], table, num_keys)[0]
-            else:
-                out[:, row:row + n] = cache.attention(layer, q[None, :, row:row + n], positions, table,
-                                                      num_keys=num_keys)[0]
-        return out
-
+    step = PagedStep(cache, inputs.slots, inputs.num_decodes, inputs.decode_positions,
+                     inputs.decode_positions + 1, inputs.decode_tables, inputs.chunks)    # seq_lens: the new token too
     rows = xp.asarray(np.asarray(inputs.logits_rows, dtype=INDEX_DTYPE))                 # (R,)
-    return model.forward_flat(inputs.token_ids, inputs.positions, attend, rows)
+    return model.forward(inputs.token_ids[None], inputs.positions[None], step, logits_rows=rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..generate import Delta, Result
+from ..request import Delta, Result
 
 
 @dataclass

@@ -4,12 +4,12 @@
 
 A token's keys go to the *slot* the block manager maps it to (block * block_size + offset), so the sequences of a
 batch can each have their own length and grow independently; attention finds a sequence's keys through its block
-table. Here that is done with arrays: gather the table's blocks into a contiguous (K, S, d) view, then the same
-masked attention as the contiguous path (layers.attention). With the kernel backend on (load_model(attention=...),
-see attention_backend.py) decodes go through `decode_attention` instead: kernels/paged_decode.cu reads the blocks in
-place, since the pool already has the kernel's layout; prefill chunks go through `prefill_attention`
-(kernels/flash_prefill.cu on the gathered keys). Blocks past a sequence's end (padding in a batch) hold
-positions beyond every query, so the causal mask hides them: no separate length mask is needed.
+table. `PagedStep` is one engine step's view of the pool, the object model.forward talks to (its cache protocol):
+it writes the step's keys to their slots and asks the model's attention (attention_backend.py) for each decode row
+and each prefill chunk. The arrays gather a table's blocks into a contiguous (K, S, d) view and mask by position
+(blocks past a sequence's end hold positions beyond every query, so no separate length mask is needed); the
+kernels read float blocks in place (kernels/paged_decode.cu), since the pool already has the kernel's layout.
+Storage is float32 or int8 (kv_storage.py), as for the contiguous cache.
 """
 
 from __future__ import annotations
@@ -19,20 +19,17 @@ import numpy as np
 from ..backend import DTYPE, check_count, check_memory
 from ..config import ModelConfig
 from ..kv_cache import estimate_kv_bytes
-from ..kernels.attention import flash_prefill, paged_decode
-from ..layers import attention, causal_attention
+from ..kv_storage import KVStorage, check_storage
 
 
 def reserve(shape, dtype, xp=np):
     """A zero-filled pool whose memory is really ours from now on: xp.zeros, then every page written once.
 
     Why write zeros over zeros: NumPy's zeros come from the OS as pages it has not mapped yet, and the first write
-    to each page faults; on this machine a fault that asks for a huge page sometimes stalls ~1 ms compacting memory.
-    Left lazy, those faults land in the serving steps that first touch each block: an Engine serving 16 requests x
-    64 tokens measured 175-183 tok/s lazy and 188-192 paged in (three alternating rounds, 2 cores). Paging the pool in
-    once at start is what reserving memory up front means (vLLM allocates its KV cache at start; llama.cpp clears its
-    KV buffer when a context is created). The default 512 MiB pool takes 0.05-1 s here, once per Engine, and is
-    resident from then on. On the GPU zeros are already written; fill is one more kernel.
+    to each page faults (a fault that asks for a huge page can stall compacting memory). Left lazy, those faults land
+    in the serving steps that first touch each block; paging the pool in once at start is what reserving memory up
+    front means (vLLM allocates its KV cache at start; llama.cpp clears its KV buffer when a context is created).
+    On the GPU zeros are already written; fill is one more kernel.
     """
     pool = xp.zeros(shape, dtype=dtype)
     pool.fill(0)
@@ -50,77 +47,81 @@ def check_pool(num_blocks, block_size, bytes_per_token: int, xp) -> tuple[int, i
 
 
 class PagedKVCache:
-    """The K and V pools of every layer, (layers, num_blocks, block_size, kv_heads, head_dim) each."""
+    """The K and V pools of every layer, (layers, num_blocks, block_size, kv_heads, head_dim) each, stored as
+    `storage` ("f32" or "int8": kv_storage.py)."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE):
-        num_blocks, block_size = check_pool(num_blocks, block_size, estimate_kv_bytes(config, 1, dtype=dtype), xp)
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE,
+                 storage: str = "f32"):
+        check_storage(storage)
+        num_blocks, block_size = check_pool(num_blocks, block_size,
+                                            estimate_kv_bytes(config, 1, dtype=dtype, storage=storage), xp)
         self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
-        self.dtype = np.dtype(dtype)
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
-        # zeros: padding slots read as finite numbers (0 * garbage NaN would poison an output row; masked zeros
-        # cannot).
-        self.k = reserve(shape, dtype, xp)
-        self.v = reserve(shape, dtype, xp)
+        # zeros (reserve): padding slots read as finite numbers (0 * garbage NaN would poison an output row; masked
+        # zeros cannot).
+        self.store = KVStorage(shape, storage, xp, dtype, allocate=lambda shape, dtype: reserve(shape, dtype, xp))
+        self.storage, self.dtype = storage, self.store.dtype
+
+    k = property(lambda self: self.store.k)        # (layers, num_blocks, block_size, kv_heads, head_dim)
+    v = property(lambda self: self.store.v)
 
     @property
     def bytes_total(self) -> int:
         """Bytes of both pools (what the engine reserves up front)."""
-        return int(self.k.nbytes + self.v.nbytes)
+        return self.store.nbytes
 
     @property
     def bytes_per_block(self) -> int:
-        return estimate_kv_bytes(self.config, self.block_size, dtype=self.dtype)
+        return estimate_kv_bytes(self.config, self.block_size, dtype=self.dtype, storage=self.storage)
 
     def write(self, layer: int, slots, k_new, v_new) -> None:
         """Store keys/values of N tokens.   slots (N,) int; k_new, v_new (K, N, d)."""
-        K, d = self.config.n_kv_heads, self.config.head_dim
-        self.k[layer].reshape(-1, K, d)[slots] = k_new.transpose(1, 0, 2)       # (N, K, d) into (blocks*B, K, d)
-        self.v[layer].reshape(-1, K, d)[slots] = v_new.transpose(1, 0, 2)
+        where = (slots // self.block_size, slots % self.block_size)             # (block, offset) of each token
+        self.store.put(layer, where, k_new.transpose(1, 0, 2), v_new.transpose(1, 0, 2))   # (N, K, d) each
 
     def gather(self, layer: int, block_tables):
-        """Contiguous keys and values of each row's blocks.
+        """Contiguous float32 keys and values of each row's blocks.
 
         block_tables (R, nb) int (shorter tables padded with any block id) -> k, v (R, K, nb * block_size, d);
         key j of row r is at position j.
         """
         R, nb = block_tables.shape
+        K, d = self.config.n_kv_heads, self.config.head_dim
+        k, v = self.store.get(layer, block_tables)                               # (R, nb, block_size, K, d) each
         S = nb * self.block_size
-        k = self.k[layer][block_tables].reshape(R, S, *self.k.shape[-2:]).transpose(0, 2, 1, 3)   # (R, K, S, d)
-        v = self.v[layer][block_tables].reshape(R, S, *self.v.shape[-2:]).transpose(0, 2, 1, 3)   # (R, K, S, d)
-        return k, v
+        return k.reshape(R, S, K, d).transpose(0, 2, 1, 3), v.reshape(R, S, K, d).transpose(0, 2, 1, 3)
 
-    def attention(self, layer: int, q, q_positions, block_tables, num_keys: int | None = None):
-        """Paged attention: each row's queries against the keys its block table points to.
 
-        q (R, H, T, d), q_positions (R, T), block_tables (R, nb) -> (R, H, T, d).
-        num_keys: for one prefill chunk (R = 1) whose T queries are keys [num_keys - T, num_keys) of its sequence,
-        the keys are cut there and go through layers.causal_attention, which skips each query block's future keys.
-        """
-        k, v = self.gather(layer, block_tables)                                 # (R, K, S, d) each
-        if num_keys is not None:
-            k, v = k[:, :, :num_keys], v[:, :, :num_keys]                       # the rest of the last block: unused
-        S = k.shape[2]
-        key_positions = self.xp.broadcast_to(self.xp.arange(S), (q.shape[0], S))  # (R, S)
-        attend = attention if num_keys is None else causal_attention
-        return attend(q, k, v, q_positions, key_positions)
+class PagedStep:
+    """One engine step's tokens in the pool: the cache protocol of model.forward (model.py) for a flat batch.
 
-    def prefill_attention(self, layer: int, q, block_tables, num_keys: int):
-        """One prefill chunk through the flash_prefill kernel: its T queries are keys [num_keys - T, num_keys) of its
-        sequence, the layout the kernel assumes (queries are the last Tq of Tk keys, causal).
+    The step's N tokens are laid end to end (B = 1, T = N), decodes first (model_runner.py):
+    slots (N,) where each token's keys go; rows [0, num_decodes) are one token of their own sequence each, at
+    decode_positions (D,), attending to seq_lens (D,) = positions + 1 keys through decode_tables (D, nb);
+    chunks: per prefill chunk (first row, length, positions (1, n), block table (1, nb), keys it reads).
+    """
 
-        q (1, H, T, d), block_tables (1, nb) -> (1, H, T, d). The chunk's blocks are gathered into contiguous
-        (1, K, num_keys, d) keys and values first (the kernel reads one contiguous sequence).
-        """
-        xp = self.xp
-        k, v = self.gather(layer, block_tables)                                 # (1, K, nb * block_size, d) each
-        return flash_prefill(xp.ascontiguousarray(q), xp.ascontiguousarray(k[:, :, :num_keys]),
-                             xp.ascontiguousarray(v[:, :, :num_keys]))
+    def __init__(self, cache: PagedKVCache, slots, num_decodes: int, decode_positions, seq_lens, decode_tables,
+                 chunks=()):
+        self.cache, self.slots, self.num_decodes, self.chunks = cache, slots, num_decodes, chunks
+        self.decode_positions, self.seq_lens, self.decode_tables = decode_positions, seq_lens, decode_tables
 
-    def decode_attention(self, layer: int, q, seq_lens, block_tables):
-        """One query per row through the paged_decode kernel, blocks read in place (no gather).
+    def attend(self, layer: int, q, k, v, positions, attention):
+        """q (1, H, N, d), k and v (1, K, N, d) -> (1, H, N, d): store the step's keys, attend row by row."""
+        self.cache.write(layer, self.slots, k[0], v[0])
+        D = self.num_decodes
+        if D:
+            decoded = attention.paged_decode(self.cache, layer, q[0, :, :D].transpose(1, 0, 2), self.decode_positions,
+                                             self.seq_lens, self.decode_tables).transpose(1, 0, 2)   # (H, D, d)
+            if not self.chunks:
+                return decoded[None]                                             # a decode-only step
+        out = self.cache.xp.empty_like(q[0])                                    # (H, N, d)
+        if D:
+            out[:, :D] = decoded
+        for row, n, chunk_positions, table, num_keys in self.chunks:
+            out[:, row:row + n] = attention.paged_chunk(self.cache, layer, q[:, :, row:row + n], chunk_positions,
+                                                        table, num_keys)[0]
+        return out[None]
 
-        q (R, H, d), seq_lens (R,) tokens each row attends to, block_tables (R, nb) -> (R, H, d).
-        """
-        xp = self.xp
-        return paged_decode(xp.ascontiguousarray(q), self.k[layer], self.v[layer],
-                            block_tables.astype(np.int32), seq_lens.astype(np.int32))
+    def advance(self, T: int) -> None:
+        """Nothing to move: the engine counts each sequence's computed tokens itself (Sequence.num_computed_tokens)."""

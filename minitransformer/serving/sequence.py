@@ -10,19 +10,16 @@ output) have their keys and values in the cache. A step computes tokens [num_com
 n = 1, a prefill chunk any other n, and re-prefilling a preempted request is the same thing again from 0, so the
 scheduler never needs to tell them apart (vLLM v1's scheduler works the same way).
 Invariant: 0 <= num_computed_tokens < num_tokens while the sequence is unfinished.
+A Sequence *is* a request.RequestState (the output, detokenizer, random stream and the finishing stages that
+generate() uses too) plus what only a scheduler needs.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-import numpy as np
-
-from ..detokenizer import IncrementalDetokenizer
-from ..generate import Request
-from ..metrics import RequestMetrics
-from ..stopping import StopDecision
+from ..request import Request, RequestState
 
 
 class SequenceStatus(enum.Enum):
@@ -32,36 +29,28 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)
-class Sequence:
-    """A request being served (the engine makes one per add_request). Compared by identity."""
-    request: Request
-    detokenizer: IncrementalDetokenizer
-    generator: np.random.Generator | None          # this request's own random stream (seeded -> reproducible)
-    metrics: RequestMetrics
-    priority: int = 0                               # lower = more urgent (vLLM's convention)
-    tenant: str | None = None
-    arrival_index: int = 0                          # order of add_request: FCFS ties and "newest" for preemption
-    output_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    status: SequenceStatus = SequenceStatus.WAITING
-    block_table: list[int] = field(default_factory=list)   # physical block of each logical block, in order
-    num_preemptions: int = 0
-    waited_steps: int = 0                           # steps spent waiting, over all its waits (aging)
-    decision: StopDecision | None = None            # why it finished, once FINISHED
-    logprobs: list[dict] | None = None
+class Sequence(RequestState):
+    """A request being served (the engine makes one per add_request). Compared by identity.
+
+    kv_bytes(tokens) -> bytes: what the engine's pool spends on that many tokens (the Result reports it).
+    """
+
+    def __init__(self, request: Request, tokenizer, context_length: int, kv_bytes: Callable[[int], int],
+                 priority: int = 0, tenant: str | None = None, arrival_index: int = 0):
+        super().__init__(request, tokenizer, context_length,
+                         kv_usage=lambda: (self.num_computed_tokens, kv_bytes(self.num_computed_tokens)))
+        self.priority = priority                    # lower = more urgent (vLLM's convention)
+        self.tenant = tenant
+        self.arrival_index = arrival_index          # order of add_request: FCFS ties and "newest" for preemption
+        self.num_computed_tokens = 0
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []            # physical block of each logical block, in order
+        self.num_preemptions = 0
+        self.waited_steps = 0                       # steps spent waiting, over all its waits (aging)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def params(self):
-        return self.request.params
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.request.prompt_token_ids
 
     @property
     def num_prompt_tokens(self) -> int:

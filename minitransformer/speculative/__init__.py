@@ -9,7 +9,7 @@ Decode is memory-bound (decode.py): a pass over k+1 tokens streams the same weig
 guesses are good the target produces several tokens for about the price of one. Lesson 12 measures whether that
 holds on the machine at hand (on 2 CPU cores a 5-token pass is not free, see the lesson).
 
-Verification is done row by row inside generate.py's ordinary loop, so penalties, min_tokens, stop checks, the
+Verification is done row by row inside generate.py's ordinary loop (through request.RequestState), so penalties, min_tokens, stop checks, the
 detokenizer, logprobs and metrics are the same code as plain decoding; `SpeculativeRunner` stands where
 generate.CachedRunner stands and only changes where the next logits come from and how a row's token is chosen:
 - greedy: the row's token is the plain greedy choice; the draft is accepted iff it equals it. Output == plain greedy.
@@ -23,9 +23,9 @@ Drafters (`propose(context, k, ...)` -> k draft tokens and the distributions the
 - "ngram": prompt lookup (Saxena 2023, github.com/apoorvumang/prompt-lookup-decoding; vLLM's ngram proposer): find
   the context's last n tokens earlier in the context and propose what followed them. No model, one-hot q.
 - "self:L": the model's own first L layers + the shared final norm and lm_head (layer-skip self-speculation,
-  Zhang et al. 2023 "Draft & Verify"). Its keys/values for layers < L are exactly the target's, so it keeps no cache
-  of its own: it writes its draft tokens' K/V into the target cache past the verified length, where the verify pass
-  overwrites them.
+  Zhang et al. 2023 "Draft & Verify"): model.forward(..., layers=L). Its keys/values for layers < L are exactly the
+  target's, so it keeps no cache of its own: it writes its draft tokens' K/V into the target cache past the verified
+  length, where the verify pass overwrites them.
 - a second Transformer with the same vocabulary (`--draft-model PATH`): its own KV cache, rolled back the same way.
 
 Modules, in reading order: config.py (SpeculativeConfig, make_config, the CLI helpers), acceptance.py
@@ -35,13 +35,13 @@ SpeculativeStats). Every name is re-exported here, so `from minitransformer.spec
 
 from .acceptance import accept_or_resample, processed_probs
 from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_cli, check_same_vocabulary, describe,
-                     from_cli, make_config)
-from .drafters import ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter, forward_first_layers
+                     make_config)
+from .drafters import ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter
 from .runner import SpeculativeRunner, SpeculativeStats, VerifyPass
 
 __all__ = [
-    "MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "make_config", "from_cli", "describe", "check_same_vocabulary",
+    "MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "make_config", "describe", "check_same_vocabulary",
     "processed_probs", "accept_or_resample",
-    "NgramDrafter", "ModelDrafter", "SelfDrafter", "SecondModelDrafter", "forward_first_layers",
+    "NgramDrafter", "ModelDrafter", "SelfDrafter", "SecondModelDrafter",
     "SpeculativeStats", "SpeculativeRunner", "VerifyPass",
 ]

@@ -10,17 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
-from ..sampling import _inverse_cdf, apply_penalties, filtered_probs
-from ..stopping import tokens_to_suppress
+from ..sampling import apply_penalties, draw_from, filtered_probs
+from ..stopping import mask_tokens, tokens_to_suppress
 
 
 def processed_probs(logits, params, prompt_ids, output_ids, eos_id):
     """The distribution plain sampling draws from: min_tokens suppression -> penalties -> temperature, min_p,
     top_k, top_p (sampling.filtered_probs; a one-hot at the argmax for greedy).   logits (1, V) -> (V,) on the host."""
-    suppressed = tokens_to_suppress(params, len(output_ids), eos_id)
-    if suppressed:
-        logits = logits.copy()
-        logits[:, list(suppressed)] = -float("inf")
+    logits = mask_tokens(logits, [tokens_to_suppress(params, len(output_ids), eos_id)])
     penalised = apply_penalties(logits, [params], [prompt_ids], [output_ids])
     return to_host(filtered_probs(penalised, [params])[0])
 
@@ -42,4 +39,4 @@ def accept_or_resample(p, q, draft: int, generator) -> int:
         residual = np.maximum(p - q, 0.0)
     if not residual.sum() > 0:                          # p == q up to rounding: nothing left, p itself is exact
         residual = p
-    return int(_inverse_cdf(residual[None], [generator.random()])[0])
+    return draw_from(residual, generator)

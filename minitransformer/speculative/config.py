@@ -1,5 +1,5 @@
 """What to speculate with: SpeculativeConfig, checked by make_config from what generate(speculative=...) takes, and
-the CLI's side (--speculative / --draft-model, the footer line) (lesson 12).
+the CLI's side (checking --speculative / --draft-model, the footer line; cli/options.py loads a draft model) (lesson 12).
 
 Kept apart from the drafters and the runner so that the CLI can check its flags without loading either.
 """
@@ -72,15 +72,6 @@ def check_cli(name: str | None, draft_model: str | None, n_layers: int | None = 
         raise InputError("--draft-model is used only with --speculative model")
     if name == "model" and not draft_model:
         raise InputError("--speculative model needs --draft-model PATH (a GGUF with the same vocabulary)")
-
-
-def from_cli(name: str | None, draft_model: str | None, device: str = "cpu", n_layers: int | None = None):
-    """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes."""
-    check_cli(name, draft_model, n_layers)
-    if name != "model":
-        return name
-    from ..model import load_model
-    return load_model(draft_model, device=device)
 
 
 def describe(stats: dict) -> str:

@@ -1,8 +1,7 @@
 """The drafters: `propose(context, k, ...)` -> k guesses and the distributions they were drawn from (lesson 12).
 
-NgramDrafter (prompt lookup, no model), SelfDrafter (the target's own first L layers, writing into its cache) and
-SecondModelDrafter (a smaller model of the same vocabulary with its own cache); forward_first_layers is the cut-short
-forward pass the self-drafter runs.
+NgramDrafter (prompt lookup, no model), SelfDrafter (the target's own first L layers, writing into its cache: the
+model's forward with layers=L) and SecondModelDrafter (a smaller model of the same vocabulary with its own cache).
 """
 
 from __future__ import annotations
@@ -10,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kv_cache import KVCache
-from ..layers import rms_norm, swiglu
-from ..sampling import _inverse_cdf
+from ..sampling import draw_from
 from .acceptance import processed_probs
 from .config import SpeculativeConfig
 
@@ -48,7 +46,7 @@ class ModelDrafter:
         drafts, qs = [], []
         for i in range(k):
             q = processed_probs(logits, params, prompt, outputs, eos_id)          # (V,); one-hot when greedy
-            d = int(_inverse_cdf(q[None], [self.generator.random()])[0])         # drawn from q, as sample() draws
+            d = draw_from(q, self.generator)                                     # drawn from q, as sample() draws
             drafts.append(d)
             qs.append(q)
             outputs.append(d)
@@ -58,19 +56,32 @@ class ModelDrafter:
 
 
 class SelfDrafter(ModelDrafter):
-    """The first L layers of the target itself, writing into the target cache's first L layers past its length."""
+    """The first L layers of the target itself, writing into the target cache's first L layers past its length.
+
+    Its keys and values for layers < L are exactly the target's, so it needs no cache of its own: it writes its
+    drafts' K/V past the verified length (in whatever storage the cache has), and gives the length back when done;
+    the verify pass then overwrites those slots in every layer.
+    """
 
     def __init__(self, model, layers: int, cache: KVCache, seed):
         super().__init__(seed)
         self.model, self.layers, self.cache = model, layers, cache
-        self.view = _FirstLayers(cache, layers)
+
+    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id):
+        verified = self.cache.length
+        try:
+            return super().propose(context, k, params, prompt_len, eos_id)
+        finally:
+            self.cache.truncate(verified)           # the cache as it was: only verified tokens count
 
     def rewind(self, context):
-        self.view.length = self.cache.length        # verified tokens: K/V of layers < L are already the target's
-        return self.cache.length
+        return self.cache.length                    # verified tokens: K/V of layers < L are already the target's
 
     def forward(self, ids, start):
-        return forward_first_layers(self.model, ids, start, self.view, self.layers)
+        xp = self.model.xp
+        positions = xp.arange(start, start + len(ids))[None]                            # (1, T)
+        return self.model.forward(xp.asarray(ids)[None], positions, self.cache, layers=self.layers,
+                                  last_only=True)                                        # (1, V)
 
 
 class SecondModelDrafter(ModelDrafter):
@@ -96,32 +107,4 @@ class SecondModelDrafter(ModelDrafter):
         xp = self.draft.xp
         self.ids.extend(ids)
         positions = xp.arange(start, start + len(ids))[None]
-        return self.draft.forward(xp.asarray(ids)[None], positions, kv=self.cache, last_only=True)   # (1, V)
-
-
-class _FirstLayers:
-    """The self-drafter's view of the target cache: layers < L, with its own length (the model's kv protocol)."""
-
-    def __init__(self, cache: KVCache, layers: int):
-        self.cache, self.layers, self.length = cache, layers, cache.length
-
-    def update(self, layer, k_new, v_new, positions):
-        c, start, end = self.cache, self.length, self.length + k_new.shape[2]
-        c.k[layer, :, :, start:end] = k_new
-        c.v[layer, :, :, start:end] = v_new
-        if layer == self.layers - 1:
-            self.length = end
-        return c.k[layer, :, :, :end], c.v[layer, :, :, :end], c.key_positions[:, :end]
-
-
-def forward_first_layers(model, ids: list[int], start: int, kv, layers: int):
-    """model.forward cut after `layers` layers, then the shared final norm and lm_head.   T ids -> (1, V) logits
-    of the last position. The same stages as Transformer.forward, in the same order, only fewer layers."""
-    xp, eps = model.xp, model.config.norm_eps
-    positions = xp.arange(start, start + len(ids))[None]                  # (1, T)
-    h = model.embedding[xp.asarray(ids)]                                  # (T, D)
-    cos, sin = model.rope_cos[positions], model.rope_sin[positions]       # (1, T, d/2)
-    for index, layer in enumerate(model.layers[:layers]):
-        h = h + model.attention_block(index, layer, rms_norm(h, layer.attn_norm, eps), positions, cos, sin, kv)
-        h = h + swiglu(rms_norm(h, layer.ffn_norm, eps), layer.w_gate_up, layer.w_down)
-    return rms_norm(h[-1:], model.final_norm, eps) @ model.lm_head         # (1, V)
+        return self.draft.forward(xp.asarray(ids)[None], positions, self.cache, last_only=True)   # (1, V)

@@ -62,12 +62,12 @@ class SpeculativeRunner:
     is fed by the next verify pass), and `rows` are the logits of the last verify pass, row i following draft i.
     """
 
-    def __init__(self, model, request, config: SpeculativeConfig, cache_class=None):
+    def __init__(self, model, request, config: SpeculativeConfig, storage: str = "f32"):
         self.model, self.config, self.params = model, config, request.params
         self.prompt = list(request.prompt_token_ids)
         self.context = list(self.prompt)
         max_len = len(self.prompt) + self.params.max_tokens
-        self.cache = (cache_class or KVCache)(model.config, max_len, xp=model.xp)   # KVCache or Int8KVCache
+        self.cache = KVCache(model.config, max_len, xp=model.xp, storage=storage)
         seed = self.params.seed
         if config.method == "ngram":
             self.drafter = NgramDrafter(config)
@@ -106,27 +106,28 @@ class SpeculativeRunner:
         ids = xp.asarray([token] + drafts)[None]                               # (1, 1 + k)
         positions = xp.arange(base, base + 1 + len(drafts))[None]              # (1, 1 + k)
         start = now()
-        self.rows = self.model.forward(ids, positions, kv=self.cache)          # (1, 1 + k, V): one target pass
+        self.rows = self.model.forward(ids, positions, self.cache)          # (1, 1 + k, V): one target pass
         self.stats.verify_s += now() - start
         self.stats.target_passes += 1
         self.stats.passes.append(VerifyPass(list(drafts)))
         self.drafts, self.qs, self.row = drafts, qs, 0
         return self.rows[:, 0]                                                 # (1, V)
 
-    def sample_next(self, logits, request, generator, output_ids, eos_id, sample_plain) -> int:
+    def sample_next(self, logits, state) -> int:
         """The token for this row: plain sampling where there is no draft to check (and for greedy, whose plain
         choice decides acceptance by itself); speculative sampling against the draft otherwise."""
         self.stats.output_tokens += 1
         record = self.stats.passes[-1]
         if self.row >= len(self.drafts):                                       # a bonus row, or no drafts
-            record.target_token = sample_plain(logits, request, generator, output_ids, eos_id)
+            record.target_token = state.sample(logits)
             return record.target_token
         draft = self.drafts[self.row]
-        if request.params.greedy:
-            token = sample_plain(logits, request, generator, output_ids, eos_id)
+        if state.params.greedy:
+            token = state.sample(logits)
         else:
-            p = processed_probs(logits, request.params, request.prompt_token_ids, output_ids, eos_id)   # (V,)
-            token = accept_or_resample(p, None if self.qs is None else self.qs[self.row], draft, generator)
+            p = processed_probs(logits, state.params, state.prompt_token_ids, state.output_ids,
+                                state.tokenizer.eos_id)                                           # (V,)
+            token = accept_or_resample(p, None if self.qs is None else self.qs[self.row], draft, state.generator)
         self.stats.draft_tokens += 1
         self.stats.accepted_tokens += token == draft
         if token == draft:
@@ -143,7 +144,7 @@ class SpeculativeRunner:
 
     @property
     def kv_bytes(self) -> int:
-        return estimate_kv_bytes(self.model.config, self.kv_tokens, dtype=self.cache.dtype)
+        return estimate_kv_bytes(self.model.config, self.kv_tokens, storage=self.cache.storage)
 
     def release(self) -> None:
         self.cache.release()

@@ -1,0 +1,92 @@
+"""`load_model`: a GGUF file -> a ready Transformer (tokenizer, weights dequantized once, attention chosen once).
+
+It sits above quantize/ because a float16 load is the float32 load followed by quantize_model; everything below
+(model.py, the caches, the stages) takes a built model and never loads one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .attention_backend import choose_attention
+from .backend import DTYPE, get_xp
+from .config import ModelConfig
+from .errors import InputError, ModelFileError
+from .model import LayerWeights, Transformer
+from .quantize import quantize_model
+from .tokenizer import Tokenizer
+from .weights import dequantize, open_gguf, resolve_model_path
+
+
+def load_model(path: str | Path | None = None, device: str = "cpu", attention: str = "auto",
+               dtype: str = "float32") -> Transformer:
+    """Load a llama-architecture GGUF (the default SmolLM2-135M-Instruct when `path` is None, fetched on first
+    use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32.
+
+    attention: "arrays" (layers.attention), "kernels" (flash_prefill / paged_decode, also on the CPU runner) or
+    "auto" (kernels on the GPU, arrays on the CPU); chosen here, once (attention_backend.py).
+    dtype: "float32" (the default: exact comparison with the CPU and HF) or "float16": float16 storage of every
+    matrix, embedding included, with float32 accumulation = this float32 load, then quantize.quantize_model(model,
+    "f16", embedding="f16") (half the weight bytes; norms, activations, KV cache and logits stay float32).
+    "bfloat16" is refused (check_dtype says why).
+    """
+    check_dtype(dtype)
+    start = time.perf_counter()
+    xp = get_xp(device)
+    path = resolve_model_path(path)
+    reader = open_gguf(path)
+    config = ModelConfig.from_gguf(reader)
+    tokenizer = Tokenizer.from_gguf(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def load(name: str, shape: tuple, transpose: bool = False):
+        """Dequantize one tensor, check its shape, lay it out as (in, out) if asked, move it to the device."""
+        if name not in tensors:
+            raise ModelFileError(f"{path}: tensor {name} is missing; not a complete llama-architecture model")
+        array = dequantize(tensors[name])                      # (out, in) for matrices
+        if transpose:
+            array = np.ascontiguousarray(array.T)              # (in, out); the (out, in) copy is dropped here
+        if array.shape != shape:
+            raise ModelFileError(f"{path}: tensor {name} has shape {array.shape}, expected {shape} from the "
+                                 "metadata")
+        return xp.asarray(array, dtype=DTYPE)
+
+    D, F, V = config.d_model, config.ffn_dim, config.vocab_size
+    layers = []
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        layers.append(LayerWeights(
+            attn_norm=load(p + "attn_norm.weight", (D,)),
+            w_qkv=xp.concatenate([load(p + "attn_q.weight", (D, config.q_dim), transpose=True),
+                                  load(p + "attn_k.weight", (D, config.kv_dim), transpose=True),
+                                  load(p + "attn_v.weight", (D, config.kv_dim), transpose=True)], axis=1),
+            wo=load(p + "attn_output.weight", (config.q_dim, D), transpose=True),
+            ffn_norm=load(p + "ffn_norm.weight", (D,)),
+            w_gate_up=xp.concatenate([load(p + "ffn_gate.weight", (D, F), transpose=True),
+                                      load(p + "ffn_up.weight", (D, F), transpose=True)], axis=1),
+            w_down=load(p + "ffn_down.weight", (F, D), transpose=True),
+        ))
+    embedding = load("token_embd.weight", (V, D))
+    lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
+    final_norm = load("output_norm.weight", (D,))
+    model = Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
+                        load_seconds=time.perf_counter() - start,
+                        attention=choose_attention(attention, device, config))
+    if dtype == "float16":
+        model = quantize_model(model, "f16", embedding="f16")
+        model.load_seconds = time.perf_counter() - start
+    return model
+
+
+def check_dtype(dtype: str) -> None:
+    """float32 and float16 (storage; float32 accumulation) are implemented; say why for the others instead of
+    silently computing in float32."""
+    if dtype in ("float32", "float16"):
+        return
+    if dtype == "bfloat16":
+        raise InputError("dtype bfloat16 is not available: NumPy has no bfloat16 type, so the CPU could not check "
+                         "the GPU's arithmetic; use float16 or float32")
+    raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")

@@ -1,0 +1,198 @@
+"""A request's data and state, shared by every loop: generate() (one request), the serving Engine (many) and the
+speculative runner (drafted tokens).
+
+    make_request(model, prompt, params)  tokenize (through the chat template when chat) and check the limits -> Request
+    RequestState(request, ...)           its output so far: detokenizer, random stream, metrics, logprobs
+    state.append(token) -> Delta         the stages after sampling: detokenize, stop checks, stream the new text;
+                                         the Delta that finishes the request carries its Result
+
+Whatever loop produced the token, finishing (the stop rules, cutting a stop string, the 12-field Result) happens here
+and only here, so a request's text and finish reason cannot depend on which loop served it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .detokenizer import IncrementalDetokenizer
+from .errors import InputError
+from .metrics import RequestMetrics, Usage, now
+from .sampling import make_generator, sample
+from .sampling_params import SamplingParams
+from .stopping import StopDecision, check_stop, mask_tokens, tokens_to_suppress
+
+_request_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    """What a loop works on: the prompt as the model sees it, its token ids, and how to sample."""
+    request_id: str
+    prompt: str | None               # the text after the chat template; None when token ids were given
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+
+
+@dataclass
+class Result:
+    """A finished request: what generate() returns (`to_dict` is the `--json` object of `minitransformer generate`)."""
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str               # "stop" | "length" | "abort"
+    stop_reason: object              # "eos" | stop token id | stop string | "timeout" | "cancelled" | None
+    usage: Usage
+    metrics: RequestMetrics
+    logprobs: list[dict] | None
+    kv_cache_tokens: int             # tokens whose keys/values were held when the request finished
+    kv_cache_bytes: int
+    speculative: dict | None = None  # drafter, draft/accepted tokens, acceptance rate (speculative decoding only)
+
+    def to_dict(self) -> dict:
+        out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+               "stop_reason": self.stop_reason, "usage": self.usage.to_dict(), "metrics": self.metrics.to_dict(),
+               "kv_cache": {"tokens": self.kv_cache_tokens, "bytes": self.kv_cache_bytes}}
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        if self.speculative is not None:
+            out["speculative"] = self.speculative
+        return out
+
+
+@dataclass
+class Delta:
+    """One piece of a streamed reply. The last delta has finish_reason and the whole Result."""
+    text: str
+    token_ids: list[int]             # tokens produced since the previous delta
+    finish_reason: str | None = None
+    result: Result | None = None
+
+
+class RequestState:
+    """One request's output as it grows, and the stages that follow each sampled token.
+
+    kv_usage() -> (tokens, bytes) of KV cache the request holds, read when it finishes (the Result reports them).
+    Invariant: output_ids and the detokenizer's tokens are the same list; once `decision` is set nothing is added.
+    """
+
+    def __init__(self, request: Request, tokenizer, context_length: int, kv_usage: Callable[[], tuple[int, int]]):
+        params = request.params
+        self.request, self.tokenizer, self.context_length, self.kv_usage = request, tokenizer, context_length, kv_usage
+        self.detokenizer = IncrementalDetokenizer(tokenizer, params.stop)
+        self.generator = make_generator(params.seed)                   # this request's own random stream
+        self.metrics = RequestMetrics(arrival_time=request.arrival_time)
+        self.output_ids: list[int] = []
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        self.decision: StopDecision | None = None
+
+    params = property(lambda self: self.request.params)
+    prompt_token_ids = property(lambda self: self.request.prompt_token_ids)
+
+    @property
+    def suppressed(self) -> tuple[int, ...]:
+        """Token ids the sampler must not draw next: EOS and the stop ids until min_tokens (stopping.py)."""
+        return tokens_to_suppress(self.params, len(self.output_ids), self.tokenizer.eos_id)
+
+    def sample(self, logits) -> int:
+        """This request's next token from logits (1, V), drawn with its own generator (vLLM's order: sampling.py),
+        EOS and the stop ids masked until min_tokens. The Engine samples many requests in one batched call."""
+        logits = mask_tokens(logits, [self.suppressed])
+        return int(sample(logits, [self.params], [self.generator], [self.prompt_token_ids], [self.output_ids])[0])
+
+    def append(self, token: int, abort: StopDecision | None = None) -> Delta:
+        """The stages after sampling one token: detokenize, check the stop rules, and stream the new text. The Delta
+        that finishes the request carries its Result (finish_reason set). abort: a timeout or cancel noticed now
+        (stopping.check_abort), which ends the request after this token unless a stop rule already does."""
+        self.output_ids.append(token)
+        self.metrics.mark_token()
+        new_chars = self.detokenizer.add_token(token)
+        decision = check_stop(self.params, self.detokenizer, self.output_ids, new_chars, self.tokenizer.eos_id,
+                              len(self.prompt_token_ids), self.context_length) or abort
+        if decision is None:
+            return Delta(self.detokenizer.take_delta(), [token])
+        return self.finish(decision, [token])
+
+    def finish(self, decision: StopDecision, new_tokens: list[int] = ()) -> Delta:
+        """End the request: cut the text where the decision says, close the metrics, build the Result.
+        new_tokens: what the final Delta carries (the token that stopped it; nothing for an abort between tokens)."""
+        self.decision = decision
+        if decision.truncate_to is not None:
+            self.detokenizer.truncate(decision.truncate_to)
+        final_text = self.detokenizer.take_delta(final=True)
+        self.metrics.mark_finished()
+        kv_tokens, kv_bytes = self.kv_usage()
+        result = Result(self.request.request_id, self.prompt_token_ids, self.detokenizer.text,
+                        list(self.output_ids), decision.finish_reason, decision.stop_reason,
+                        Usage(len(self.prompt_token_ids), len(self.output_ids)), self.metrics, self.logprobs,
+                        kv_tokens, kv_bytes)
+        return Delta(final_text, list(new_tokens), decision.finish_reason, result)
+
+
+# ---------------------------------------------------------------------------------------------------- checking
+
+def make_request(model, prompt, params: SamplingParams, chat: bool = False, arrival: float | None = None) -> Request:
+    """Tokenize (through the chat template when chat) and check the request against the model's limits."""
+    if not isinstance(params, SamplingParams):
+        raise InputError(f"params must be a SamplingParams, got {type(params).__name__}"
+                         + (": build one with SamplingParams(**params)" if isinstance(params, dict) else ""))
+    tokenizer, context = model.tokenizer, model.config.context_length
+    text = None
+    room = max(context - params.max_tokens, 0)     # prompt tokens that fit; tokenizing stops soon after, if it must
+    if chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if isinstance(prompt, str) and not prompt:
+            raise InputError("the prompt is empty; give at least one character")
+        text = tokenizer.render_chat(messages)                  # what a human reads; the ids keep contents plain text
+        ids = tokenizer.encode_chat(messages, limit=room)
+    elif isinstance(prompt, str):
+        if not prompt:
+            raise InputError("the prompt is empty; give at least one character")
+        text = prompt
+        ids = tokenizer.encode(text, limit=room)
+    else:
+        ids = prompt_token_ids(prompt, tokenizer.vocab_size)
+    if not ids:
+        raise InputError("the prompt has no tokens; give at least one")
+    if len(ids) > room and text is not None:       # tokenizing may have stopped early: only a bound is known
+        raise InputError(f"prompt (more than {_tokens(room)}) + max_tokens ({params.max_tokens}) exceeds the context "
+                         f"length of {context} tokens")
+    if len(ids) + params.max_tokens > context:
+        raise InputError(f"prompt ({_tokens(len(ids))}) + max_tokens ({params.max_tokens}) = "
+                         f"{len(ids) + params.max_tokens} exceeds the context length of {context} tokens")
+    outside = [i for i in params.stop_token_ids if i >= tokenizer.vocab_size]
+    if outside:
+        raise InputError(f"stop token id {outside[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
+    return Request(f"req-{next(_request_ids)}", text, ids, params, arrival if arrival is not None else now())
+
+
+def prompt_token_ids(prompt, vocab_size: int) -> list[int]:
+    """A prompt given as token ids: a list (or 1-D array) of integers in the vocabulary, else one InputError that
+    says what was received. bytes are refused although they iterate as integers: they are text not yet decoded."""
+    accepted = "a str, a list of token ids, or with chat=True a list of {'role', 'content'} messages"
+    if isinstance(prompt, (bytes, bytearray)):
+        raise InputError(f"prompt is {type(prompt).__name__}, not text: decode it first (prompt.decode('utf-8')); "
+                         f"a prompt is {accepted}")
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        raise InputError(f"prompt token ids must be one sequence (1-D), got an array of shape {prompt.shape}")
+    if not isinstance(prompt, (list, tuple, np.ndarray)):
+        raise InputError(f"prompt must be {accepted}; got {type(prompt).__name__} {prompt!r:.80}")
+    for index, value in enumerate(prompt):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            hint = {str: " (one prompt per call; an Engine takes many)", dict: " (chat messages need chat=True)"}.get(
+                type(value), "")
+            raise InputError(f"prompt token ids must be integers, got {type(value).__name__} {value!r:.80} at index "
+                             f"{index}{hint}; a prompt is {accepted}")
+        if not 0 <= value < vocab_size:
+            raise InputError(f"prompt token id {value} is outside the vocabulary [0, {vocab_size})")
+    return [int(i) for i in prompt]
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
