@@ -16,6 +16,7 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import InputError
+from .checked import check_block_tables, checked_mode
 from .loader import (CUDA_TYPE_NAMES, MAX_SHARED_BYTES, array_param, backend_of, get_kernel, scalar_param,
                      source_constant)
 
@@ -138,7 +139,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size:
     seq_lens (B,) int32 -> out (B, H, d) of q's dtype, and lse (B, H) float32 when `return_lse`.
     The grid covers max_blocks * block_size tokens (no device-to-host read of seq_lens); partitions past a
     sequence's length exit at once. With NumPy inputs seq_lens and the block ids in use are checked on the host;
-    with CuPy inputs that check would cost a synchronisation per step, so it is the caller's contract.
+    with CuPy inputs that check costs a synchronisation per step, so it runs only in checked mode (checked.py).
     `module`: a module built from an edited paged_decode.cu instead of the shipped one.
     """
     out, lse = plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, partition_size=partition_size,
@@ -174,8 +175,8 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
     _check_storage("v_cache", v_cache, q.dtype)
 
     backend = backend_of(q)
-    if backend == "cpu":
-        _check_block_tables(block_tables, seq_lens, block_size, num_blocks)
+    if backend == "cpu" or checked_mode():
+        check_block_tables(block_tables, seq_lens, block_size, num_blocks)
     xp = array_module(q)
     T = q.dtype
     name = CUDA_TYPE_NAMES[T]
@@ -213,16 +214,3 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
         (part_out, part_max, part_sum, seq_lens, out, lse, np.int32(H), np.int32(partition_size),
          np.int32(num_partitions)))
     return AttentionPlan([partition, merge], out, lse, (part_out, part_max, part_sum))
-
-
-def _check_block_tables(block_tables, seq_lens, block_size: int, num_blocks: int) -> None:
-    """Host-side bounds check (NumPy inputs): lengths fit the table, and every block id in use is a real block."""
-    capacity = block_tables.shape[1] * block_size
-    if seq_lens.size and (seq_lens.min() < 0 or seq_lens.max() > capacity):
-        raise InputError(f"seq_lens must lie in [0, {capacity}] (max_blocks x block_size); "
-                         f"got {int(seq_lens.min())}..{int(seq_lens.max())}")
-    for b, length in enumerate(np.asarray(seq_lens).tolist()):
-        used = block_tables[b, :-(-length // block_size)]
-        if used.size and (used.min() < 0 or used.max() >= num_blocks):
-            raise InputError(f"block_tables[{b}] points outside the cache's {num_blocks} blocks: "
-                             f"{int(used.min())}..{int(used.max())}")
