@@ -42,8 +42,11 @@
 constexpr int DECODE_WARPS = 4;          // warps per block
 constexpr int DECODE_LOADS = 4;          // 16-byte loads each lane has in flight before it uses the first
 
+// __launch_bounds__: blocks of DECODE_WARPS warps, at least 3 resident per SM. That lets ptxas give a float16 thread
+// the ~140 registers its G x 8 accumulators and 4 loads in flight need; asked for 4 blocks it caps them at 128 and
+// spills.
 template <typename T, int D>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
+__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE, 3)
 paged_decode_partition(const T* __restrict__ q,               // (B, H, D)
                        const T* __restrict__ k_cache,         // (num_blocks, block_size, K, D)
                        const T* __restrict__ v_cache,         // (num_blocks, block_size, K, D)
@@ -178,17 +181,18 @@ paged_decode_partition(const T* __restrict__ q,               // (B, H, D)
                 const int slot = s0 + u * TOKENS_PER_PASS + row;
                 raw[u] = slot < valid ? load16(v_block + slot * slot_stride) : make_uint4(0u, 0u, 0u, 0u);
             }
+            float v[DECODE_LOADS][VEC];
 #pragma unroll
-            for (int u = 0; u < DECODE_LOADS; ++u) {
-                const int slot = s0 + u * TOKENS_PER_PASS + row;
-                float v[VEC];
-                unpack16(raw[u], v);
+            for (int u = 0; u < DECODE_LOADS; ++u) unpack16(raw[u], v[u]);
 #pragma unroll
-                for (int g = 0; g < DECODE_MAX_GROUP; ++g) {
-                    if (g < group) {                             // a slot past `valid` has no probability written
+            for (int g = 0; g < DECODE_MAX_GROUP; ++g) {
+                if (g < group) {                                 // every head uses all DECODE_LOADS values
+#pragma unroll
+                    for (int u = 0; u < DECODE_LOADS; ++u) {
+                        const int slot = s0 + u * TOKENS_PER_PASS + row;   // past `valid`: no probability written
                         const float p = slot < valid ? block_probs[g * partition_size + slot] : 0.0f;
 #pragma unroll
-                        for (int i = 0; i < VEC; ++i) acc[g][i] += p * v[i];
+                        for (int i = 0; i < VEC; ++i) acc[g][i] += p * v[u][i];
                     }
                 }
             }
