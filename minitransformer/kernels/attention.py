@@ -77,19 +77,21 @@ def prefill_shared_bytes(head_dim: int) -> int:
     return FLOAT_BYTES * (block_q * head_dim + block_k * (head_dim + 1) + block_k * head_dim)
 
 
-def flash_prefill(q, k, v, *, return_lse: bool = False, module=None):
+def flash_prefill(q, k, v, *, return_lse: bool = False, module=None, variant: str = "cuda_cores"):
     """Causal GQA attention of Tq queries, the last Tq of Tk positions, through the tiled kernel.
 
     q (B, H, Tq, d), k and v (B, K, Tk, d) -> out (B, H, Tq, d) of q's dtype, and lse (B, H, Tq) float32 (the
     natural log of each row's softmax denominator over the scaled scores) when `return_lse`.
-    `module`: a module built from an edited flash_prefill.cu (loader.build_module) instead of the shipped one.
+    `module`: a module built from an edited .cu file of the variant (loader.build_module) instead of the shipped one.
+    `variant`: "cuda_cores" (flash_prefill.cu, float32 or float16) or "wmma" (flash_prefill_wmma.cu: tensor
+    cores, float16 only; prefill_wmma.py).
     """
-    out, lse = plan_flash_prefill(q, k, v, module=module).run()
+    out, lse = plan_flash_prefill(q, k, v, module=module, variant=variant).run()
     return (out, lse) if return_lse else out
 
 
-def plan_flash_prefill(q, k, v, *, module=None) -> AttentionPlan:
-    """Check the inputs, allocate the outputs and prepare the launch of flash_prefill (see flash_prefill)."""
+def check_prefill_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Raise InputError unless q (B, H, Tq, d), k, v (B, K, Tk, d) fit the prefill kernels; return the sizes."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise InputError(f"flash_prefill takes q (B, H, Tq, d) and k, v (B, K, Tk, d); got {q.ndim}-D, {k.ndim}-D, "
                          f"{v.ndim}-D arrays")
@@ -105,6 +107,17 @@ def plan_flash_prefill(q, k, v, *, module=None) -> AttentionPlan:
     _check_storage("q", q)
     _check_storage("k", k, q.dtype)
     _check_storage("v", v, q.dtype)
+    return B, H, Tq, d, K, Tk
+
+
+def plan_flash_prefill(q, k, v, *, module=None, variant: str = "cuda_cores") -> AttentionPlan:
+    """Check the inputs, allocate the outputs and prepare the launch of flash_prefill (see flash_prefill)."""
+    if variant == "wmma":
+        from .prefill_wmma import plan_flash_prefill_wmma       # imports this module: loaded on first use
+        return plan_flash_prefill_wmma(q, k, v, module=module)
+    if variant != "cuda_cores":
+        raise InputError(f"flash_prefill variant {variant!r}: choose 'cuda_cores' or 'wmma'")
+    B, H, Tq, d, K, Tk = check_prefill_inputs(q, k, v)
 
     backend = backend_of(q)
     xp = array_module(q)
