@@ -42,7 +42,9 @@ __device__ __forceinline__ void unpack16(uint4 raw, float (&out)[4]) {
     out[0] = __uint_as_float(raw.x); out[1] = __uint_as_float(raw.y);
     out[2] = __uint_as_float(raw.z); out[3] = __uint_as_float(raw.w);
 }
-__device__ __forceinline__ float half_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+__device__ __forceinline__ float half_bits(unsigned bits) {
+    return __half2float(__ushort_as_half((unsigned short)bits));
+}
 __device__ __forceinline__ void unpack16(uint4 raw, float (&out)[8]) {
     const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll

@@ -30,14 +30,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .attention import (DECODE_EXPRESSIONS, DECODE_FILE, HEAD_DIMS, PREFILL_EXPRESSIONS, PREFILL_FILE,
-                        decode_shared_bytes, prefill_shared_bytes)
+from .attention import (DECODE_EXPRESSIONS, DECODE_FILE, DECODE_SIMPLE_EXPRESSIONS, DECODE_SIMPLE_FILE, HEAD_DIMS,
+                        PREFILL_EXPRESSIONS, PREFILL_FILE, decode_shared_bytes, prefill_shared_bytes)
 from .loader import COMPILE_OPTIONS, CUPY_ADDED_OPTIONS, read_source, source_constant
 from .prefill_wmma import WMMA_EXPRESSIONS, WMMA_FILE, wmma_shared_bytes
 from .quant import GEMV_EXPRESSIONS, GEMV_FILE
 
+# The wmma kernel needs sm_70+ (tensor cores); DEFAULT_ARCH has them.
 KERNEL_FILES = {PREFILL_FILE: PREFILL_EXPRESSIONS, WMMA_FILE: WMMA_EXPRESSIONS, DECODE_FILE: DECODE_EXPRESSIONS,
-                GEMV_FILE: GEMV_EXPRESSIONS}   # the wmma kernel needs sm_70+ (tensor cores); DEFAULT_ARCH has them
+                DECODE_SIMPLE_FILE: DECODE_SIMPLE_EXPRESSIONS, GEMV_FILE: GEMV_EXPRESSIONS}
 DEFAULT_ARCH = "sm_90"
 COMPILERS = ("auto", "nvcc", "nvrtc")
 
@@ -149,6 +150,8 @@ def launch_smem(name: str) -> int:
         return prefill_shared_bytes(d)
     if name.startswith("paged_decode_partition"):
         return decode_shared_bytes(source_constant(DECODE_FILE, "DECODE_MAX_GROUP"), d, 512, 16)
+    if name.startswith("paged_decode_simple_partition"):
+        return decode_shared_bytes(source_constant(DECODE_SIMPLE_FILE, "DECODE_MAX_GROUP"), d, 512, 16, "simple")
     return 0
 
 

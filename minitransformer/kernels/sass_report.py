@@ -196,7 +196,8 @@ def kernel_table(kernels: list[KernelSass]) -> list[str]:
             label = "key" if label == "main" and "partition" in k.name else label
             lines.append(f"{k.name if label != 'value' else '':<42}{k.registers if label != 'value' else '':>5}"
                          f"{k.spill_bytes if label != 'value' else '':>8}{k.static_smem if label != 'value' else '':>8}"
-                         f"  {label:<6}{loop.loads:>9}{loop.load_bytes:>7}{loop.in_flight:>10}{loop.before_shuffle:>12}")
+                         f"  {label:<6}{loop.loads:>9}{loop.load_bytes:>7}{loop.in_flight:>10}"
+                         f"{loop.before_shuffle:>12}")
     return lines
 
 
