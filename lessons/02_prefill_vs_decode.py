@@ -106,6 +106,8 @@ def main():
     console.print("FLOPs: 2 per weight per token + attention; bytes: weights once + KV cache + activations "
                   "(forward_cost's docstring). 'bound by' compares FLOP/byte with the ridge point; within 10% of it, "
                   "'near the ridge' (measured peaks vary between runs).")
+    console.print("Diagram: figures/prefill_vs_decode_shapes.png, one layer's matrix products for a 64-token prompt "
+                  "and for one decode token, drawn to scale, each with its FLOPs, bytes and FLOP/byte.")
     for (phase, L), (seconds, cost, _, _, bound) in rows.items():
         console.print(f"check cost: {phase} {L}: {cost.flops:.0f} FLOP, {cost.bytes:.0f} bytes, {seconds:.6f} s, "
                       f"{bound}")
