@@ -1,7 +1,7 @@
 """Every __syncthreads of the attention kernels is needed, and the CPU runner shows it.
 
-For each barrier of flash_prefill.cu and both paged decode kernels (paged_decode.cu, built for bandwidth, and
-paged_decode_simple.cu, its teaching baseline), the kernel is rebuilt from its source with that one
+For each barrier of flash_prefill.cu, both paged decode kernels (paged_decode.cu, built for bandwidth, and
+paged_decode_simple.cu, its teaching baseline) and dequant_gemv.cu, the kernel is rebuilt from its source with that one
 barrier deleted and run under several resume orders of the CPU runner; the result must be wrong (NaN, or off the
 reference by more than 1e-3) under at least one of them -- and under the runner's default order, which is the one
 tests/test_kernels.py uses. The shipped kernels must be right under every order.
@@ -24,15 +24,19 @@ from minitransformer.kernels import flash_prefill, paged_decode
 from minitransformer.kernels.attention import DECODE_FILE, DECODE_SIMPLE_FILE, PREFILL_FILE
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, CpuModule
 from minitransformer.kernels.loader import KERNEL_DIR, read_source
+from minitransformer.kernels.quant import GEMV_EXPRESSIONS, GEMV_FILE, dequant_gemv
 from minitransformer.layers import attention
+from minitransformer.quantize import QuantizedLinear
 
 SCHEDULES = [("forward", 0), ("reverse", 0), ("shuffle", 0), ("shuffle", 1)]   # (order, seed)
 DEFAULT_SCHEDULE = (DEFAULT_ORDER, 0)
 BARRIER = re.compile(r"__syncthreads\(\)\s*;")
 EXPRESSIONS = {PREFILL_FILE: ("flash_prefill<float, 64>",),
                DECODE_FILE: ("paged_decode_partition<float, 64>", "paged_decode_merge<float, 64>"),
-               DECODE_SIMPLE_FILE: ("paged_decode_simple_partition<float, 64>", "paged_decode_merge<float, 64>")}
-EXPECTED_BARRIERS = {PREFILL_FILE: 2, DECODE_FILE: 4, DECODE_SIMPLE_FILE: 3}   # a new barrier is added here, and tested
+               DECODE_SIMPLE_FILE: ("paged_decode_simple_partition<float, 64>", "paged_decode_merge<float, 64>"),
+               GEMV_FILE: GEMV_EXPRESSIONS}
+EXPECTED_BARRIERS = {PREFILL_FILE: 2, DECODE_FILE: 4, DECODE_SIMPLE_FILE: 3,   # a new barrier is added here, and tested
+                     GEMV_FILE: 4}
 FILES = tuple(EXPECTED_BARRIERS)
 
 
@@ -96,8 +100,20 @@ def decode_case(variant: str):
     return run, np.stack(reference)                                         # (B, H, d)
 
 
+def gemv_case():
+    """x (3, 2112) through an int8 and an int4 matrix of 20 rows: x is staged in three chunks, so both barriers of
+    each kernel matter (after staging a chunk, and before the next chunk overwrites it). Scaled to max |y| = 1."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 2112)).astype(np.float32)
+    matrices = [QuantizedLinear.from_float(rng.normal(0, 0.1, (20, 2112)).astype(np.float32), scheme)
+                for scheme in ("int8", "int4")]
+    reference = np.concatenate([x.astype(np.float64) @ m.dequantize().T.astype(np.float64) for m in matrices], 1)
+    top = np.abs(reference).max()
+    return (lambda module: np.concatenate([dequant_gemv(x, m, module) for m in matrices], 1) / top), reference / top
+
+
 CASES = {PREFILL_FILE: prefill_case, DECODE_FILE: lambda: decode_case("bandwidth"),
-         DECODE_SIMPLE_FILE: lambda: decode_case("simple")}
+         DECODE_SIMPLE_FILE: lambda: decode_case("simple"), GEMV_FILE: gemv_case}
 
 
 def errors_by_schedule(filename: str, source: str) -> dict[tuple[str, int], float]:
