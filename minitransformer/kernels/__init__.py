@@ -1,6 +1,7 @@
 """CUDA attention kernels: plain .cu sources, built by CuPy on a GPU or by the CPU runner without one (lesson 11).
 
     flash_prefill(q, k, v)                                      causal GQA over a chunk of queries (online softmax)
+    flash_prefill(q, k, v, variant="wmma")                      the same on tensor cores (float16, CUDA's wmma)
     paged_decode(q, k_cache, v_cache, block_tables, seq_lens)   one query per sequence, paged cache, split-K
 
 NumPy inputs run the very same source on the CPU (kernels/cpu_runner.py); CuPy inputs run on the GPU.
