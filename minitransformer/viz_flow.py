@@ -1,4 +1,4 @@
-"""The request-flow diagram, drawn from one real generate() run with the time it spent in each stage (lesson 07).
+"""The request-flow diagram, drawn from one real generate() run with the time it spent in each stage (lessons 01, 07).
 
     request_flow.png    tokenize -> schedule -> prefill (fills the KV cache) -> sample -> [stream + stop checks ->
                         decode step -> sample] ... -> finalize, each box with the function that does it, its file,
@@ -50,15 +50,19 @@ class StageTimer:
         self._undo: list[tuple[object, str, object]] = []
 
     def __enter__(self) -> "StageTimer":
-        for stage, targets in self.stages.items():
-            for target in targets:
-                owner, name = resolve(target)
-                original = getattr(owner, name)
-                timed = self._timed(stage, original)
-                for namespace in references(owner, name, original):
-                    self._undo.append((namespace, name if namespace is owner else _alias(namespace, original),
-                                       original))
-                    setattr(*self._undo[-1][:2], timed)
+        try:
+            for stage, targets in self.stages.items():
+                for target in targets:
+                    owner, name = resolve(target)
+                    original = getattr(owner, name)
+                    timed = self._timed(stage, original)
+                    for namespace in references(owner, name, original):
+                        attribute = name if namespace is owner else _alias(namespace, original)
+                        self._undo.append((namespace, attribute, original))
+                        setattr(namespace, attribute, timed)
+        except Exception:                                # a target that does not resolve: put back what was wrapped
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

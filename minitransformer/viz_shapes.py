@@ -71,7 +71,7 @@ def draw_kv_cache_growth(model, path, prompt: str = KV_PROMPT) -> dict:
     heads, max_len, P = c.n_kv_heads, data["max_len"], len(data["prompt_ids"])
     vmax = float(np.percentile(np.abs(shots[-1]["k"]), 99))          # a few outliers would wash out the rest
     cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")          # grey: reserved, not yet filled
-    fig, axes = plt.subplots(len(shots), heads, figsize=(13, 1.9 * len(shots) + 1.4), squeeze=False,
+    fig, axes = plt.subplots(len(shots), heads, figsize=(13, 1.9 * len(shots) + 1.6), squeeze=False,
                              sharex=True, sharey=True)
     for i, shot in enumerate(shots):
         grid = np.full((heads, c.head_dim, max_len), np.nan, dtype=np.float32)   # (K, d, max_len): positions across
@@ -95,11 +95,11 @@ def draw_kv_cache_growth(model, path, prompt: str = KV_PROMPT) -> dict:
         bottom.set_xticks(range(max_len))
         bottom.set_xticklabels(data["pieces"], rotation=90, fontsize=7, family="monospace")
     height = fig.get_figheight()
-    fig.subplots_adjust(left=0.05, right=0.91, top=1 - 1.15 / height, bottom=0.8 / height, hspace=0.5, wspace=0.05)
+    fig.subplots_adjust(left=0.05, right=0.91, top=1 - 1.3 / height, bottom=0.8 / height, hspace=0.5, wspace=0.05)
     fig.colorbar(image, cax=fig.add_axes([0.93, 0.3, 0.012, 0.4]), label="value of K")
     fig.suptitle(f"The KV cache filling up, token by token: a real KVCache of {model.path.stem}, layer "
                  f"{data['layer']}'s K, one panel per KV head (head_dim down, positions across)\n"
-                 f"shape = (layers, batch, KV heads, positions, head_dim), V alike; dotted line: prompt | generated; "
+                 f"shape = (layers, batch, KV heads, positions, head_dim), V alike; dotted line: prompt | generated\n"
                  f"grey: reserved for prompt + max_tokens, not yet written; colours clipped at the 99th percentile",
                  fontsize=10)
     fig.savefig(Path(path), dpi=100)

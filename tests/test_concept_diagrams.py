@@ -136,6 +136,10 @@ def test_stage_timer_times_the_outer_call_once_and_restores(tiny_model):
         with vf.StageTimer({"schedule": ["kv_cache:KVCache.__init__"]}):
             KVCache(tiny_model.config, 10**9)
     assert not hasattr(KVCache.__init__, "__wrapped__")
+    with pytest.raises(AttributeError):                                # a target that does not resolve, after one
+        with vf.StageTimer({"prefill": ["prefill:prefill"], "typo": ["prefill:prefil"]}):    # that did
+            pass
+    assert importlib.import_module("minitransformer.generate").prefill is prefill
 
 
 # ---------------------------------------------------------------------------------------------------- KV cache
