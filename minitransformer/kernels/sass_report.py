@@ -22,7 +22,6 @@ both loops; >= 75% of HBM at batch >= 8 and 4k / 32k context), 2 when nvcc or cu
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import shutil
@@ -36,7 +35,6 @@ from .compile_check import (DEFAULT_ARCH, KERNEL_FILES, _cuda_roots, _demangle, 
                             instantiation_source, nvcc_command, parse_ptxas)
 from .decode_sizing import (DECODE_VARIANTS, DEFAULT_NUM_SMS, PARTITION_KERNELS, choose_partition_size,
                             decode_expressions, decode_shared_bytes, decode_threads)
-from .loader import source_constant
 from .sass_loops import Loop, find_loops, innermost_busiest, parse_sass, split_functions
 
 # H200 SXM: 4.8 TB/s of HBM3e (NVIDIA H200 Tensor Core GPU datasheet), 132 SMs. Per SM on compute capability 9.0
