@@ -94,6 +94,7 @@ def test_a_device_launch_is_checked_only_in_checked_mode(monkeypatch):
         raise KernelLookup
 
     monkeypatch.setattr(attention, "backend_of", lambda array: "cupy")
+    monkeypatch.setattr(attention, "device_sm_count", lambda backend: 132)   # no CuPy to ask for the SM count
     monkeypatch.setattr(attention, "check_block_tables", lambda *args: calls.append(args))
     monkeypatch.setattr(attention, "get_kernel", no_kernel)
     inputs = paged_inputs([5, 11, 3])
