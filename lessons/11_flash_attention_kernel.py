@@ -187,6 +187,13 @@ def main():
     ref_d = ref[0, :, [T - 1, n_b - 1]]                                    # (2, H, d): the prefill rows, same queries
     console.print(f"check decode: max |paged kernel - array| = {np.abs(out_d - ref_d).max():.2e} (both sequences, "
                   f"all {H} heads)")
+    simple_d, _ = plan_paged_decode(q_dec, pool[0], pool[1], tables, seq_lens, partition_size=P,
+                                    variant="simple").run()
+    console.print(f"check decode baseline: max |paged_decode_simple.cu - paged_decode.cu| = "
+                  f"{np.abs(simple_d - out_d).max():.2e}. Same partials, same merge; the default kernel reads 16 bytes "
+                  f"per load, {source_constant('paged_decode.cu', 'DECODE_LOADS')} loads per lane before the first "
+                  f"reduction, a block at a time. `python -m minitransformer.kernels.sass_report` shows both in SASS "
+                  f"and estimates the bandwidth each reaches on an H200.")
 
     console.rule("[bold]5. Memory traffic of causal prefill, one layer, float32 (the formulas in traffic())")
     sizes = [int(x) for x in args.sizes.split(",")]

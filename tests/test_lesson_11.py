@@ -72,7 +72,8 @@ def test_paged_decode_and_merge(lesson_output):
     merge_out, merge_lse = check(out, rf"check merge: \|mirror - kernel out\| = {NUMBER}, \|M \+ log sum w - kernel "
                                       rf"lse\| = {NUMBER}")
     decode, = check(out, rf"check decode: max \|paged kernel - array\| = {NUMBER}")
-    assert max(merge_out, merge_lse, decode) < 1e-5
+    baseline, = check(out, rf"check decode baseline: max \|paged_decode_simple.cu - paged_decode.cu\| = {NUMBER}")
+    assert max(merge_out, merge_lse, decode, baseline) < 1e-5
     assert f"seq_lens = [{T}, {T // 2 + 3}]" in out
 
 
