@@ -51,8 +51,9 @@ THREADS_PER_SM, BLOCKS_PER_SM = 2048, 32
 # so we assume 800 ns, well above that: an estimate over 75% must not rest on a short latency.
 LATENCY_NS = 800.0
 # Instruction issue: each SM has 4 warp schedulers issuing one warp-instruction per cycle each (NVIDIA Hopper
-# architecture whitepaper), at the H200's 1.98 GHz boost clock; a loop that needs n instructions per b bytes cannot
-# stream faster than SMs x 4 x clock x b / n, however many loads are in flight.
+# architecture whitepaper), at 1.98 GHz, the GH100 chip's maximum boost clock (H100 SXM5 specifications; the H200 is
+# the same chip with HBM3e); a loop that needs n instructions per b bytes cannot stream faster than
+# SMs x 4 x clock x b / n, however many loads are in flight.
 ISSUE_PER_SM_PER_S = 4 * 1.98e9
 WARP = 32
 
