@@ -127,9 +127,9 @@ def find_loops(instructions: list[Instruction]) -> list[Loop]:
 
 
 def innermost_busiest(loops: list[Loop]) -> Loop | None:
-    """The loop with the most loads per iteration; among equals, the one no other of them sits inside."""
-    if not loops:
+    """Of the innermost loops (those holding no other loop of the list), the one with the most loads per iteration:
+    an outer loop's count mixes its inner loops' loads with its own."""
+    inner = [a for a in loops if not any(a.start <= b.start and b.end <= a.end and a != b for b in loops)]
+    if not inner:
         return None
-    most = max(loop.loads for loop in loops)
-    candidates = [loop for loop in loops if loop.loads == most]
-    return min(candidates, key=lambda loop: loop.end - loop.start)
+    return max(inner, key=lambda loop: (loop.loads, loop.start - loop.end))
