@@ -85,9 +85,10 @@ def test_draft_and_verify_diagram_adds_up_to_the_run(real_model, tmp_path):
 def test_request_flow_diagram_shows_the_runs_own_times(tiny_model, tmp_path):
     path = tmp_path / "request_flow.png"
     prompt = "Why is the sky blue?"
-    data = vf.draw_request_flow(tiny_model, path, prompt=prompt, chat=False)
+    data = vf.draw_request_flow(tiny_model, path, prompt=prompt, chat=False, repeats=2)
     assert min(png_size(path)) > 300
     result, m = data["result"], data["metrics"]
+    assert len(data["e2e_of_runs"]) == 2 and m.e2e_s == min(data["e2e_of_runs"])     # the fastest run is drawn
     assert result.token_ids == generate(tiny_model, prompt, vf.FLOW_PARAMS).token_ids      # timing changes nothing
 
     # the timeline drawn is the request's own metrics, and its parts add up to the end-to-end time
