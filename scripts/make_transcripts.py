@@ -10,6 +10,9 @@ reader of a 120-column terminal sees, without colour codes. Lessons run one at a
 what they teach and two at once would share the cores. A lesson that fails keeps its old transcript, the others
 still run, and the script exits 1.
 
+docs/interview.md quotes the transcripts in “curly quotes”; after the lessons ran, each quote takes its transcript's
+new numbers (refresh_quotes). A quote whose words no longer appear is listed, and the script exits 1.
+
 outline() is the check behind tests/test_transcripts.py: a transcript must keep its lesson's section headings, table
 columns and row labels (numbers masked), so a renamed section shows up as a failing test, not as a stale file.
 """
@@ -83,13 +86,14 @@ def render(lesson: Path, output: str, seconds: float, where: str, when: datetime
     return "\n".join([
         f"# Lesson {number} transcript: {title(lesson)}",
         "",
-        f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default settings, as printed "
-        f"to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every timing is this machine's.",
+        f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default settings, as",
+        f"printed to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every timing is this machine's,",
+        "and other programs sharing its cores slow them (the load average says how busy it was).",
         "",
         f"- machine: {where}",
         f"- command: `{command(lesson)}`",
-        f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model; load average {load:.1f} "
-        "when it started (other programs sharing the cores slow every timing)",
+        f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model, load average {load:.1f} at "
+        "the start",
         f"- regenerate: `python scripts/make_transcripts.py --only {number}`",
         "",
         FENCE + "text",
@@ -122,7 +126,8 @@ def outline(output: str) -> dict:
     headings  every rule's title ('──── 1. The loop ────'), and the first words of a numbered paragraph that starts
               the output or follows a rule or a table ('2. greedy, 32 new'), in order
     tables    every table's column names (the rows between ┏ and ┡, wrapped cells joined), in order; a table printed
-              several times in a row counts once, since how many times can depend on the settings
+              several times in a row counts once, since how many times can depend on the settings. Not its title:
+              wrapped to the table's width, it cannot be told apart from the text above it
     labels    per entry of `tables`, the first cell of each printed line of its rows (a wrapped label: its pieces)
     """
     headings, tables, labels = [], [], []
@@ -137,17 +142,16 @@ def outline(output: str) -> dict:
         elif line.startswith(("┏", "┌")):                 # a table starts: with a header (┏) or without (┌)
             header, body = [], []
         elif line.startswith("┃") and header is not None:
-            cells = line.strip("┃").split("┃")
+            cells = [mask(c) for c in line.strip("┃").split("┃")]
             header = [a + c for a, c in zip(header, cells)] if header else cells
         elif line.startswith("│") and body is not None:
             if first := mask(line.strip("│").split("│")[0]):
                 body.append(first)                       # a blank first cell: the row above, wrapped
         elif line.startswith("└") and body is not None:
-            columns = [mask(c) for c in header]
-            if tables and tables[-1] == columns:
+            if tables and tables[-1] == header:
                 labels[-1] += body
             else:
-                tables.append(columns)
+                tables.append(header)
                 labels.append(body)
             header, body = None, None
     return {"headings": headings, "tables": tables, "labels": labels}
@@ -168,6 +172,59 @@ def differences(transcript: dict, fresh: dict) -> list[str]:
             if missing:
                 problems.append(f"row labels of the table {columns[:3]}...: {missing} not in the transcript")
     return problems
+
+
+# ------------------------------------------------------------------------------------------------ quotes
+
+INTERVIEW = ROOT / "docs" / "interview.md"
+QUOTE = re.compile(r"“([^”]+)”")                         # “...”: words copied from a transcript
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())                         # rich wrapped the transcript's lines at other places
+
+
+def quotes(doc: Path = INTERVIEW) -> list[tuple[str, list[Path]]]:
+    """Every “quote” of a markdown file with the transcripts linked in its paragraph, where it must appear."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", doc.read_text()):
+        linked = [(doc.parent / link.split("#")[0]).resolve() for link in LINK.findall(paragraph)]
+        sources = [p for p in linked if p.parent == TRANSCRIPTS.resolve()]
+        found += [(flat(q), sources) for q in QUOTE.findall(paragraph)]
+    return found
+
+
+def wildcard(quote: str) -> re.Pattern:
+    """The quote with every number a wildcard: '7959 ms at 256' matches '8012 ms at 256'."""
+    parts = re.split(f"({NUMBER.pattern})", quote)                 # text, number, text, number, ..., text
+    return re.compile("".join(NUMBER.pattern if i % 2 else re.escape(part) for i, part in enumerate(parts)))
+
+
+def rewrap(written: str, new: str) -> str:
+    """The new quote with the old one's line breaks: numbers contain no spaces, so the words pair up one to one."""
+    pieces, words = re.split(r"(\s+)", written[1:-1]), iter(new.split())
+    return "“" + "".join(p if i % 2 else next(words) for i, p in enumerate(pieces)) + "”"
+
+
+def refresh_quotes(doc: Path = INTERVIEW) -> list[str]:
+    """Put the transcripts' new numbers into the quotes of `doc`: a quote whose words, numbers aside, appear in a
+    transcript its paragraph links becomes that transcript's text. Returns the quotes found nowhere (fix by hand)."""
+    text, stale, outputs = doc.read_text(), [], {}
+    for quote, sources in quotes(doc):
+        for source in sources:
+            if source not in outputs:
+                outputs[source] = flat(read(source)[1]) if source.is_file() else ""
+        if any(quote in outputs[s] for s in sources):
+            continue
+        hits = [m.group(0) for m in (wildcard(quote).search(outputs[s]) for s in sources) if m]
+        if not hits:
+            stale.append(quote)
+            continue
+        written = "“" + r"\s+".join(map(re.escape, quote.split())) + "”"     # the doc may wrap a quote over lines
+        text = re.sub(written, lambda m: rewrap(m.group(0), hits[0]), text)
+    doc.write_text(text)
+    return stale
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -193,7 +250,7 @@ def main() -> int:
             with args.log.open("a") as handle:
                 handle.write(line + "\n")
 
-    where, failed = machine(), []
+    where, failed, stale = machine(), [], []
     TRANSCRIPTS.mkdir(exist_ok=True)
     say(f"{len(chosen)} lessons on {where}")
     for lesson in chosen:
@@ -209,7 +266,11 @@ def main() -> int:
         say(f"{lesson.name} done in {seconds:.0f} s -> {transcript_for(lesson).relative_to(ROOT)}")
     if failed:
         say(f"failed: {', '.join(failed)}")
-    return 1 if failed else 0
+    if INTERVIEW.is_file():
+        stale = refresh_quotes()
+        say(f"{INTERVIEW.relative_to(ROOT)}: quotes updated to the new numbers"
+            + (f"; found in no linked transcript, fix by hand: {stale}" if stale else ""))
+    return 1 if failed or stale else 0
 
 
 if __name__ == "__main__":
