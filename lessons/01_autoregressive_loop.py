@@ -89,6 +89,8 @@ def main():
     reason = decision.finish_reason + (f" ({decision.stop_reason!r})" if decision.stop_reason is not None else "")
     console.print(f"finished: {reason} after {n} tokens = {n} passes "
                   f"through the model (1 prefill + {n - 1} decode steps). Text: {detok.text!r}")
+    console.print("Diagram: figures/request_flow.png, the same stages as generate() runs them (tokenize, schedule, "
+                  "prefill, sample, stream and stop checks, decode, finalize), each with its file and measured time.")
     console.print(f"check ids: {out}")
     console.print("chosen-token probabilities: " + " ".join(f"{p:.4f}" for p in chosen_p))
     gaps = [started_at[i + 1] - chosen_at[i] for i in range(n - 1)]

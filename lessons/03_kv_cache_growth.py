@@ -116,6 +116,8 @@ def main():
                       "context, so the cache cannot be replaced by the text of the past tokens.")
     console.print(f"check recompute: max |cache built token by token - cache of one full pass| = {same:.1e}: decode "
                   "stored exactly the keys and values a full pass computes, so it never recomputes them")
+    console.print("Diagram: figures/kv_cache_growth.png, one layer's K in a real KVCache after prefill and after each "
+                  "decode step, per KV head (positions x head_dim), with the cache's shape and bytes.")
 
     console.rule("[bold]3. Projection: an 8B-class shape (32 layers, 8 KV heads, head_dim 128) in float16")
     big = dataclasses.replace(cfg, n_layers=32, n_kv_heads=8, head_dim=128, context_length=16384)

@@ -12,6 +12,7 @@ through minitransformer.serving.Engine on the real model, greedy with ignore_eos
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, load_model  # noqa: E402
+from minitransformer.bench.machine import H200  # noqa: E402
 from minitransformer.serving import Engine  # noqa: E402
 
 TEXT = ("A serving engine keeps many requests in flight at once. Each step it decides which requests run, gives each "
@@ -105,31 +107,41 @@ def draw(path, runs, requests, max_num_seqs):
     fig.savefig(path, dpi=80)
 
 
-MARGIN = 0.10          # wall-clock differences within 10% are "about the same": noise on a shared machine
+def repeated(first: dict, again, repeats: int) -> dict:
+    """The median of each metric over `repeats` runs (`first` and more from again()), with s["spread"][metric] =
+    max - min over the runs: how far one run's wall-clock numbers move when nothing but the machine changes."""
+    runs = [first] + [again() for _ in range(repeats - 1)]
+    s = {k: first[k] if all(r[k] == first[k] for r in runs) else float(np.median([r[k] for r in runs]))
+         for k in first}                                     # step counts are the same every run: kept as ints
+    s["spread"] = {k: max(r[k] for r in runs) - min(r[k] for r in runs) for k in first}
+    return s
 
 
-def differs(a: float, b: float) -> bool:
-    """True when b is more than MARGIN away from a (relative): a difference worth calling a finding."""
-    return abs(b - a) > MARGIN * abs(a)
+def differs(a: dict, b: dict, key: str) -> bool:
+    """True when the two medians differ by more than either one's run-to-run spread: a difference worth calling
+    a finding. Within the spread, the same measurement repeated could have come out the other way."""
+    return abs(b[key] - a[key]) > max(a["spread"][key], b["spread"][key])
 
 
-def change(a: float, b: float, unit: str, fmt: str = ".1f") -> str:
-    """'rose 10.0 -> 14.0 tok/s (1.40x)', with ', about the same' added when the change is within MARGIN."""
-    ratio = f"{b / a:.2f}x" if a else "n/a"
-    return (f"{'rose' if b > a else 'fell'} {a:{fmt}} -> {b:{fmt}} {unit} "
-            f"({ratio}{'' if differs(a, b) else ', about the same'})")
+def change(a: dict, b: dict, key: str, unit: str, scale: float = 1, fmt: str = ".1f") -> str:
+    """'rose 10.0 -> 14.0 tok/s (1.40x)', or '... (1.02x, within noise)' when within the measured spread."""
+    x, y = a[key] * scale, b[key] * scale
+    ratio = f"{y / x:.2f}x" if x else "n/a"
+    return (f"{'rose' if y > x else 'fell'} {x:{fmt}} -> {y:{fmt}} {unit} "
+            f"({ratio}{'' if differs(a, b, key) else ', within noise'})")
 
 
-def versus(a: float, b: float, unit: str, fmt: str = ".1f") -> str:
-    """'14.0 vs 10.0 tok/s (1.40x)', or '10.2 vs 10.0 tok/s (about the same)' when within MARGIN."""
-    return f"{a:{fmt}} vs {b:{fmt}} {unit} ({f'{a / b:.2f}x' if b and differs(b, a) else 'about the same'})"
+def versus(a: dict, b: dict, key: str, unit: str, fmt: str = ".1f") -> str:
+    """'14.0 vs 10.0 tok/s (1.40x)', or '10.2 vs 10.0 tok/s (within noise)' when within the measured spread."""
+    return (f"{a[key]:{fmt}} vs {b[key]:{fmt}} {unit} "
+            f"({f'{a[key] / b[key]:.2f}x' if b[key] and differs(b, a, key) else 'within noise'})")
 
 
 def trade_off(lo: dict, hi: dict) -> str:
-    """The verdict on a bigger batch (lo -> hi), drawn only from differences beyond MARGIN."""
-    slower_tokens = differs(lo["itl50"], hi["itl50"]) and hi["itl50"] > lo["itl50"]
-    sooner = [f"TTFT p{k[4:]}" for k in ("ttft50", "ttft99") if differs(lo[k], hi[k]) and hi[k] < lo[k]]
-    later = [f"TTFT p{k[4:]}" for k in ("ttft50", "ttft99") if differs(lo[k], hi[k]) and hi[k] > lo[k]]
+    """The verdict on a bigger batch (lo -> hi), drawn only from differences beyond the measured spread."""
+    slower_tokens = differs(lo, hi, "itl50") and hi["itl50"] > lo["itl50"]
+    sooner = [f"TTFT p{k[4:]}" for k in ("ttft50", "ttft99") if differs(lo, hi, k) and hi[k] < lo[k]]
+    later = [f"TTFT p{k[4:]}" for k in ("ttft50", "ttft99") if differs(lo, hi, k) and hi[k] > lo[k]]
     if slower_tokens and sooner and not later:
         return ("So the small batch made requests wait in the queue (TTFT) and the large one made every running "
                 "request's tokens slower (ITL): choose max_num_seqs from the latency target, not from throughput "
@@ -141,11 +153,49 @@ def trade_off(lo: dict, hi: dict) -> str:
                 "max_num_seqs from the latency target, not from throughput alone.")
     if sooner:
         return (f"Here the bigger batch brought the first token sooner ({', '.join(sooner)}) and kept ITL p50 within "
-                "the margin: on this workload, at these sizes, bigger helped; the usual cost (slower tokens for every "
-                "running request) did not show beyond the margin.")
-    return (f"This run shows no latency difference beyond {MARGIN:.0%} (the usual trade-off: small batch, longer "
-            "queue; large batch, slower tokens); on a shared machine timings are noisy, so run it again or with "
-            "more requests.")
+                "noise: on this workload, at these sizes, bigger helped; the usual cost (slower tokens for every "
+                "running request) did not show beyond the run-to-run spread.")
+    return ("This run shows no latency difference beyond the run-to-run spread (the usual trade-off: small batch, "
+            "longer queue; large batch, slower tokens); on a shared machine timings are noisy, so run it again with "
+            "more --repeats or more requests.")
+
+
+def decode_step_costs(engines) -> dict[int, list[float]]:
+    """Durations of the decode-only steps (no prompt tokens in them) of these engines, by sequences in the step."""
+    costs: dict[int, list[float]] = {}
+    for engine in engines:
+        for r in engine.step_log:
+            if r.num_prefill_tokens == 0 and r.num_decode_tokens:
+                costs.setdefault(r.num_decode_tokens, []).append(r.duration_s)
+    return dict(sorted(costs.items()))
+
+
+def batch_cost(model, engines) -> None:
+    """What one decode step costs per batch size here, against what reading the weights once would predict."""
+    costs = decode_step_costs(engines)
+    base = statistics.median(costs[1]) if 1 in costs else None
+    table = Table("sequences in the step", "decode-only steps", "median ms", "x a 1-sequence step", "tokens/s",
+                  "H200: x a 1-sequence step")
+    one = H200.seconds(H200.cost(model.config, 1, 64))
+    for b, times in costs.items():
+        t = statistics.median(times)
+        table.add_row(str(b), str(len(times)), f"{t * 1e3:.1f}", f"{t / base:.2f}" if base else "-", f"{b / t:.0f}",
+                      f"{H200.seconds(H200.cost(model.config, 1, 64, batch=b)) / one:.2f}")
+    console.print(table, "decode-only steps of the static and continuous runs above, by how many sequences they "
+                         "decoded (engine.step_log's durations; steps with a prompt in them left out). H200: roofline "
+                         f"time at bf16 from the datasheet ({H200.bandwidth / 1e12:.1f} TB/s, {H200.flops / 1e12:.0f} "
+                         "TFLOP/s) at context 64")
+    b = 4 if 4 in costs else max(costs)
+    if base and b > 1:
+        ratio = statistics.median(costs[b]) / base
+        gpu = H200.seconds(H200.cost(model.config, 1, 64, batch=b)) / one
+        console.print(
+            f"A decode step of {b} sequences took {ratio:.2f}x a step of one here, where reading the weights once "
+            f"for all of them would make it about 1x: so {b} slots gave {b / ratio:.1f}x the tokens/s of one, not "
+            f"{b}x. On this CPU NumPy's BLAS multiplies a few rows with its matrix-matrix routine, which costs several "
+            f"times its one-row matrix-vector routine (lesson 02, part 4, times one matmul both ways). On an "
+            f"{H200.name} the step would stay bound by reading the weights: {gpu:.2f}x a step of one, so about "
+            f"{b / gpu:.1f}x the tokens/s: there batching pays almost in full.", highlight=False)
 
 
 def main():
@@ -156,6 +206,8 @@ def main():
     ap.add_argument("--max-prompt", type=int, default=96, help="longest prompt in tokens (at least 8)")
     ap.add_argument("--max-output", type=int, default=40, help="longest max_tokens of a request (at least 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random workload")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each configuration (at least 2): a difference is "
+                                                          "called a finding only beyond their spread")
     ap.add_argument("--figure", type=Path, help="write the timeline figure here (PNG)")
     args = ap.parse_args()
     if args.requests < 1:
@@ -164,6 +216,8 @@ def main():
         raise InputError(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
     if args.max_prompt < 8:
         raise InputError(f"--max-prompt must be at least 8, got {args.max_prompt}")
+    if args.repeats < 2:
+        raise InputError(f"--repeats must be at least 2 (one run has no spread), got {args.repeats}")
     if args.max_output < 2:
         raise InputError(f"--max-output must be at least 2, got {args.max_output}")
     try:
@@ -193,6 +247,17 @@ def main():
     same = sum(runs["static"][0][rid].token_ids == runs["continuous"][0][rid].token_ids for rid, _, _ in requests)
     console.print(f"check tokens: static == continuous for {same}/{len(requests)} requests; r00 = "
                   f"{runs['continuous'][0]['r00'].token_ids}")
+    engines = [run[2] for run in runs.values()]                 # every run at max_num_seqs, for batch_cost
+
+    def again(policy, m):
+        results, _, engine, wall = serve(model, requests, policy, m)
+        if m == args.max_num_seqs:
+            engines.append(engine)
+        return summarize(results, engine, wall, m)
+    medians = {p: repeated(run[-1], lambda p=p: again(p, args.max_num_seqs), args.repeats) for p, run in runs.items()}
+
+    console.rule("[bold]What one decode step costs, by the number of sequences in it")
+    batch_cost(model, engines)
 
     console.rule("[bold]Does a bigger batch help? Continuous batching at several max_num_seqs")
     table = Table("max_num_seqs", "steps", "slot util", "tok/step", "tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 ms",
@@ -200,29 +265,34 @@ def main():
     sweep = {}
     for m in sizes:
         if m == args.max_num_seqs:                                        # already measured above
-            s = sweep[m] = runs["continuous"][-1]
+            s = sweep[m] = medians["continuous"]
         else:
-            results, _, engine, wall = serve(model, requests, "continuous", m)
-            s = sweep[m] = summarize(results, engine, wall, m)
+            s = sweep[m] = repeated(again("continuous", m), lambda m=m: again("continuous", m), args.repeats)
         table.add_row(str(m), str(s["steps"]), f"{s['util']:.3f}", f"{s['tok_step']:.2f}", f"{s['tok_s']:.1f}",
                       f"{s['ttft50']:.3f}", f"{s['ttft99']:.3f}", f"{s['itl50'] * 1e3:.1f}", f"{s['itl99'] * 1e3:.1f}")
-    console.print(table, "tok/step does not depend on the machine's speed; tok/s, TTFT and ITL are wall-clock "
-                         "measurements (noisy on a shared machine)")
+    console.print(table, f"medians of {args.repeats} runs each. tok/step does not depend on the machine's speed; "
+                         "tok/s, TTFT and ITL are wall-clock measurements, noisy on a shared machine, so each run was "
+                         "repeated; their spread (max - min over the runs):")
+    for name, s in [(f"continuous, max_num_seqs {m}", s) for m, s in sweep.items()] + [("static", medians["static"])]:
+        d = s["spread"]
+        console.print(f"spread {name}: tok/s {d['tok_s']:.1f}, TTFT p50 {d['ttft50']:.3f} s, TTFT p99 "
+                      f"{d['ttft99']:.3f} s, ITL p50 {d['itl50'] * 1e3:.1f} ms, ITL p99 {d['itl99'] * 1e3:.1f} ms",
+                      highlight=False)
     if args.figure:
         draw(args.figure, runs, requests, args.max_num_seqs)
         console.print(f"figure written: {args.figure}")
 
-    st, co = runs["static"][-1], runs["continuous"][-1]
+    st, co = medians["static"], medians["continuous"]
     lo, hi = sweep[min(sweep)], sweep[max(sweep)]
-    tail_worse = differs(lo["itl99"], hi["itl99"]) and hi["itl99"] > lo["itl99"]
+    tail_worse = differs(lo, hi, "itl99") and hi["itl99"] > lo["itl99"]
     bigger = "" if lo is hi else (
-        f"From max_num_seqs {min(sweep)} to {max(sweep)}: throughput {change(lo['tok_s'], hi['tok_s'], 'tok/s')}, "
-        f"the p50 gap between a request's tokens (ITL) {change(lo['itl50'] * 1e3, hi['itl50'] * 1e3, 'ms')}, "
-        f"TTFT p50 {change(lo['ttft50'], hi['ttft50'], 's', '.3f')} and TTFT p99 "
-        f"{change(lo['ttft99'], hi['ttft99'], 's', '.3f')} (a change within {MARGIN:.0%} is called about the same: "
-        f"one run on a shared machine varies that much). " + trade_off(lo, hi)
+        f"From max_num_seqs {min(sweep)} to {max(sweep)}: throughput {change(lo, hi, 'tok_s', 'tok/s')}, "
+        f"the p50 gap between a request's tokens (ITL) {change(lo, hi, 'itl50', 'ms', 1e3)}, "
+        f"TTFT p50 {change(lo, hi, 'ttft50', 's', fmt='.3f')} and TTFT p99 "
+        f"{change(lo, hi, 'ttft99', 's', fmt='.3f')} (medians of {args.repeats} runs; a change within their "
+        f"run-to-run spread is called within noise). " + trade_off(lo, hi)
         + (" The tail paid too: p99 ITL " if tail_worse else " p99 ITL ")
-        + change(lo["itl99"] * 1e3, hi["itl99"] * 1e3, "ms")
+        + change(lo, hi, "itl99", "ms", 1e3)
         + (", because a running request's next token waits whenever a newcomer's whole prompt is prefilled in the "
            "same step, and a bigger batch admits more newcomers at once." if tail_worse else "."))
     console.rule("[bold]Interview question: why does continuous batching beat static batching, and is bigger better?")
@@ -231,8 +301,8 @@ def main():
         f"{st['util']:.0%} slot utilization. Continuous batching refills a slot the step after it frees: "
         f"{co['steps']} steps at {co['util']:.0%} for the same tokens ({same}/{len(requests)} identical), "
         f"{co['tok_step']:.2f} vs {st['tok_step']:.2f} tokens per step; measured (continuous vs static) "
-        f"{versus(co['tok_s'], st['tok_s'], 'tok/s')}, TTFT p50 {versus(co['ttft50'], st['ttft50'], 's', '.2f')} and "
-        f"TTFT p99 {versus(co['ttft99'], st['ttft99'], 's', '.2f')}. " + bigger)
+        f"{versus(co, st, 'tok_s', 'tok/s')}, TTFT p50 {versus(co, st, 'ttft50', 's', '.2f')} and "
+        f"TTFT p99 {versus(co, st, 'ttft99', 's', '.2f')}. " + bigger)
 
 
 if __name__ == "__main__":

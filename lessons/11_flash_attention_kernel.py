@@ -26,6 +26,7 @@ from minitransformer.kernels import flash_prefill, paged_decode  # noqa: E402
 from minitransformer.kernels.attention import (PREFILL_FILE, plan_flash_prefill, plan_paged_decode,  # noqa: E402
                                               prefill_shared_bytes)
 from minitransformer.kernels.loader import source_constant  # noqa: E402
+from minitransformer.kernels.prefill_wmma import WMMA_FILE, wmma_shared_bytes  # noqa: E402
 from minitransformer.layers import attention  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 
@@ -81,6 +82,21 @@ def traffic(T, H, K, d, block_q, itemsize=4):
     naive = q_and_out + 2 * K * T * d + 4 * H * T * T
     keys = sum(min(T, -(-min(T, (i + 1) * block_q) // BK) * BK) for i in range(-(-T // block_q)))
     return naive * itemsize, (q_and_out + 2 * H * keys * d + H * T) * itemsize
+
+
+def tensor_core_errors(calls):
+    """Per layer, with q, k, v rounded to float16: (input rounding = |array(f16 inputs) - array(f32)|, |wmma - array
+    (f16 inputs)|, its bound, |wmma - array(f32)|). The bound: P rounded to float16 moves a row by at most
+    max|v| (2^-11 + T 2^-25), the float16 output adds 2^-11 |out| (tests/test_flash_prefill_wmma.py derives it)."""
+    rows = []
+    for q, k, v, q_pos, k_pos, ref in calls:
+        q16, k16, v16 = (a.astype(np.float16) for a in (q, k, v))
+        ref16 = attention(*(a.astype(np.float32) for a in (q16, k16, v16)), q_pos, k_pos)   # (1, H, T, d)
+        out16 = flash_prefill(q16, k16, v16, variant="wmma").astype(np.float32)
+        bound = float(np.abs(v16).max()) * (2.0**-11 + k.shape[2] * 2.0**-25) + 2.0**-11 * float(np.abs(ref16).max())
+        rows.append((float(np.abs(ref16 - ref).max()), float(np.abs(out16 - ref16).max()), bound,
+                     float(np.abs(out16 - ref).max())))
+    return np.array(rows)                                                  # (layers, 4)
 
 
 def gib(n):
@@ -171,6 +187,13 @@ def main():
     ref_d = ref[0, :, [T - 1, n_b - 1]]                                    # (2, H, d): the prefill rows, same queries
     console.print(f"check decode: max |paged kernel - array| = {np.abs(out_d - ref_d).max():.2e} (both sequences, "
                   f"all {H} heads)")
+    simple_d, _ = plan_paged_decode(q_dec, pool[0], pool[1], tables, seq_lens, partition_size=P,
+                                    variant="simple").run()
+    console.print(f"check decode baseline: max |paged_decode_simple.cu - paged_decode.cu| = "
+                  f"{np.abs(simple_d - out_d).max():.2e}. Same partials, same merge; the default kernel reads 16 bytes "
+                  f"per load, {source_constant('paged_decode.cu', 'DECODE_LOADS')} loads per lane before the first "
+                  f"reduction, a block at a time. `python -m minitransformer.kernels.sass_report` shows both in SASS "
+                  f"and estimates the bandwidth each reaches on an H200.")
 
     console.rule("[bold]5. Memory traffic of causal prefill, one layer, float32 (the formulas in traffic())")
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -180,7 +203,38 @@ def main():
         table.add_row(str(n), gib(4 * H * n * n), gib(naive), gib(tiled), gib(traffic(n, H, K, d, 128)[1]))
     console.print(table)
 
-    console.rule("[bold]6. On a GPU")
+    console.rule("[bold]6. Tensor cores: flash_prefill_wmma.cu, float16 inputs, float32 accumulators")
+    WQ, WK = source_constant(WMMA_FILE, "WMMA_BLOCK_Q"), source_constant(WMMA_FILE, "WMMA_BLOCK_K")
+    table = Table("wmma fragment (16x16)", "type", "holds", "per lane on a GPU (CUDA's mma.h)")
+    table.add_row("matrix_a, row_major", "float16", "Q: 16 rows x 16 dims, or P: 16 rows x 16 keys", "16")
+    table.add_row("matrix_b, col_major", "float16", "K^T: 16 dims x 16 keys (K stored (keys, d))", "16")
+    table.add_row("matrix_b, row_major", "float16", "V: 16 keys x 16 dims", "16")
+    table.add_row("accumulator", "float32", "S: 16 rows x 16 keys, or O: 16 rows x 16 dims", "8")
+    console.print(table)
+    fmas = 2 * 16 * WK * d                                                 # S and P V for 16 rows, one key tile
+    console.print(f"One wmma::mma_sync: a warp computes c += a b on 16x16 tiles, 16 x 16 x 16 = 4096 multiply-adds. "
+                  f"Per key tile of {WK} keys a warp's 16 rows need {fmas} multiply-adds (S = Q K^T and P V at d = "
+                  f"{d}): the CUDA-core kernel issues them as {fmas} scalar FMAs, the tensor-core kernel as "
+                  f"{fmas // 4096} mma_sync. Blocks of {WQ} rows (4 warps x 16), {wmma_shared_bytes(d)} B of shared "
+                  f"memory (float16 tiles, per-warp S and P). Products of float16 numbers are exact in float32 and "
+                  f"summed in float32; the probabilities P are rounded to float16 before P V.")
+    errors = tensor_core_errors(calls[:args.layers])
+    table = Table("layer", "f16 inputs: array vs f32 array", "wmma vs array on f16 inputs", "bound (column 3)",
+                  "wmma vs f32 array")
+    for i in sorted({0, len(errors) // 2, len(errors) - 1}):
+        table.add_row(str(i), *(f"{x:.2e}" for x in errors[i]))
+    console.print("Max |difference| per layer, the model's own q, k, v rounded to float16:", table)
+    q16, k16, v16 = (a.astype(np.float16) for a in (q, k, v))
+    cuda_core16 = float(np.abs(flash_prefill(q16, k16, v16).astype(np.float32) - ref).max())
+    console.print(f"check wmma: max |wmma - float32 array| = {errors[:, 3].max():.2e} over {len(errors)} layers, "
+                  f"max |wmma - array on float16 inputs| / bound = {(errors[:, 1] / errors[:, 2]).max():.2f}")
+    console.print(f"check wmma layer 0: CUDA-core kernel in float16 {cuda_core16:.2e}, tensor-core kernel "
+                  f"{errors[0, 3]:.2e} (max |kernel - float32 array|)")
+    console.print("Column 2 is what rounding the inputs to float16 costs any float16 kernel; column 3 is the "
+                  "tensor-core kernel's own share (P and the output rounded to float16), under its bound; column 5 "
+                  "is what a user of the float16 kernel sees against the float32 model.")
+
+    console.rule("[bold]7. On a GPU")
     try:
         import cupy as cp
         if cp.cuda.runtime.getDeviceCount() < 1:
@@ -204,6 +258,10 @@ def main():
         console.print(f"check gpu: prefill max diff {float(np.abs(plan_g.out.get() - ref).max()):.2e}, decode "
                       f"{float(np.abs(out_g.get() - ref_d).max()):.2e}; flash_prefill {t_kernel:.1f} us vs "
                       f"layers.attention on CuPy {t_array:.1f} us per layer")
+        q16g, k16g, v16g = (cp.asarray(a.astype(np.float16)) for a in (q, k, v))
+        t_f16, t_wmma = (gpu_us(plan_flash_prefill(q16g, k16g, v16g, variant=name).run)
+                         for name in ("cuda_cores", "wmma"))
+        console.print(f"float16: CUDA-core kernel {t_f16:.1f} us, tensor-core kernel {t_wmma:.1f} us per layer")
 
     console.rule("[bold]Interview question: how does FlashAttention compute exact attention without the T x S matrix?")
     naive, tiled = traffic(sizes[-1], H, K, d, BQ)

@@ -1,17 +1,18 @@
 """The figures of figures/: each measured afresh on this machine by the engine itself, then drawn with matplotlib.
 
-    minitransformer figures [--out figures] [--quick]     (cli/tools.py calls make_figures)
+    minitransformer figures [--out figures] [--quick] [--only NAME,...]     (cli/tools.py calls make_figures)
 
     ttft_vs_prompt_length.png        generate(max_tokens=1)'s TTFT over prompt lengths: prefill grows with the prompt
     itl_vs_context_length.png        decode_step time over context lengths, next to the bytes-read floor
     step_time_cache_vs_no_cache.png  the time of every step of one request, with and without the KV cache
     kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
     roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
-    paged_attention.png, draft_and_verify.png   concept diagrams drawn from a real run (viz_concepts.py)
+    request_flow.png ... draft_and_verify.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
+                                     viz_flow.py, viz_shapes.py, viz_concepts.py
 
-Measurements come first (measure_*), then the drawings (plot_*), so a reader can rerun one without the other. Every
-figure names the machine it was measured on. --quick runs tiny sweeps (the test uses it); the numbers are then
-too few to read much from, but every figure is still drawn from real measurements.
+Measurements come first (measure_*), then the drawings (plot_*), so a reader can rerun one without the other;
+--only draws the figures named and measures only what they need. Every figure names the machine it was measured on.
+--quick runs tiny sweeps (the test uses it): too few numbers to read much from, but all of them real measurements.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from .bench.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops
 from .decode import decode_step
+from .errors import InputError
 from .generate import generate
 from .kv_cache import KVCache, estimate_kv_bytes
 from .loading import load_model
@@ -33,12 +35,15 @@ from .metrics import now
 from .prefill import prefill
 from .sampling_params import SamplingParams
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
+from .viz_flow import draw_request_flow
+from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png")
-CONCEPT_FIGURES = ("paged_attention.png", "draft_and_verify.png")      # drawn from a run, not a sweep: no --quick
+CONCEPT_FIGURES = ("request_flow.png", "kv_cache_growth.png", "prefill_vs_decode_shapes.png", "paged_attention.png",
+                   "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
 DPI = 100
 
 
@@ -248,21 +253,44 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
 
 # ---------------------------------------------------------------------------------------------------- all of it
 
-def make_figures(out: str | Path = "figures", quick: bool = False, model_path=None, console=None) -> list[Path]:
-    """Measure everything, draw the five figures and the two concept diagrams into `out`, return their paths.
+# what each measured figure needs measured first; the concept diagrams run their own scenario
+NEEDS = {"ttft_vs_prompt_length.png": ("ttft",), "itl_vs_context_length.png": ("itl", "peaks"),
+         "step_time_cache_vs_no_cache.png": ("steps",), "kv_cache_bytes.png": ("kv",),
+         "roofline.png": ("ttft", "itl", "peaks")}
+
+
+def select_figures(only: str | None) -> list[str]:
+    """`--only a.png,b` -> the figure names in drawing order (".png" optional); every name when only is None."""
+    everything = list(FIGURES + CONCEPT_FIGURES)
+    if only is None:
+        return everything
+    wanted = [name if name.endswith(".png") else name + ".png" for name in only.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in everything]
+    if unknown or not wanted:
+        raise InputError(f"--only takes figure names from: {', '.join(everything)}; got {only!r}")
+    return [name for name in everything if name in wanted]
+
+
+def make_figures(out: str | Path = "figures", quick: bool = False, model_path=None, console=None,
+                 only: str | None = None) -> list[Path]:
+    """Measure what the chosen figures need, draw them into `out` (all of them unless `only`), return their paths.
     Progress goes to `console`."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 
-    sweep = QUICK if quick else FULL
+    names, sweep = select_figures(only), QUICK if quick else FULL
+    needs = {need for name in names for need in NEEDS.get(name, ())}
+    measures = {"ttft": ("TTFT over prompt lengths", measure_ttft, len(sweep.prompt_lengths)),
+                "itl": ("ITL over context lengths", measure_itl, len(sweep.context_lengths)),
+                "steps": ("cache vs no cache", measure_cache_vs_no_cache, 2),
+                "kv": ("KV cache bytes", measure_kv_bytes, len(sweep.kv_batches)),
+                "peaks": ("bandwidth and GEMM peaks", measure_peaks, 2)}      # (progress label, function, ticks)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = (1 + len(sweep.prompt_lengths) + len(sweep.context_lengths) + 2 + len(sweep.kv_batches) + 2
-             + len(FIGURES) + len(CONCEPT_FIGURES))
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console or Console(stderr=True)) as progress:
-        task = progress.add_task("loading the model", total=steps)
+        task = progress.add_task("loading the model", total=1 + sum(measures[n][2] for n in needs) + len(names))
 
         def stage(name: str):
             progress.update(task, description=name)
@@ -271,20 +299,22 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         model = load_model(model_path)
         progress.advance(task)
         generate(model, _ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
-        ttft = measure_ttft(model, sweep, stage("TTFT over prompt lengths"))
-        itl = measure_itl(model, sweep, stage("ITL over context lengths"))
-        steps_data = measure_cache_vs_no_cache(model, sweep, stage("cache vs no cache"))
-        kv = measure_kv_bytes(model, sweep, stage("KV cache bytes"))
-        peaks = measure_peaks(model, sweep, stage("bandwidth and GEMM peaks"))
-
-        tick, where = stage("drawing"), f"{model.path.stem} | measured on {machine_label()}"
-        paths = [out / f for f in FIGURES]
-        plot_ttft(ttft, where, paths[0]); tick()                                                # noqa: E702
-        plot_itl(itl, model, peaks["bandwidth"], where, paths[1]); tick()                      # noqa: E702
-        plot_cache_vs_no_cache(steps_data, where, paths[2]); tick()                            # noqa: E702
-        plot_kv_bytes(kv, model.config, where, paths[3]); tick()                               # noqa: E702
-        plot_roofline(ttft, itl, peaks, model.config, model.weight_bytes, where, paths[4]); tick()   # noqa: E702
-        paths += [out / f for f in CONCEPT_FIGURES]
-        draw_paged_attention(model, paths[5]); tick()                                          # noqa: E702
-        draw_draft_and_verify(model, paths[6]); tick()                                         # noqa: E702
-    return paths
+        m = {key: run(model, sweep, stage(label)) for key, (label, run, _) in measures.items() if key in needs}
+        tick, machine = stage("drawing"), machine_label()
+        where, c = f"{model.path.stem} | measured on {machine}", model.config
+        draw = {"ttft_vs_prompt_length.png": lambda p: plot_ttft(m["ttft"], where, p),
+                "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"]["bandwidth"], where, p),
+                "step_time_cache_vs_no_cache.png": lambda p: plot_cache_vs_no_cache(m["steps"], where, p),
+                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, where, p),
+                "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
+                                                        where, p),
+                "request_flow.png": lambda p: draw_request_flow(model, p, f"measured on {machine}",
+                                                                repeats=1 if quick else 3),
+                "kv_cache_growth.png": lambda p: draw_kv_cache_growth(model, p),
+                "prefill_vs_decode_shapes.png": lambda p: draw_prefill_vs_decode_shapes(model, p),
+                "paged_attention.png": lambda p: draw_paged_attention(model, p),
+                "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p)}
+        for name in names:
+            draw[name](out / name)
+            tick()
+    return [out / name for name in names]

@@ -1,10 +1,15 @@
 """One command for a machine with an NVIDIA GPU: the GPU tests, then the engine's numbers, as a table and JSON.
 
-    python scripts/gpu_check.py [--json gpu_check.json] [--model PATH] [--quick]
+    python scripts/gpu_check.py [--model PATH] [--json gpu_check.json] [--quick] [--device gpu|cpu]
 
-No network: the model file comes from --model or $MINITRANSFORMER_MODEL. It reports
-1. the GPU tests (tests/test_gpu_backend.py, tests/test_kernels.py) run under pytest;
-2. greedy tokens GPU == CPU for 3 prompts, and the largest logits difference;
+Needs only what the gpu extra installs (README, "On an NVIDIA GPU") and no network. The model file comes from
+--model, $MINITRANSFORMER_MODEL or the cache; when there is none it says so in one line and exits 2 (it never
+downloads). First it checks that the GPU is usable (gpu_probe.py: CuPy imports, a device is there, a kernel with
+<cuda_fp16.h> compiles and runs): if not, it prints why and what to install, and exits 2. Then it reports
+1. the GPU tests (tests/test_gpu_backend.py, test_kernels.py, test_graph_runner.py) run under pytest, which the dev
+   extra brings, with g++ and nm for their CPU-runner half; without them this part says what to add and is not run;
+2. greedy tokens GPU == CPU for 3 prompts, and the largest logits difference, in checked mode (a bad block id is
+   named instead of ending the CUDA context; kernels/checked.py);
 3. serving decode tok/s at batch 1, 8 and 64 through the Engine (paged cache, paged_decode kernel), with decode
    steps replayed from CUDA graphs and launched plainly, and their tokens compared (serving/graph_runner.py);
    decode tok/s of generate()'s path (contiguous KVCache) at batch 1; prefill tok/s at 512 and 4096 tokens;
@@ -12,16 +17,26 @@ No network: the model file comes from --model or $MINITRANSFORMER_MODEL. It repo
 5. the kernels' correctness and bandwidth (scripts/gpu_check_kernels.py --quick, folded in);
 6. HF transformers on the same GPU and GGUF (greedy decode tok/s at batch 1) when torch with CUDA is there, and
    the target ratio: our decode at batch 1 with graphs / HF's (issue 8 asks >= 5x).
-Without a GPU every GPU part is skipped with its reason, the JSON says so, and the exit code is 0.
+Parts 3-6 run unchecked (checked mode costs a host copy per launch and cannot be captured in a CUDA graph).
 `--device cpu` runs parts 2-4 on the CPU instead (a dry run of this script's own code: the tests use it on a tiny
-model; parts 1, 5 and 6 are GPU-only). Exit code 1 when a check fails (tests, token mismatch, kernel correctness)
-or a part raises: that part is recorded with its traceback and the others still run; the JSON is rewritten after
-every part, so a run stopped by a time limit keeps what it measured.
+model; parts 1, 5 and 6 are GPU-only). Exit code 0 when every check passed, 1 when one failed (tests, token mismatch,
+kernel correctness) or a part raised: that part is recorded with its traceback and the others still run; the JSON is
+rewritten after every part, so a run stopped by a time limit keeps what it measured. Exit code 2: no usable GPU
+(with --device gpu) or no model file.
+
+On a GPU machine with no network that is sent at most 64 MiB of files per call (the 98 MB default model does not
+fit), cut the model on a machine that has it and send the cut file along:
+
+    python scripts/make_small_gguf.py --layers 8 -o smollm2-8-layers.gguf      # real weights, 47 MiB
+    python scripts/gpu_check.py --model smollm2-8-layers.gguf --quick
+
+Its tokens are not the full model's; GPU == CPU compares two runs of the same file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -33,103 +48,28 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))                          # run from a checkout without installing
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]     # run from a checkout without installing; gpu_probe beside us
 
-from minitransformer.backend import synchronize, to_host  # noqa: E402
-from minitransformer.decode import decode_step  # noqa: E402
-from minitransformer.kv_cache import KVCache  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
+from gpu_measure import decode_speed, engine_decode, greedy, hf_decode_speed, prefill_speed  # noqa: E402
+from gpu_probe import gpu_status, model_path, tests_missing  # noqa: E402
+from minitransformer.errors import ModelFileError  # noqa: E402
+from minitransformer.kernels.checked import CHECKED_ENV  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
 
 
-def gpu_reason() -> str | None:
-    """None when CuPy sees a GPU, else why not."""
+@contextlib.contextmanager
+def checked(on: bool):
+    """Checked mode (kernels/checked.py) on or off for one part; the caller's setting comes back after it."""
+    previous = os.environ.get(CHECKED_ENV)
+    os.environ[CHECKED_ENV] = "1" if on else "0"
     try:
-        import cupy
-        return None if cupy.cuda.runtime.getDeviceCount() > 0 else "CuPy sees no NVIDIA GPU"
-    except Exception as exc:  # ImportError, or a CUDA driver error
-        return f"no usable CuPy/GPU ({type(exc).__name__}: {exc})"
-
-
-def greedy(model, ids: list[int], steps: int):
-    """Greedy tokens and the stacked host logits of prefill + `steps` decode steps, batch 1."""
-    cache = KVCache(model.config, max_len=len(ids) + steps, xp=model.xp)
-    logits = prefill(model, ids, cache)                                  # (1, V)
-    tokens, all_logits = [], [to_host(logits)]
-    for _ in range(steps):
-        token = logits.argmax(-1)                                        # (1,) on the device
-        tokens.append(int(to_host(token)[0]))
-        logits = decode_step(model, token, cache)
-        all_logits.append(to_host(logits))
-    return tokens, np.concatenate(all_logits)
-
-
-def decode_speed(model, batch: int, prompt_len: int = 32, steps: int = 32) -> float:
-    """generate()'s decode path (contiguous KVCache) in tokens per second after a `prompt_len` prefill, token choice
-    on the device."""
-    xp = model.xp
-    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch, prompt_len))
-    cache = KVCache(model.config, max_len=prompt_len + steps + 1, batch=batch, xp=xp)
-    token = prefill(model, ids, cache).argmax(-1)                        # (B,)
-    token = decode_step(model, token, cache).argmax(-1)                  # warm-up step
-    synchronize(xp)
-    start = time.perf_counter()
-    for _ in range(steps - 1):
-        token = decode_step(model, token, cache).argmax(-1)
-    synchronize(xp)
-    return batch * (steps - 1) / (time.perf_counter() - start)
-
-
-def engine_decode(model, batch: int, cuda_graphs: bool, prompt_len: int = 32, steps: int = 64) -> dict:
-    """Serving decode: `batch` greedy requests through the Engine; tok/s over its decode-only steps (their wall time,
-    sampling and streaming included), and every request's tokens."""
-    from minitransformer import SamplingParams
-    from minitransformer.serving import Engine
-    rng = np.random.default_rng(batch)
-    engine = Engine(model, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * prompt_len),
-                    max_model_len=prompt_len + steps + 16, cuda_graphs=cuda_graphs)
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(rng.integers(3, model.config.vocab_size, prompt_len).tolist(), params)
-           for _ in range(batch)]
-    results = engine.run()
-    timed = [r for r in engine.step_log[2:] if r.num_prefill_tokens == 0]   # the first two: prefill, graph capture
-    tokens = sum(r.num_decode_tokens for r in timed)
-    return {"tok_s": tokens / sum(r.duration_s for r in timed), "tokens": [results[i].token_ids for i in ids],
-            "replays": sum(engine.graphs.replays.values()) if engine.graphs else 0,
-            "graphs_disabled": engine.graphs.disabled if engine.graphs else None}
-
-
-def prefill_speed(model, tokens: int) -> float:
-    xp = model.xp
-    ids = np.random.default_rng(1).integers(0, model.config.vocab_size, tokens).tolist()
-    prefill(model, ids[:64], KVCache(model.config, max_len=64, xp=xp))   # warm-up
-    synchronize(xp)
-    start = time.perf_counter()
-    prefill(model, ids, KVCache(model.config, max_len=tokens, xp=xp))
-    synchronize(xp)
-    return tokens / (time.perf_counter() - start)
-
-
-def hf_decode_speed(model_path: Path, steps: int = 64) -> dict:
-    """HF transformers greedy decode tok/s at batch 1 on the GPU, from the same GGUF (dequantized by transformers)."""
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError as exc:
-        return {"skipped": f"transformers/torch not importable ({exc})"}
-    if not torch.cuda.is_available():
-        return {"skipped": "torch has no CUDA device"}
-    hf = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name,
-                                              torch_dtype=torch.float32).cuda().eval()
-    ids = torch.randint(0, hf.config.vocab_size, (1, 32), device="cuda")
-    with torch.no_grad():
-        hf.generate(ids, max_new_tokens=4, do_sample=False)              # warm-up
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
-        torch.cuda.synchronize()
-    return {"tok_per_s": (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)}
+        yield
+    finally:
+        if previous is None:
+            del os.environ[CHECKED_ENV]
+        else:
+            os.environ[CHECKED_ENV] = previous
 
 
 def run_gpu_parts(args, report: dict, save) -> bool:
@@ -149,9 +89,12 @@ def run_gpu_parts(args, report: dict, save) -> bool:
         return loaded[dtype]
 
     def gpu_tests():
+        missing = tests_missing()
+        if missing:                                 # what to add, not a failed check: the other parts still run
+            return {"not_run": missing}, True
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_gpu_backend.py",
                               "tests/test_kernels.py", "tests/test_graph_runner.py"],
-                             cwd=ROOT, capture_output=True, text=True)
+                             cwd=ROOT, capture_output=True, text=True, env={**os.environ, CHECKED_ENV: "1"})
         return {"returncode": run.returncode, "summary": run.stdout.strip().splitlines()[-1:]}, run.returncode == 0
 
     def cpu_vs_gpu():
@@ -205,14 +148,15 @@ def run_gpu_parts(args, report: dict, save) -> bool:
             continue
         start = time.perf_counter()
         try:
-            result, passed = part()
+            with checked(name == "cpu_vs_gpu"):                       # see the module docstring
+                result, passed = part()
         except Exception as exc:  # recorded, not fatal: the other parts' numbers still matter
             result = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
             passed = False
         report[name], ok = result, ok and passed
         report.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 1)
-        print(f"[{name}] {'ok' if passed else 'FAILED'} in {report['seconds'][name]:.0f} s", file=sys.stderr,
-              flush=True)
+        verdict = "NOT RUN" if "not_run" in result else "ok" if passed else "FAILED"
+        print(f"[{name}] {verdict} in {report['seconds'][name]:.0f} s", file=sys.stderr, flush=True)
         save(report)
     hf = report.get("hf_transformers", {}).get("tok_per_s")
     ours = report.get("engine_decode", {}).get("1", {}).get("graphs_tok_s")
@@ -222,16 +166,18 @@ def run_gpu_parts(args, report: dict, save) -> bool:
 
 
 def print_table(report: dict) -> None:
-    if "skipped" in report:
-        print(f"GPU parts skipped: {report['skipped']}")
-        for part in report["parts"]:
-            print(f"  skipped: {part}")
-        return
+    gpu = report.get("gpu_status")
+    if gpu:
+        print(f"GPU: {gpu['device']} (compute capability {gpu['compute_capability']}), CuPy {gpu['cupy_version']} "
+              f"({', '.join(gpu['cupy_distributions'])}), CUDA runtime {gpu['runtime_cuda']}, driver "
+              f"{gpu['driver_cuda']}, NVRTC {gpu['nvrtc']}")
+    print(f"model: {report['model']}")
     failed = [name for name, value in report.items() if isinstance(value, dict) and "failed" in value]
     for name in failed:
         print(f"{name}: FAILED {report[name]['failed']}")
     if "tests" in report and "tests" not in failed:
-        print(f"tests: {report['tests']}")
+        tests = report["tests"]
+        print(f"tests: NOT RUN: {tests['not_run']}" if "not_run" in tests else f"tests: {tests}")
     if "cpu_vs_gpu" in report and "cpu_vs_gpu" not in failed:
         print(f"{'prompt':<36}{'tokens GPU == CPU':>18}{'max |logits diff|':>20}")
         for r in report["cpu_vs_gpu"]:
@@ -262,7 +208,8 @@ def print_table(report: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default="gpu_check.json", help="where to write the numbers")
-    parser.add_argument("--model", default=os.environ.get("MINITRANSFORMER_MODEL"), help="the GGUF file")
+    parser.add_argument("--model", default=None,
+                        help="the GGUF file (default: $MINITRANSFORMER_MODEL, else the default model if on disk)")
     parser.add_argument("--tokens", type=int, default=16, help="greedy tokens per prompt for GPU == CPU")
     parser.add_argument("--quick", action="store_true", help="skip the 4096-token prefill")
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
@@ -275,15 +222,23 @@ def main(argv=None) -> int:
                     else [512] if args.quick else [512, 4096])
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device}
     save = lambda r: Path(args.json).write_text(json.dumps(r, indent=2))   # noqa: E731
-    reason = gpu_reason() if args.device == "gpu" else None
-    ok = True
-    if reason:
-        report.update(gpu=False, skipped=reason,
-                      parts=["GPU tests", "GPU == CPU tokens", "decode/prefill tok/s, CUDA graphs vs plain",
-                             "float16 weights", "kernel bandwidth", "HF transformers"])
-    else:
-        report["gpu"] = args.device == "gpu"
-        ok = run_gpu_parts(args, report, save)
+    try:
+        args.model = report["model"] = str(model_path(args.model))           # never a download
+    except ModelFileError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    if args.device == "gpu":
+        report["gpu_status"] = status = gpu_status()
+        if status.get("warning"):
+            print(f"gpu_check: warning: {status['warning']}", file=sys.stderr)
+        if not status["usable"]:
+            report["gpu"] = False
+            save(report)
+            print(f"gpu_check: no usable GPU: {status['reason']}\n  {status['hint']}", file=sys.stderr)
+            print(f"wrote {args.json}")
+            return 2
+    report["gpu"] = args.device == "gpu"
+    ok = run_gpu_parts(args, report, save)
     print_table(report)
     save(report)
     print(f"wrote {args.json}")

@@ -3,11 +3,13 @@
     python scripts/gpu_check_kernels.py [--json gpu_check_kernels.json] [--quick]
 
 Needs CuPy and an NVIDIA GPU, nothing from the network. It
-1. runs both kernels through CuPy (the same .cu files and launch code the CPU-runner tests use) on the test
-   shapes and compares with minitransformer.layers.attention on the host (float32 within 1e-5);
+1. runs the kernels through CuPy (the same .cu files and launch code the CPU-runner tests use; both paged decode
+   variants) on the test shapes and compares with minitransformer.layers.attention on the host (float32 within 1e-5);
 2. measures device-to-device copy bandwidth (bytes read + bytes written per second) as the ceiling;
-3. times paged decode at 4k and 32k context with CUDA events and reports its achieved bandwidth (the K and V bytes
-   it must read, per second) as a fraction of that ceiling (target: >= 75%);
+3. times paged decode at 4k and 32k context with CUDA events, the new kernel (paged_decode.cu, partitions sized for
+   this GPU's SMs) next to the old one (paged_decode_simple.cu) and, when torch with CUDA is installed, a plain torch
+   decode (gather the blocks, matmul, softmax, matmul); each as achieved bandwidth (the K and V bytes the step must
+   read, per second) and as a fraction of the copy ceiling (target for the new kernel: >= 75% at 32k);
 4. times flash prefill, and torch.nn.functional.scaled_dot_product_attention on the same tensors when torch with
    CUDA is installed.
 Prints a table and writes every number to a JSON file. Exit code 1 when a correctness check fails, 2 without a GPU.
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -115,15 +116,18 @@ def correctness(rng) -> list[dict]:
             results.append({"kernel": "flash_prefill", "shape": [B, H, K, Tq, Tk, d], "dtype": np.dtype(dtype).name,
                             "max_abs_err": float(np.abs(got - ref).max()), "ok": ok})
     for seq_lens, d, part in [([1, 15, 16, 17, 100, 1000], 64, 16), ([1, 15, 16, 17, 100, 1000], 64, 1024),
-                              ([5000, 17, 1], 128, 512)]:
+                              ([5000, 17, 1], 128, 512), ([5000, 17, 1], 128, None), ([1, 15, 1000], 64, None)]:
         for dtype, tol in ((np.float32, (1e-5, 1e-5)), (np.float16, (2.0 ** -11, 1e-5))):
-            arrays = make_paged(rng, seq_lens, 9, 3, d, 16, dtype)
-            out, _ = plan_paged_decode(*(cp.asarray(a) for a in arrays), partition_size=part).run()
-            ref = reference_paged(*arrays)
-            got = out.get().astype(np.float32)
-            ok = bool(np.allclose(got, ref, rtol=tol[0], atol=tol[1]))
-            results.append({"kernel": "paged_decode", "seq_lens": seq_lens, "head_dim": d, "partition_size": part,
-                            "dtype": np.dtype(dtype).name, "max_abs_err": float(np.abs(got - ref).max()), "ok": ok})
+            for variant in ("bandwidth", "simple"):
+                arrays = make_paged(rng, seq_lens, 9, 3, d, 16, dtype)
+                out, _ = plan_paged_decode(*(cp.asarray(a) for a in arrays), partition_size=part,
+                                           variant=variant).run()
+                ref = reference_paged(*arrays)
+                got = out.get().astype(np.float32)
+                ok = bool(np.allclose(got, ref, rtol=tol[0], atol=tol[1]))
+                results.append({"kernel": f"paged_decode ({variant})", "seq_lens": seq_lens, "head_dim": d,
+                                "partition_size": part, "dtype": np.dtype(dtype).name,
+                                "max_abs_err": float(np.abs(got - ref).max()), "ok": ok})
     return results
 
 
@@ -137,8 +141,8 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> dict:
     return {"bytes_copied": nbytes, "seconds": seconds, "bytes_per_s": 2 * nbytes / seconds}
 
 
-def paged_decode_speed(rng, context: int, batch: int, H: int, K: int, d: int, dtype, partition_size: int,
-                       copy_bps: float, block_size: int = 16) -> dict:
+def decode_inputs(rng, context: int, batch: int, H: int, K: int, d: int, dtype, block_size: int = 16):
+    """A full paged cache on the GPU: every sequence `context` tokens long, its blocks shuffled over the pool."""
     blocks_per_seq = context // block_size
     num_blocks = batch * blocks_per_seq
     k_cache = cp.asarray(rng.standard_normal((num_blocks, block_size, K, d), dtype=np.float32).astype(dtype))
@@ -146,13 +150,62 @@ def paged_decode_speed(rng, context: int, batch: int, H: int, K: int, d: int, dt
     tables = cp.asarray(rng.permutation(num_blocks).astype(np.int32).reshape(batch, blocks_per_seq))
     lens = cp.full((batch,), context, dtype=cp.int32)
     q = cp.asarray(rng.standard_normal((batch, H, d), dtype=np.float32).astype(dtype))
-    plan = plan_paged_decode(q, k_cache, v_cache, tables, lens, partition_size=partition_size)
+    return q, k_cache, v_cache, tables, lens
+
+
+def paged_decode_speed(inputs, variant: str, copy_bps: float) -> dict:
+    """One decode step of our kernel (`variant`), timed; bandwidth = the K and V bytes it must read per second."""
+    q, k_cache, v_cache, tables, lens = inputs
+    (batch, H, d), (_, block_size, K, _) = q.shape, k_cache.shape
+    context = tables.shape[1] * block_size
+    plan = plan_paged_decode(q, k_cache, v_cache, tables, lens, variant=variant)
     seconds = time_gpu(plan.run, iters=50)
-    kv_bytes = 2 * batch * context * K * d * np.dtype(dtype).itemsize        # every key and value read once
-    return {"context": context, "batch": batch, "heads": H, "kv_heads": K, "head_dim": d,
-            "dtype": np.dtype(dtype).name, "partition_size": partition_size, "seconds": seconds,
-            "kv_bytes": kv_bytes, "bytes_per_s": kv_bytes / seconds,
-            "fraction_of_copy": kv_bytes / seconds / copy_bps}
+    kv_bytes = 2 * batch * context * K * d * q.dtype.itemsize                # every key and value read once
+    return {"kernel": variant, "context": context, "batch": batch, "heads": H, "kv_heads": K, "head_dim": d,
+            "dtype": q.dtype.name, "partitions": int(plan.partials[0].shape[2]), "seconds": seconds,
+            "kv_bytes": kv_bytes, "bytes_per_s": kv_bytes / seconds, "fraction_of_copy": kv_bytes / seconds / copy_bps}
+
+
+def torch_decode_speed(inputs, ours, copy_bps: float) -> dict:
+    """The same step in plain torch: gather each sequence's blocks (a copy), q.k, softmax, p.v; timed like ours."""
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch has no CUDA")
+    q, k_cache, v_cache, tables, _ = inputs
+    (B, H, d), (_, block_size, K, _) = q.shape, k_cache.shape
+    tq, tk, tv = (torch.from_dlpack(a) for a in (q, k_cache, v_cache))
+    index = torch.from_dlpack(tables).long()                                  # (B, blocks)
+
+    def step():
+        k = tk[index].reshape(B, -1, K, d).permute(0, 2, 3, 1)                # (B, K, d, S)
+        v = tv[index].reshape(B, -1, K, d).permute(0, 2, 1, 3)                # (B, K, S, d)
+        scores = tq.view(B, K, H // K, d) @ k / d ** 0.5                       # (B, K, G, S)
+        return (torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v).reshape(B, H, d)
+
+    seconds = time_gpu(step, iters=20)                   # torch and CuPy both use the legacy default stream
+    diff = float((step().float() - torch.from_dlpack(ours).float()).abs().max())
+    kv_bytes = 2 * B * index.shape[1] * block_size * K * d * q.dtype.itemsize
+    return {"kernel": "torch gather+matmul", "torch_version": torch.__version__, "seconds": seconds,
+            "bytes_per_s": kv_bytes / seconds, "fraction_of_copy": kv_bytes / seconds / copy_bps,
+            "max_abs_diff_vs_ours": diff}
+
+
+def decode_speeds(rng, cases, copy_bps: float) -> list[dict]:
+    """For each (context, batch, H, K, d, dtype): the new kernel, the old one, and torch when it is there."""
+    results = []
+    for context, batch, H, K, d, dtype in cases:
+        inputs = decode_inputs(rng, context, batch, H, K, d, dtype)
+        new, old = (paged_decode_speed(inputs, variant, copy_bps) for variant in ("bandwidth", "simple"))
+        row = {**new, "old": old}
+        try:
+            ours = plan_paged_decode(*inputs).run()[0]
+            row["torch"] = torch_decode_speed(inputs, ours, copy_bps)
+        except Exception as exc:  # torch missing, or CPU-only
+            row["torch"] = {"note": f"torch not timed: {type(exc).__name__}: {exc}"}
+        results.append(row)
+        del inputs
+        cp.get_default_memory_pool().free_all_blocks()
+    return results
 
 
 def prefill_speed(rng, B: int, H: int, K: int, T: int, d: int, dtype) -> dict:
@@ -204,19 +257,28 @@ def main(argv=None) -> int:
 
     copy = copy_bandwidth()
     report["copy"] = copy
-    decode_cases = [(4096, 32), (32768, 4)] if not args.quick else [(4096, 32)]
-    report["paged_decode"] = [paged_decode_speed(rng, ctx, batch, 32, 8, 128, dtype, 512, copy["bytes_per_s"])
-                              for ctx, batch in decode_cases for dtype in (np.float16, np.float32)]
+    decode_cases = [(ctx, batch, 32, 8, 128, dtype) for ctx, batch in [(4096, 32), (32768, 4), (32768, 8)]
+                    for dtype in (np.float16, np.float32)]
+    decode_cases += [(ctx, 8, 9, 3, 64, np.float16) for ctx in (4096, 32768)]          # SmolLM2's heads
+    if args.quick:
+        decode_cases = [(4096, 32, 32, 8, 128, np.float16), (32768, 8, 32, 8, 128, np.float16)]
+    report["paged_decode"] = decode_speeds(rng, decode_cases, copy["bytes_per_s"])
     prefill_cases = [(1, 32, 8, 4096, 128)] if not args.quick else [(1, 32, 8, 1024, 128)]
     report["flash_prefill"] = [prefill_speed(rng, *case, dtype) for case in prefill_cases
                                for dtype in (np.float16, np.float32)]
 
     print(f"\ndevice-to-device copy: {copy['bytes_per_s'] / 1e12:.2f} TB/s (read + write)")
-    print(f"\n{'paged decode':<40}{'time us':>10}{'KV TB/s':>10}{'% of copy':>11}")
+    print(f"\n{'paged decode (% of copy bandwidth)':<40}{'new us':>9}{'new %':>7}{'old us':>9}{'old %':>7}"
+          f"{'torch us':>10}{'torch %':>8}")
     for r in report["paged_decode"]:
         label = f"ctx {r['context']} x B {r['batch']} H{r['heads']}/K{r['kv_heads']} d{r['head_dim']} {r['dtype']}"
-        print(f"{label:<40}{r['seconds'] * 1e6:>10.1f}{r['bytes_per_s'] / 1e12:>10.2f}"
-              f"{100 * r['fraction_of_copy']:>10.1f}%")
+        old, torch_row = r["old"], r["torch"]
+        torch_cells = (f"{torch_row['seconds'] * 1e6:>10.1f}{100 * torch_row['fraction_of_copy']:>7.1f}%"
+                       if "seconds" in torch_row else f"{'-':>10}{'-':>8}")
+        print(f"{label:<40}{r['seconds'] * 1e6:>9.1f}{100 * r['fraction_of_copy']:>6.1f}%{old['seconds'] * 1e6:>9.1f}"
+              f"{100 * old['fraction_of_copy']:>6.1f}%{torch_cells}")
+        if "note" in torch_row:
+            print(f"  {torch_row['note']}")
     print(f"\n{'flash prefill (causal)':<40}{'ours ms':>10}{'TFLOP/s':>10}{'torch ms':>11}{'ours/torch':>12}")
     for r in report["flash_prefill"]:
         label = f"B {r['batch']} T {r['tokens']} H{r['heads']}/K{r['kv_heads']} d{r['head_dim']} {r['dtype']}"

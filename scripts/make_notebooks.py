@@ -1,6 +1,7 @@
-"""Build notebooks 01-04 from the cell sources below and execute them, so the committed copies carry their outputs.
+"""Build notebooks 01-04 (cells below) and 07 (notebook_07_cells.py) and execute them, so the committed copies carry
+their outputs.
 
-    python scripts/make_notebooks.py              # all four, executed (about a minute each on 2 busy cores)
+    python scripts/make_notebooks.py              # all five, executed (about a minute each on 2 busy cores)
     python scripts/make_notebooks.py 02 04        # only these
     python scripts/make_notebooks.py --no-execute # write the cells only
 
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+from notebook_07_cells import CELLS as CELLS_07          # scripts/ is on sys.path when this file runs
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -705,8 +708,11 @@ print(json.dumps(summary))
 ''')]
 
 
+NB07 = [md(text) if kind == "md" else code(text) for kind, text in CELLS_07]
+
 ALL = {"01": ("01_tokenize_and_prefill", NB01), "02": ("02_kv_cache_and_decode", NB02),
-       "03": ("03_sampling_and_stopping", NB03), "04": ("04_streaming_and_metrics", NB04)}
+       "03": ("03_sampling_and_stopping", NB03), "04": ("04_streaming_and_metrics", NB04),
+       "07": ("07_speculative_decoding", NB07)}
 
 
 def build(cells) -> nbformat.NotebookNode:

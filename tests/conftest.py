@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
 
 import tiny_model as tiny
 from tiny_model import write_tiny_llama
+
+# Checked mode (minitransformer/kernels/checked.py): every paged-decode launch has its block tables and lengths
+# read on the host first, so on a GPU a bad block id fails its own test with the entry named instead of killing
+# the CUDA context for every test after it. Set here, before any test runs, so subprocesses inherit it too.
+os.environ.setdefault("MINITRANSFORMER_CHECKED", "1")
 
 
 @pytest.fixture(scope="session")

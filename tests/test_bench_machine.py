@@ -107,3 +107,22 @@ def test_prefill_is_intense_decode_is_not(real_model_path):
 
 def test_roofline():
     assert roofline_tokens_per_s(500e6, 20e9) == 40.0
+
+
+def test_published_peaks_roofline_time_is_the_slower_of_arithmetic_and_memory():
+    from minitransformer.bench.machine import H200
+    assert H200.bandwidth == 4.8e12 and H200.flops == pytest.approx(1979e12 / 2, rel=0.01)   # datasheet, dense
+    assert H200.ridge == pytest.approx(H200.flops / H200.bandwidth)
+    memory_bound, compute_bound = PhaseCost(flops=1e9, bytes=1e9), PhaseCost(flops=1e15, bytes=1e9)
+    assert H200.seconds(memory_bound) == pytest.approx(1e9 / 4.8e12)
+    assert H200.seconds(compute_bound) == pytest.approx(1e15 / H200.flops)
+    config = ModelConfig(name="t", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128,
+                         vocab_size=100, context_length=64, norm_eps=1e-5, rope_base=10000.0, tied_embeddings=True)
+    assert H200.cost(config, 8).bytes == forward_cost(config, 8, dtype_bytes=2).bytes       # bf16 arrays
+
+
+def test_matmul_rows_times_every_row_count():
+    from minitransformer.bench.machine import measure_matmul_rows
+    w = np.ones((64, 96), dtype=np.float32)
+    costs = measure_matmul_rows(np, w, (1, 4), repeats=2)
+    assert sorted(costs) == [1, 4] and all(math.isfinite(t) and t > 0 for t in costs.values())

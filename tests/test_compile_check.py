@@ -1,4 +1,5 @@
 """Every kernel instantiation compiles for sm_90 (Hopper) with CuPy's options and no spills; no GPU needed.
+The tensor-core prefill (wmma) is among them: it needs sm_70 or newer, which sm_90 is.
 
 nvcc is the CI path; NVRTC (the library cupy.RawModule compiles with) is checked too wherever libnvrtc is found
 (set MINITRANSFORMER_NVRTC to its path to point at one, e.g. from the nvidia-cuda-nvrtc wheel).
@@ -11,11 +12,13 @@ import sys
 
 import pytest
 
-from minitransformer.kernels.attention import DECODE_EXPRESSIONS, PREFILL_EXPRESSIONS
+from minitransformer.kernels.attention import DECODE_EXPRESSIONS, DECODE_SIMPLE_EXPRESSIONS, PREFILL_EXPRESSIONS
+from minitransformer.kernels.prefill_wmma import WMMA_EXPRESSIONS
 from minitransformer.kernels.quant import GEMV_EXPRESSIONS
 from minitransformer.kernels.compile_check import find_compiler, parse_ptxas, run_compile_check
 
-ALL_KERNELS = sorted(PREFILL_EXPRESSIONS + DECODE_EXPRESSIONS + GEMV_EXPRESSIONS)
+ALL_KERNELS = sorted(PREFILL_EXPRESSIONS + WMMA_EXPRESSIONS + DECODE_EXPRESSIONS + DECODE_SIMPLE_EXPRESSIONS
+                     + GEMV_EXPRESSIONS)   # both decode files hold the merge kernel: it is listed twice
 
 
 def _check(compiler: str) -> None:
@@ -45,6 +48,7 @@ def test_command_line_prints_the_table_and_exits_zero():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "flash_prefill<__half, 128>" in proc.stdout and "paged_decode_merge<float, 64>" in proc.stdout
+    assert "flash_prefill_wmma<128>" in proc.stdout                   # tensor cores: sm_70+, here sm_90
     assert f"{len(ALL_KERNELS)} kernels compiled, 0 problem(s)" in proc.stdout
 
 

@@ -1,15 +1,32 @@
-"""The concept diagrams (viz_concepts) show the run's own numbers: block tables as the engine holds them after the
-same steps replayed independently, a prefix block held by two tables, and the draft-and-verify passes that add up to
-the speculative run's counts and tokens.
+"""The concept diagrams show the run's own numbers: block tables as the engine holds them after the same steps
+replayed independently, a prefix block held by two tables, the draft-and-verify passes that add up to the speculative
+run's counts and tokens (viz_concepts); the request flow's stage times inside the intervals its metrics recorded, the
+KV cache's shape, bytes and keys as a replay holds them, and each product's shape as the model computes it (viz_flow,
+viz_shapes). The last three run on the tiny model.
 """
 
 from __future__ import annotations
 
-from minitransformer import SamplingParams, generate
+import importlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minitransformer import KVCache, SamplingParams, generate, viz
 from minitransformer import viz_concepts as vc
+from minitransformer import viz_flow as vf
+from minitransformer import viz_shapes as vs
+from minitransformer.backend import to_host
+from minitransformer.bench.machine import forward_cost
+from minitransformer.decode import decode_step
+from minitransformer.errors import InputError
+from minitransformer.prefill import prefill
 from minitransformer.serving import Engine
 
-from test_figures import png_size
+from test_bench_machine import record_attention_shapes
+from test_figures import ROOT, png_size
 
 
 def test_paged_attention_diagram_shows_the_engines_tables(real_model, tmp_path):
@@ -61,3 +78,164 @@ def test_draft_and_verify_diagram_adds_up_to_the_run(real_model, tmp_path):
     assert rebuilt == run.token_ids
     assert any(p["accepted"] == len(p["drafted"]) == vc.SPEC_K for p in passes)   # a pass that kept all k drafts
     assert any(p["accepted"] < len(p["drafted"]) for p in passes)                 # and one that rejected a draft
+
+
+# ---------------------------------------------------------------------------------------------------- request flow
+
+def test_request_flow_diagram_shows_the_runs_own_times(tiny_model, tmp_path):
+    path = tmp_path / "request_flow.png"
+    prompt = "Why is the sky blue?"
+    data = vf.draw_request_flow(tiny_model, path, prompt=prompt, chat=False, repeats=2)
+    assert min(png_size(path)) > 300
+    result, m = data["result"], data["metrics"]
+    assert len(data["e2e_of_runs"]) == 2 and m.e2e_s == min(data["e2e_of_runs"])     # the fastest run is drawn
+    assert result.token_ids == generate(tiny_model, prompt, vf.FLOW_PARAMS).token_ids      # timing changes nothing
+
+    # the timeline drawn is the request's own metrics, and its parts add up to the end-to-end time
+    assert data["timeline"] == {"queue": m.queue_s, "prefill + first sample": m.prefill_s,
+                                "decode loop": m.token_times[-1] - m.token_times[0],
+                                "finalize": m.finished_time - m.token_times[-1]}
+    assert (data["e2e_s"], data["ttft_s"]) == (m.e2e_s, m.ttft_s)
+    assert sum(data["timeline"].values()) == pytest.approx(m.e2e_s, rel=1e-9)
+
+    # each stage was called as often as the loop needs it, and its time lies inside the interval that holds it
+    n, stages = len(result.token_ids), data["stages"]
+    assert n == vf.FLOW_PARAMS.max_tokens
+    calls = {stage: s["calls"] for stage, s in stages.items()}
+    assert (calls["tokenize"], calls["schedule"], calls["prefill"], calls["sample"], calls["decode"]) == (
+        1, 1, 1, n, n - 1)
+    assert calls["KV cache"] == tiny_model.config.n_layers * n          # every layer, in prefill and n - 1 decodes
+    assert calls["stream"] >= n and calls["stop checks"] >= n
+    seconds = {stage: s["seconds"] for stage, s in stages.items()}
+    assert all(t > 0 for t in seconds.values())
+    assert seconds["tokenize"] + seconds["schedule"] <= m.queue_s
+    assert seconds["prefill"] <= m.prefill_s and seconds["decode"] <= data["timeline"]["decode loop"]
+    assert seconds["KV cache"] <= seconds["prefill"] + seconds["decode"]
+    assert data["untimed_s"] == pytest.approx(m.e2e_s - sum(t for s, t in seconds.items() if s != "KV cache"))
+    assert data["untimed_s"] > 0
+    assert {stage: s["files"] for stage, s in stages.items()} == {
+        "tokenize": ["tokenizer.py"], "schedule": ["kv_cache.py"], "prefill": ["prefill.py"],
+        "KV cache": ["kv_cache.py"], "sample": ["sampling.py"], "decode": ["decode.py"],
+        "stream": ["detokenizer.py"], "stop checks": ["stopping.py"]}
+
+    # and every wrapped function is back in place (generate.py's module, not the function the package exports)
+    assert importlib.import_module("minitransformer.generate").prefill is prefill
+    assert not hasattr(KVCache.update, "__wrapped__")
+
+
+def test_stage_timer_times_the_outer_call_once_and_restores(tiny_model):
+    tok = tiny_model.tokenizer
+    stages = {"tokenize": ["tokenizer:Tokenizer.encode_chat", "tokenizer:Tokenizer.encode"]}
+    originals = (type(tok).encode_chat, type(tok).encode)
+    with vf.StageTimer(stages) as timer:
+        tok.encode_chat([{"role": "user", "content": "hi"}])           # calls encode inside: one timed call
+        assert timer.calls["tokenize"] == 1
+        tok.encode("hi")
+    assert timer.calls["tokenize"] == 2 and timer.seconds["tokenize"] > 0
+    assert (type(tok).encode_chat, type(tok).encode) == originals
+    with pytest.raises(InputError):                                    # an error inside still puts them back
+        with vf.StageTimer({"schedule": ["kv_cache:KVCache.__init__"]}):
+            KVCache(tiny_model.config, 10**9)
+    assert not hasattr(KVCache.__init__, "__wrapped__")
+    with pytest.raises(AttributeError):                                # a target that does not resolve, after one
+        with vf.StageTimer({"prefill": ["prefill:prefill"], "typo": ["prefill:prefil"]}):    # that did
+            pass
+    assert importlib.import_module("minitransformer.generate").prefill is prefill
+
+
+# ---------------------------------------------------------------------------------------------------- KV cache
+
+def test_kv_cache_growth_diagram_shows_the_caches_shape_bytes_and_keys(tiny_model, tmp_path):
+    path = tmp_path / "kv_cache_growth.png"
+    prompt = "The cat sat on"
+    data = vs.draw_kv_cache_growth(tiny_model, path, prompt=prompt)
+    assert min(png_size(path)) > 300
+    c, layer = tiny_model.config, data["layer"]
+
+    # replay: prefill, then greedy decode by argmax (not sampling.sample), into a cache of the same size
+    ids = tiny_model.tokenizer.encode(prompt)
+    cache = KVCache(c, len(ids) + max(vs.KV_SNAPSHOTS))
+    logits, output = prefill(tiny_model, ids, cache), []
+    shots = {shot["steps"]: shot for shot in data["snapshots"]}
+    assert sorted(shots) == sorted(vs.KV_SNAPSHOTS) and data["max_len"] == cache.max_len
+    for step in range(max(vs.KV_SNAPSHOTS) + 1):
+        if step in shots:
+            shot, length = shots[step], len(ids) + step
+            assert shot["length"] == cache.length == length
+            assert shot["shape"] == cache.shape == (c.n_layers, 1, c.n_kv_heads, length, c.head_dim)
+            assert shot["bytes_used"] == cache.bytes_used == 2 * c.n_layers * c.n_kv_heads * length * c.head_dim * 4
+            assert shot["bytes_reserved"] == cache.bytes_reserved
+            np.testing.assert_allclose(shot["k"], to_host(cache.k[layer, 0, :, :length]), rtol=0, atol=1e-6)
+        if step < max(vs.KV_SNAPSHOTS):
+            output.append(int(np.argmax(to_host(logits)[0])))
+            logits = decode_step(tiny_model, [output[-1]], cache)
+    assert data["prompt_ids"] == ids and data["output_ids"] == output
+    assert len(data["pieces"]) == data["max_len"]
+    # the cache only appends: what an earlier snapshot held is still there, bit for bit
+    for before, after in zip(data["snapshots"], data["snapshots"][1:]):
+        assert np.array_equal(after["k"][:, :before["length"]], before["k"])
+
+
+# ---------------------------------------------------------------------------------------------------- shapes
+
+def test_prefill_vs_decode_shapes_are_the_models_products(tiny_model, tmp_path):
+    path, T = tmp_path / "prefill_vs_decode_shapes.png", 16
+    data = vs.draw_prefill_vs_decode_shapes(tiny_model, path, prompt_tokens=T)
+    assert min(png_size(path)) > 300
+    c, layer = tiny_model.config, tiny_model.layers[0]
+    D, H, K, d, F, G = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.n_heads // c.n_kv_heads
+    assert data["weights"] == {"qkv": layer.w_qkv.shape, "wo": layer.wo.shape, "gate|up": layer.w_gate_up.shape,
+                               "down": layer.w_down.shape}
+    assert data["weights"] == {"qkv": (D, (H + 2 * K) * d), "wo": (H * d, D), "gate|up": (D, 2 * F), "down": (F, D)}
+
+    # the attention products the model really computes (a spy on layers.attention): (B, T queries, S keys)
+    cache = KVCache(c, T + 1)
+    ids = list(range(5, 5 + T))
+    assert record_attention_shapes(tiny_model, lambda: prefill(tiny_model, ids, cache)) == [(1, T, T)] * c.n_layers
+    assert record_attention_shapes(tiny_model, lambda: decode_step(tiny_model, [7], cache)) == [
+        (1, 1, T + 1)] * c.n_layers
+    for phase, rows, S in (("prefill", T, T), ("decode", 1, T + 1)):
+        ops = {op["name"]: op for op in data[phase]}
+        assert list(ops) == ["qkv", "q k^T", "probs v", "wo", "gate|up", "down"]
+        for name in ("qkv", "wo", "gate|up", "down"):
+            assert (ops[name]["rows"], ops[name]["inner"], ops[name]["cols"]) == (rows, *data["weights"][name])
+        assert [(ops[n]["rows"], ops[n]["inner"], ops[n]["cols"], ops[n]["count"]) for n in ("q k^T", "probs v")] == [
+            (G * rows, d, S, K), (G * rows, S, d, K)]                  # per KV head, its G query heads stacked
+        for op in ops.values():
+            assert op["flops"] == 2 * op["rows"] * op["inner"] * op["cols"] * op["count"]
+        # the same count as forward_cost: FLOPs exactly; bytes too, plus what forward_cost leaves out (q read by
+        # q k^T, the attention output written by probs v)
+        cost = forward_cost(c, rows, S - rows)
+        assert c.n_layers * sum(op["flops"] for op in ops.values()) + 2 * D * c.vocab_size == cost.flops
+        others = (D * c.vocab_size + (2 * c.n_layers + 1) * D) * 4                 # lm_head and norms' weights
+        kv_written, logits_io = 2 * c.n_layers * K * rows * d * 4, (D + c.vocab_size) * 4
+        left_out = c.n_layers * 2 * rows * H * d * 4
+        assert c.n_layers * sum(op["bytes"] for op in ops.values()) + others + kv_written + logits_io == (
+            cost.bytes + left_out)
+    assert data["decode"][0]["flops"] / data["decode"][0]["bytes"] < 0.5 < data["prefill"][0]["flops"] / (
+        data["prefill"][0]["bytes"])
+
+
+# ---------------------------------------------------------------------------------------------------- --only
+
+def test_figures_only_draws_the_named_figures(tiny_model_path, tmp_path, monkeypatch):
+    out = tmp_path / "figs"
+    cli = subprocess.run([sys.executable, "-m", "minitransformer", "figures", "--only",
+                          "prefill_vs_decode_shapes,kv_cache_growth.png", "--out", str(out), "--model",
+                          str(tiny_model_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    names = ["kv_cache_growth.png", "prefill_vs_decode_shapes.png"]             # in the order figures are drawn
+    assert cli.stdout.split() == [str(out / name) for name in names]
+    assert sorted(p.name for p in out.iterdir()) == names
+    bad = subprocess.run([sys.executable, "-m", "minitransformer", "figures", "--only", "flow.png"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert bad.returncode == 2 and "request_flow.png" in bad.stderr and "Traceback" not in bad.stderr
+
+    # a measured figure: only its own measurement runs
+    def not_needed(*args):
+        raise AssertionError("measured although no chosen figure needs it")
+    for name in ("measure_ttft", "measure_itl", "measure_cache_vs_no_cache", "measure_peaks"):
+        monkeypatch.setattr(viz, name, not_needed)
+    paths = viz.make_figures(out, quick=True, model_path=tiny_model_path, only="kv_cache_bytes")
+    assert paths == [out / "kv_cache_bytes.png"] and png_size(paths[0]) == (700, 440)
+    assert viz.select_figures(None) == list(viz.FIGURES + viz.CONCEPT_FIGURES)

@@ -1,6 +1,7 @@
 """Every __syncthreads of the attention kernels is needed, and the CPU runner shows it.
 
-For each barrier of flash_prefill.cu and paged_decode.cu, the kernel is rebuilt from its source with that one
+For each barrier of flash_prefill.cu, both paged decode kernels (paged_decode.cu, built for bandwidth, and
+paged_decode_simple.cu, its teaching baseline) and dequant_gemv.cu, the kernel is rebuilt from its source with that one
 barrier deleted and run under several resume orders of the CPU runner; the result must be wrong (NaN, or off the
 reference by more than 1e-3) under at least one of them -- and under the runner's default order, which is the one
 tests/test_kernels.py uses. The shipped kernels must be right under every order.
@@ -20,17 +21,23 @@ import numpy as np
 import pytest
 
 from minitransformer.kernels import flash_prefill, paged_decode
-from minitransformer.kernels.attention import DECODE_FILE, PREFILL_FILE
+from minitransformer.kernels.attention import DECODE_FILE, DECODE_SIMPLE_FILE, PREFILL_FILE
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, CpuModule
 from minitransformer.kernels.loader import KERNEL_DIR, read_source
+from minitransformer.kernels.quant import GEMV_EXPRESSIONS, GEMV_FILE, dequant_gemv
 from minitransformer.layers import attention
+from minitransformer.quantize import QuantizedLinear
 
 SCHEDULES = [("forward", 0), ("reverse", 0), ("shuffle", 0), ("shuffle", 1)]   # (order, seed)
 DEFAULT_SCHEDULE = (DEFAULT_ORDER, 0)
 BARRIER = re.compile(r"__syncthreads\(\)\s*;")
 EXPRESSIONS = {PREFILL_FILE: ("flash_prefill<float, 64>",),
-               DECODE_FILE: ("paged_decode_partition<float, 64>", "paged_decode_merge<float, 64>")}
-EXPECTED_BARRIERS = {PREFILL_FILE: 2, DECODE_FILE: 3}     # a new barrier must be added here, and is then tested
+               DECODE_FILE: ("paged_decode_partition<float, 64>", "paged_decode_merge<float, 64>"),
+               DECODE_SIMPLE_FILE: ("paged_decode_simple_partition<float, 64>", "paged_decode_merge<float, 64>"),
+               GEMV_FILE: GEMV_EXPRESSIONS}
+EXPECTED_BARRIERS = {PREFILL_FILE: 2, DECODE_FILE: 4, DECODE_SIMPLE_FILE: 3,   # a new barrier is added here, and tested
+                     GEMV_FILE: 4}
+FILES = tuple(EXPECTED_BARRIERS)
 
 
 def _code_only(text: str) -> str:
@@ -43,7 +50,7 @@ def barrier_spans(text: str) -> list[tuple[int, int]]:
 
 
 def barrier_cases():
-    for filename in (PREFILL_FILE, DECODE_FILE):
+    for filename in FILES:
         own = (KERNEL_DIR / filename).read_text()
         for n, (start, _) in enumerate(barrier_spans(own)):
             yield pytest.param(filename, n, id=f"{filename}:{own.count(chr(10), 0, start) + 1}")
@@ -65,8 +72,13 @@ def prefill_case():
     return (lambda module: flash_prefill(q, k, v, module=module)), reference
 
 
-def decode_case():
-    """Three sequences (5, 40, 100 tokens) in a shuffled pool of 16-token blocks; partitions of 32 tokens, G = 4."""
+def decode_case(variant: str):
+    """Three sequences (5, 40, 100 tokens) in a shuffled pool of 16-token blocks; partitions of 32 tokens, G = 5.
+
+    Five heads over four warps (two for the simple kernel): some warp takes one head more in the softmax and leaves
+    it later than the others, which is what the barrier after the softmax guards (with G = 4 every warp would do the
+    same number of shuffles, and the runner would keep them in step).
+    """
     rng = np.random.default_rng(12)
     lens, block_size, K, d = [5, 40, 100], 16, 2, 64
     counts = [-(-n // block_size) for n in lens]
@@ -76,18 +88,32 @@ def decode_case():
     offsets = np.cumsum([0] + counts)
     for b, count in enumerate(counts):
         tables[b, :count] = pool[offsets[b]:offsets[b + 1]]
-    q = rng.standard_normal((len(lens), 8, d)).astype(np.float32)          # (B, H, d)
+    q = rng.standard_normal((len(lens), 10, d)).astype(np.float32)         # (B, H, d)
     seq_lens = np.array(lens, np.int32)
     reference = []
     for b, n in enumerate(lens):
         k = k_cache[tables[b, :counts[b]]].reshape(-1, K, d)[:n].transpose(1, 0, 2)[None]   # (1, K, n, d)
         v = v_cache[tables[b, :counts[b]]].reshape(-1, K, d)[:n].transpose(1, 0, 2)[None]
         reference.append(attention(q[b][None, :, None], k, v, np.array([[n - 1]]), np.arange(n)[None])[0, :, 0])
-    run = lambda module: paged_decode(q, k_cache, v_cache, tables, seq_lens, partition_size=32, module=module)
+    run = lambda module: paged_decode(q, k_cache, v_cache, tables, seq_lens, partition_size=32, module=module,
+                                      variant=variant)
     return run, np.stack(reference)                                         # (B, H, d)
 
 
-CASES = {PREFILL_FILE: prefill_case, DECODE_FILE: decode_case}
+def gemv_case():
+    """x (3, 2112) through an int8 and an int4 matrix of 20 rows: x is staged in three chunks, so both barriers of
+    each kernel matter (after staging a chunk, and before the next chunk overwrites it). Scaled to max |y| = 1."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 2112)).astype(np.float32)
+    matrices = [QuantizedLinear.from_float(rng.normal(0, 0.1, (20, 2112)).astype(np.float32), scheme)
+                for scheme in ("int8", "int4")]
+    reference = np.concatenate([x.astype(np.float64) @ m.dequantize().T.astype(np.float64) for m in matrices], 1)
+    top = np.abs(reference).max()
+    return (lambda module: np.concatenate([dequant_gemv(x, m, module) for m in matrices], 1) / top), reference / top
+
+
+CASES = {PREFILL_FILE: prefill_case, DECODE_FILE: lambda: decode_case("bandwidth"),
+         DECODE_SIMPLE_FILE: lambda: decode_case("simple"), GEMV_FILE: gemv_case}
 
 
 def errors_by_schedule(filename: str, source: str) -> dict[tuple[str, int], float]:
@@ -104,13 +130,13 @@ def errors_by_schedule(filename: str, source: str) -> dict[tuple[str, int], floa
 
 # ---- tests -----------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("filename", [PREFILL_FILE, DECODE_FILE])
+@pytest.mark.parametrize("filename", FILES)
 def test_barriers_are_found_in_code_not_comments(filename):
     own, pasted = (KERNEL_DIR / filename).read_text(), read_source(filename)
     assert len(barrier_spans(own)) == len(barrier_spans(pasted)) == EXPECTED_BARRIERS[filename]
 
 
-@pytest.mark.parametrize("filename", [PREFILL_FILE, DECODE_FILE])
+@pytest.mark.parametrize("filename", FILES)
 def test_shipped_kernels_are_right_under_every_order(filename):
     errors = errors_by_schedule(filename, read_source(filename))
     assert all(e < 1e-5 for e in errors.values()), errors      # NaN fails too

@@ -193,48 +193,57 @@ def test_all_masked_tile_guard_is_needed():
 SEQ_LENS = [1, 15, 16, 17, 100, 1000]
 
 
-@pytest.mark.parametrize("partition_size", [16, 64, 1024])           # many partitions ... one partition
-def test_paged_decode_float32(device, partition_size):
-    rng = np.random.default_rng(partition_size)
+@pytest.fixture(params=["bandwidth", "simple"])
+def variant(request):
+    """Both decode kernels: paged_decode.cu (built for bandwidth, the default) and its teaching baseline."""
+    return request.param
+
+
+@pytest.mark.parametrize("partition_size", [16, 64, 1024, None])     # many partitions ... one; None: sized
+def test_paged_decode_float32(device, variant, partition_size):
+    rng = np.random.default_rng(partition_size or 0)
     arrays = make_paged(rng, SEQ_LENS, H=9, K=3, d=64, block_size=16, dtype=np.float32)
     out, lse = paged_decode(*(to_device(a, device) for a in arrays), partition_size=partition_size,
-                            return_lse=True)
+                            return_lse=True, variant=variant)
     ref_out, ref_lse = paged_reference(*arrays)
     assert out.dtype == np.float32 and out.shape == (len(SEQ_LENS), 9, 64)
     np.testing.assert_allclose(to_host(out), ref_out, **F32_TOL)
     np.testing.assert_allclose(to_host(lse), ref_lse, **F32_TOL)
 
 
-def test_paged_decode_head_dim_128_gqa(device):
+def test_paged_decode_head_dim_128_gqa(device, variant):
     rng = np.random.default_rng(128)
     arrays = make_paged(rng, [17, 100, 33], H=8, K=2, d=128, block_size=16, dtype=np.float32)
-    out = paged_decode(*(to_device(a, device) for a in arrays), partition_size=32)
+    out = paged_decode(*(to_device(a, device) for a in arrays), partition_size=32, variant=variant)
     np.testing.assert_allclose(to_host(out), paged_reference(*arrays)[0], **F32_TOL)
 
 
-def test_paged_decode_block_size_8(device):
+def test_paged_decode_block_size_8(device, variant):
     rng = np.random.default_rng(8)
     arrays = make_paged(rng, [1, 7, 8, 9, 50], H=9, K=3, d=64, block_size=8, dtype=np.float32)
-    out = paged_decode(*(to_device(a, device) for a in arrays), partition_size=24)
+    out = paged_decode(*(to_device(a, device) for a in arrays), partition_size=24, variant=variant)
     np.testing.assert_allclose(to_host(out), paged_reference(*arrays)[0], **F32_TOL)
 
 
-def test_paged_decode_float16(device):
+@pytest.mark.parametrize("d", [64, 128])
+def test_paged_decode_float16(device, variant, d):
     rng = np.random.default_rng(16)
-    arrays = make_paged(rng, [1, 17, 300], H=9, K=3, d=128, block_size=16, dtype=np.float16)
-    out = paged_decode(*(to_device(a, device) for a in arrays), partition_size=64)
+    arrays = make_paged(rng, [1, 17, 300], H=9, K=3, d=d, block_size=16, dtype=np.float16)
+    out = paged_decode(*(to_device(a, device) for a in arrays), partition_size=64, variant=variant)
     assert out.dtype == np.float16
     np.testing.assert_allclose(to_host(out).astype(np.float32), paged_reference(*arrays)[0], **F16_TOL)
 
 
 @settings(max_examples=8, deadline=None)
 @given(lens=st.lists(st.integers(1, 200), min_size=1, max_size=4), block_size=st.sampled_from([8, 16]),
-       blocks_per_partition=st.integers(1, 4), G=st.integers(1, 8), seed=st.integers(0, 2**16))
-def test_paged_decode_random_shapes(lens, block_size, blocks_per_partition, G, seed):
-    """Any batch of lengths, block size, partition size and group size (up to the kernel's 8) on the CPU runner."""
+       blocks_per_partition=st.integers(1, 4), G=st.integers(1, 8), seed=st.integers(0, 2**16),
+       variant=st.sampled_from(["bandwidth", "simple"]))
+def test_paged_decode_random_shapes(lens, block_size, blocks_per_partition, G, seed, variant):
+    """Any batch of lengths, block size, partition size and group size (up to the kernels' 8) on the CPU runner."""
     rng = np.random.default_rng(seed)
     arrays = make_paged(rng, lens, H=2 * G, K=2, d=64, block_size=block_size, dtype=np.float32)
-    out, lse = paged_decode(*arrays, partition_size=block_size * blocks_per_partition, return_lse=True)
+    out, lse = paged_decode(*arrays, partition_size=block_size * blocks_per_partition, return_lse=True,
+                            variant=variant)
     ref_out, ref_lse = paged_reference(*arrays)
     np.testing.assert_allclose(out, ref_out, **F32_TOL)
     np.testing.assert_allclose(lse, ref_lse, **F32_TOL)
@@ -248,8 +257,9 @@ def test_paged_decode_matches_prefill_kernel():
     k = np.ascontiguousarray(k_cache[blocks].reshape(-1, 3, 64)[:45].transpose(1, 0, 2)[None])   # (1, K, 45, d)
     v = np.ascontiguousarray(v_cache[blocks].reshape(-1, 3, 64)[:45].transpose(1, 0, 2)[None])
     prefill_last = flash_prefill(np.ascontiguousarray(q[:, :, None, :]), k, v)[:, :, 0]
-    np.testing.assert_allclose(paged_decode(q, k_cache, v_cache, tables, lens, partition_size=16), prefill_last,
-                               **F32_TOL)
+    for variant in ("bandwidth", "simple"):
+        np.testing.assert_allclose(paged_decode(q, k_cache, v_cache, tables, lens, partition_size=16, variant=variant),
+                                   prefill_last, **F32_TOL)
 
 
 # ------------------------------------------------------------------------------------------ argument checks ---
@@ -326,11 +336,11 @@ def test_loader_inlines_local_includes_once():
     assert len(PREFILL_EXPRESSIONS) == 4 and len(DECODE_EXPRESSIONS) == 8    # float/half x head_dim 64/128
 
 
-def test_paged_decode_empty_sequence_gives_zeros():
+def test_paged_decode_empty_sequence_gives_zeros(variant):
     """A batch slot with seq_len 0 attends to nothing: zeros and lse -inf, and its neighbours are unaffected."""
     rng = np.random.default_rng(9)
     q, k_cache, v_cache, tables, lens = make_paged(rng, [20, 5], H=9, K=3, d=64, block_size=16, dtype=np.float32)
     out, lse = paged_decode(q, k_cache, v_cache, tables, np.array([20, 0], dtype=np.int32), partition_size=16,
-                            return_lse=True)
+                            return_lse=True, variant=variant)
     assert (out[1] == 0).all() and np.isneginf(lse[1]).all()
     np.testing.assert_allclose(out[:1], paged_reference(q[:1], k_cache, v_cache, tables[:1], lens[:1])[0], **F32_TOL)

@@ -126,6 +126,25 @@ def test_02_costs_and_bounds(lesson_02, real_model):
                 assert bound == "memory" and 0.4 < int(flops) / int(nbytes) < 0.6
 
 
+def test_02_batching_and_the_h200_paragraph(lesson_02, real_model):
+    """Part 4's ratios are the printed times' ratios; a batch reads the weights once (bytes ~1x, H200 roofline ~1x);
+    the H200 numbers follow from the datasheet's figures and the model's bf16 bytes, computed here from its shapes."""
+    out, cfg = lesson_02, real_model.config
+    many, one, ratio, bytes_ratio, matmul, h200 = (float(x) for x in check(
+        out, rf"check batch: 4 sequences {NUMBER} s, 1 sequence {NUMBER} s, ratio {NUMBER}; bytes ratio {NUMBER}; "
+             rf"matmul ratio {NUMBER}; H200 ratio {NUMBER}"))
+    assert ratio == pytest.approx(many / one, rel=0.01, abs=0.006) and matmul > 0
+    assert 1.0 < bytes_ratio < 1.05 and 1.0 <= h200 < 1.05
+    took, gain = (float(x) for x in check(out, rf"yet took {NUMBER}x as long, so batching 4 raised tokens/s only "
+                                               rf"{NUMBER}x"))
+    assert took == pytest.approx(ratio, abs=0.006) and gain == pytest.approx(4 / ratio, abs=0.06)
+    assert "its ridge is 206 FLOP/byte" in out                                  # 989e12 / 4.8e12
+    us, per_s = check(out, rf"at best {NUMBER} us per token \(([0-9,]+) tokens/s")
+    params = sum(w.size for layer in real_model.layers for w in vars(layer).values()) + real_model.lm_head.size
+    assert float(us) == pytest.approx(2 * params / 4.8e12 * 1e6, rel=0.05)      # bf16 weights / bandwidth
+    assert int(per_s.replace(",", "")) == pytest.approx(1e6 / float(us), rel=0.02)
+
+
 # ---------------------------------------------------------------------------------------------------- lesson 03
 
 @pytest.fixture(scope="module")

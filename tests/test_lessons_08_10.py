@@ -124,6 +124,53 @@ def test_08_sweep_answer_and_figure(lesson_08):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 400_000
 
 
+def test_08_decode_step_cost_by_batch(lesson_08):
+    """The decode-only steps counted per batch size are those of the printed timelines (the schedule is the same in
+    every repeat), the ratios are the printed medians', and the H200 column stays near 1 (weights read once)."""
+    out, _ = lesson_08
+    section = out.split("What one decode step costs")[1].split("Does a bigger batch help?")[0]
+    rows = re.findall(r"│ (\d+) +│ (\d+) +│ ([0-9.]+) +│ ([0-9.]+) +│ (\d+) +│ ([0-9.]+) +│", section)
+    expected = {}
+    for policy in ("static", "continuous"):
+        lanes = [lane for _, _, lane in lanes_of(out, policy).values()]
+        for step in range(len(lanes[0])):
+            column = [lane[step] for lane in lanes]
+            if "P" not in column and "D" in column:
+                expected[column.count("D")] = expected.get(column.count("D"), 0) + 2      # --repeats 2 (default)
+    assert {int(b): int(n) for b, n, *_ in rows} == expected
+    median = {int(b): float(ms) for b, _, ms, *_ in rows}
+    for b, _, ms, ratio, tok_s, h200 in rows:
+        b = int(b)
+        assert float(ratio) == pytest.approx(float(ms) / median[1], rel=0.01, abs=0.006)
+        assert int(tok_s) == pytest.approx(b / float(ms) * 1e3, rel=0.01, abs=1)
+        assert 1.0 <= float(h200) <= 1 + 0.02 * b
+    b, ratio, gain = check(" ".join(out.split()), rf"A decode step of (\d+) sequences took {NUMBER}x a step of one "
+                                                   rf"here, where reading the weights once for all of them would make "
+                                                   rf"it about 1x: so \d+ slots gave {NUMBER}x the tokens/s")
+    assert f"{ratio:.2f}" == next(r[3] for r in rows if int(r[0]) == b)
+    assert gain == pytest.approx(b / ratio, abs=0.06)
+
+
+def test_08_verdicts_only_beyond_the_measured_spread(lesson_08):
+    """Each 'rose/fell a -> b' of the sweep says 'within noise' exactly when |b - a| is within the larger of the two
+    configurations' printed spreads (cases within printing precision of the boundary are not judged)."""
+    out, _ = lesson_08
+    flat = " ".join(out.split())
+    lo, hi = SWEEP
+    spread = {m: check(flat, rf"spread continuous, max_num_seqs {m}: tok/s {NUMBER}, TTFT p50 {NUMBER} s, TTFT p99 "
+                             rf"{NUMBER} s, ITL p50 {NUMBER} ms, ITL p99 {NUMBER} ms") for m in SWEEP}
+    for label, index, unit, precision in (("throughput", 0, "tok/s", 0.1), ("TTFT p50", 1, "s", 0.001),
+                                          ("TTFT p99", 2, "s", 0.001), ("(ITL)", 3, "ms", 0.1)):
+        match = re.search(rf"From max_num_seqs {lo} to {hi}:.*?{re.escape(label)} (?:rose|fell) {NUMBER} -> "
+                          rf"{NUMBER} {unit} \([0-9.]+x(, within noise)?\)", flat)
+        assert match, label
+        a, b, noise = float(match.group(1)), float(match.group(2)), match.group(3)
+        limit = max(spread[lo][index], spread[hi][index])
+        if abs(abs(b - a) - limit) > 2 * precision:
+            assert (noise is not None) == (abs(b - a) <= limit), (label, a, b, limit)
+    assert re.search(r"medians of 2 runs; a change within their run-to-run spread is called within noise", flat)
+
+
 # ---------------------------------------------------------------------------------------------------- lesson 09
 
 L09 = "09_paged_attention.py"

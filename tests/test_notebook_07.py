@@ -2,15 +2,18 @@
 
 References computed here: plain greedy decoding of the same prompt (generate, no speculation) decides which drafts
 had to be accepted, and the cache lengths follow from the counts (each pass writes 1 + k slots; the roll back
-keeps the prompt plus the tokens emitted before the correction).
+keeps the prompt plus the tokens emitted before the correction). For the sampled case, the target's distribution p
+from a full forward pass and a softmax written here, and the TV bound's formula written out.
 """
 
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate
+from minitransformer.speculative.drafters import forward_first_layers
 
 from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
@@ -53,4 +56,24 @@ def test_committed_copy_has_outputs_and_is_small():
     assert all(c.outputs for c in code), "commit the notebook executed (with its outputs)"
     assert summary(committed)["matches_plain"]
     images = [o for c in code for o in c.outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 1
+    assert len(images) == 2                                                 # the rejection, the sampled draws
+
+
+def test_sampled_case_keeps_the_targets_distribution(executed, real_model):
+    """Speculative sampling's tokens are as close to p as plain draws (TV within the bound), keeping every draft
+    would not be, the kept fraction is sum min(p, q), and p and q are the model's and its first layers'."""
+    s = summary(executed)["sampled"]
+    ids = real_model.tokenizer.encode(s["prompt"])
+    logits = real_model.forward(np.asarray([ids]), np.arange(len(ids))[None], last_only=True)[0].astype(np.float64)
+    p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()        # temperature 1: plain softmax
+    draft = forward_first_layers(real_model, ids, 0, None, s["layers"])[0].astype(np.float64)
+    q = np.exp(draft - draft.max()) / np.exp(draft - draft.max()).sum()
+    assert s["temperature"] == 1.0 and s["layers"] < real_model.config.n_layers
+    assert s["overlap"] == pytest.approx(float(np.minimum(p, q).sum()), abs=1e-5)
+    assert s["tv_draft"] == pytest.approx(0.5 * float(np.abs(p - q).sum()), abs=1e-5)
+    n = s["draws"]
+    bound = 0.5 * np.sqrt(p * (1 - p) / n).sum() + np.sqrt(np.log(1000) / (2 * n))     # E[TV] + McDiarmid margin
+    assert n >= 1000 and s["bound"] == pytest.approx(bound, rel=1e-5)
+    assert s["identity_diff"] < 1e-9
+    assert s["tv_speculative"] <= s["bound"] and s["tv_plain"] <= s["bound"] < s["tv_draft"]
+    assert abs(s["kept"] - s["overlap"]) <= 4 * np.sqrt(s["overlap"] * (1 - s["overlap"]) / n) + 0.002

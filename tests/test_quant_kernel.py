@@ -41,9 +41,10 @@ def case(scheme: str, rows: int, cols: int, batch: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
-@pytest.mark.parametrize("rows,cols,batch", [(37, 96, 1), (8, 64, 3), (13, 160, 8), (6, 32, 11)])
+@pytest.mark.parametrize("rows,cols,batch", [(37, 96, 1), (8, 64, 3), (13, 160, 8), (6, 32, 11), (20, 2112, 2)])
 def test_kernel_equals_numpy_on_the_cpu_runner(scheme, rows, cols, batch):
-    """Rows not a multiple of the 4 rows per block, batches of 1, below, at and above MAX_BATCH (8)."""
+    """Rows not a multiple of the 16 rows per block (a warp with no row at all), batches of 1, below, at and above
+    MAX_BATCH (8), and 2112 columns: x staged in three chunks of at most 1024, the last a partial one."""
     x, lin, reference = case(scheme, rows, cols, batch)
     y = dequant_gemv(x, lin)
     assert y.dtype == np.float32 and y.shape == (batch, rows)
@@ -67,9 +68,9 @@ def test_kernel_checks_its_inputs():
         dequant_gemv(x.astype(np.float64), lin)
     with pytest.raises(InputError, match=r"\(N, 64\)"):
         dequant_gemv(x[:, :32], lin)
-    odd = QuantizedLinear.from_float(np.ones((4, 66), np.float32), "int8")
-    with pytest.raises(InputError, match="divisible by 4"):
-        dequant_gemv(np.ones((1, 66), np.float32), odd)
+    odd = QuantizedLinear.from_float(np.ones((4, 72), np.float32), "int8")
+    with pytest.raises(InputError, match="divisible by 16"):
+        dequant_gemv(np.ones((1, 72), np.float32), odd)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])

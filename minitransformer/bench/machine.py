@@ -8,10 +8,13 @@ The machine's ridge point, peak FLOP/s / peak bytes/s, separates the two regimes
 
     measure_copy_bandwidth  bytes read + written per second by a large array copy (the STREAM "copy" convention)
     measure_gemm_flops      float32 n x n matmul FLOP/s (2 n^3 FLOPs per product)
+    measure_matmul_rows     one weight matrix times T rows, for small T: what a batch or a verify pass costs here
     forward_cost            FLOPs and bytes of one forward pass (prefill: new_tokens = P; decode: 1 at context S)
     roofline_tokens_per_s   the decode upper bound: bandwidth / bytes read per token
+    H200                    a GPU's two peaks from its datasheet, for the same arithmetic on a machine we lack
 
-Lesson 02_prefill_vs_decode, scripts/bench_loop.py and the roofline figure use these.
+Lesson 02_prefill_vs_decode, scripts/bench_loop.py and the roofline figure use these; lessons 02, 08, 12 and 13 put
+the H200's numbers next to this machine's measured ones.
 """
 
 from __future__ import annotations
@@ -71,6 +74,19 @@ def measure_gemm_flops(xp=numpy, n: int = 1024, repeats: int = 3) -> float:
     a = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
     b = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
     return 2 * n**3 / _median_time(xp, lambda: a @ b, repeats)
+
+
+def measure_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, float]:
+    """Median seconds of x (T, D) @ w (D, O) for each T in rows: the same weights read, T times the arithmetic.
+
+    Were the product bound by reading w, T = 4 would cost what T = 1 costs; on a CPU it costs more, because BLAS
+    multiplies one row with a matrix-vector routine and several with a matrix-matrix one built for large blocks.
+    """
+    costs = {}
+    for T in rows:
+        x = xp.ones((T, w.shape[0]), dtype=w.dtype)                                 # (T, D)
+        costs[T] = _median_time(xp, lambda: x @ w, repeats)
+    return costs
 
 
 @dataclass
@@ -137,3 +153,35 @@ def roofline_tokens_per_s(weight_bytes: float, bandwidth: float) -> float:
     """Upper bound on batch-1 decode tokens/s: every step must stream all weights from memory at least once, so
     tokens/s <= bandwidth / bytes per token. Pass weights + cache bytes to include the cache read."""
     return bandwidth / weight_bytes
+
+
+@dataclass(frozen=True)
+class PublishedPeaks:
+    """Two peaks read from a maker's datasheet, not measured: the roofline of a machine the lessons cannot run on.
+
+    seconds() is a lower bound (no kernel launches, no overlap losses), which is what a roofline promises; real
+    steps of a model this small sit well above it, because each of its many small kernels has a fixed launch cost.
+    """
+    name: str
+    bandwidth: float           # bytes/s of main memory (HBM)
+    flops: float               # dense FLOP/s of the matrix units at `dtype`
+    dtype: str
+    dtype_bytes: int           # bytes per weight, cached key/value and activation at that dtype
+
+    @property
+    def ridge(self) -> float:
+        """FLOP per byte above which a pass waits on arithmetic rather than on memory."""
+        return self.flops / self.bandwidth
+
+    def cost(self, config: ModelConfig, new_tokens: int, context_tokens: int = 0, batch: int = 1) -> PhaseCost:
+        """forward_cost with every array at this machine's dtype (bf16 weights read, not float32)."""
+        return forward_cost(config, new_tokens, context_tokens, batch, dtype_bytes=self.dtype_bytes)
+
+    def seconds(self, cost: PhaseCost) -> float:
+        """Roofline time of one pass: the longer of its arithmetic at peak and its bytes at full bandwidth."""
+        return max(cost.flops / self.flops, cost.bytes / self.bandwidth)
+
+
+# NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (https://www.nvidia.com/en-us/data-center/h200/):
+# GPU memory bandwidth 4.8 TB/s (141 GB HBM3e); BF16 Tensor Core 1,979 TFLOPS *with sparsity*, so ~990 dense.
+H200 = PublishedPeaks("H200 SXM (datasheet)", bandwidth=4.8e12, flops=989e12, dtype="bf16", dtype_bytes=2)

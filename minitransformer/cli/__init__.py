@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files (default: figures)")
     fig.add_argument("--quick", action="store_true", help="tiny sweeps: seconds instead of minutes (for tests)")
     fig.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    fig.add_argument("--only", metavar="NAME,...", help="draw only these figures (e.g. request_flow.png,roofline), "
+                     "measuring only what they need")
 
     bench = commands.add_parser("bench", help="benchmark us against the installed peers and this machine's roofline")
     bench.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")

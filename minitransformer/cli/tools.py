@@ -48,7 +48,7 @@ def cmd_figures(args) -> int:
     """Measure, draw, and print the path of each figure (progress on stderr)."""
     from ..viz import make_figures
 
-    for path in make_figures(args.out, quick=args.quick, model_path=args.model):
+    for path in make_figures(args.out, quick=args.quick, model_path=args.model, only=args.only):
         print(path)
     return 0
 

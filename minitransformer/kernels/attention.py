@@ -16,6 +16,9 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import InputError
+from .checked import check_block_tables, checked_mode
+from .decode_sizing import (DECODE_VARIANTS, PARTITION_KERNELS, check_variant, choose_partition_size,
+                            decode_expressions, decode_shared_bytes, decode_threads, device_sm_count)
 from .loader import (CUDA_TYPE_NAMES, MAX_SHARED_BYTES, array_param, backend_of, get_kernel, scalar_param,
                      source_constant)
 
@@ -25,8 +28,9 @@ HEAD_DIMS = (64, 128)                                   # the head_dim template 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))   # float and __half storage; the math is float32
 
 PREFILL_EXPRESSIONS = tuple(f"flash_prefill<{CUDA_TYPE_NAMES[t]}, {d}>" for t in DTYPES for d in HEAD_DIMS)
-DECODE_EXPRESSIONS = tuple(f"paged_decode_{stage}<{CUDA_TYPE_NAMES[t]}, {d}>"
-                           for stage in ("partition", "merge") for t in DTYPES for d in HEAD_DIMS)
+DECODE_EXPRESSIONS = decode_expressions("bandwidth")
+DECODE_SIMPLE_FILE = DECODE_VARIANTS["simple"]           # the teaching baseline (decode_sizing.py)
+DECODE_SIMPLE_EXPRESSIONS = decode_expressions("simple")
 FLOAT_BYTES = 4
 
 
@@ -73,19 +77,21 @@ def prefill_shared_bytes(head_dim: int) -> int:
     return FLOAT_BYTES * (block_q * head_dim + block_k * (head_dim + 1) + block_k * head_dim)
 
 
-def flash_prefill(q, k, v, *, return_lse: bool = False, module=None):
+def flash_prefill(q, k, v, *, return_lse: bool = False, module=None, variant: str = "cuda_cores"):
     """Causal GQA attention of Tq queries, the last Tq of Tk positions, through the tiled kernel.
 
     q (B, H, Tq, d), k and v (B, K, Tk, d) -> out (B, H, Tq, d) of q's dtype, and lse (B, H, Tq) float32 (the
     natural log of each row's softmax denominator over the scaled scores) when `return_lse`.
-    `module`: a module built from an edited flash_prefill.cu (loader.build_module) instead of the shipped one.
+    `module`: a module built from an edited .cu file of the variant (loader.build_module) instead of the shipped one.
+    `variant`: "cuda_cores" (flash_prefill.cu, float32 or float16) or "wmma" (flash_prefill_wmma.cu: tensor
+    cores, float16 only; prefill_wmma.py).
     """
-    out, lse = plan_flash_prefill(q, k, v, module=module).run()
+    out, lse = plan_flash_prefill(q, k, v, module=module, variant=variant).run()
     return (out, lse) if return_lse else out
 
 
-def plan_flash_prefill(q, k, v, *, module=None) -> AttentionPlan:
-    """Check the inputs, allocate the outputs and prepare the launch of flash_prefill (see flash_prefill)."""
+def check_prefill_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Raise InputError unless q (B, H, Tq, d), k, v (B, K, Tk, d) fit the prefill kernels; return the sizes."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise InputError(f"flash_prefill takes q (B, H, Tq, d) and k, v (B, K, Tk, d); got {q.ndim}-D, {k.ndim}-D, "
                          f"{v.ndim}-D arrays")
@@ -101,6 +107,17 @@ def plan_flash_prefill(q, k, v, *, module=None) -> AttentionPlan:
     _check_storage("q", q)
     _check_storage("k", k, q.dtype)
     _check_storage("v", v, q.dtype)
+    return B, H, Tq, d, K, Tk
+
+
+def plan_flash_prefill(q, k, v, *, module=None, variant: str = "cuda_cores") -> AttentionPlan:
+    """Check the inputs, allocate the outputs and prepare the launch of flash_prefill (see flash_prefill)."""
+    if variant == "wmma":
+        from .prefill_wmma import plan_flash_prefill_wmma       # imports this module: loaded on first use
+        return plan_flash_prefill_wmma(q, k, v, module=module)
+    if variant != "cuda_cores":
+        raise InputError(f"flash_prefill variant {variant!r}: choose 'cuda_cores' or 'wmma'")
+    B, H, Tq, d, K, Tk = check_prefill_inputs(q, k, v)
 
     backend = backend_of(q)
     xp = array_module(q)
@@ -125,29 +142,27 @@ def plan_flash_prefill(q, k, v, *, module=None) -> AttentionPlan:
 
 # ---------------------------------------------------------------------------------------------------- decode ---
 
-def decode_shared_bytes(group: int, head_dim: int, partition_size: int, block_size: int) -> int:
-    """Dynamic shared memory of one paged_decode_partition block: q (G, d), scores (G, P), sums (G,), block ids."""
-    return FLOAT_BYTES * (group * head_dim + group * partition_size + group) + 4 * (partition_size // block_size)
-
-
-def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size: int = 512,
-                 return_lse: bool = False, module=None):
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size: int | None = None,
+                 return_lse: bool = False, module=None, variant: str = "bandwidth", num_sms: int | None = None):
     """One query per sequence against a paged KV cache, split over partitions of `partition_size` tokens.
 
     q (B, H, d); k_cache, v_cache (num_blocks, block_size, K, d); block_tables (B, max_blocks) int32;
     seq_lens (B,) int32 -> out (B, H, d) of q's dtype, and lse (B, H) float32 when `return_lse`.
     The grid covers max_blocks * block_size tokens (no device-to-host read of seq_lens); partitions past a
     sequence's length exit at once. With NumPy inputs seq_lens and the block ids in use are checked on the host;
-    with CuPy inputs that check would cost a synchronisation per step, so it is the caller's contract.
+    with CuPy inputs that check costs a synchronisation per step, so it runs only in checked mode (checked.py).
     `module`: a module built from an edited paged_decode.cu instead of the shipped one.
+    `variant`: "bandwidth" (paged_decode.cu) or "simple" (paged_decode_simple.cu, the teaching baseline).
+    `partition_size` None: sized by decode_sizing.choose_partition_size so the grid fills `num_sms` SMs (None: the
+    GPU's own count, or an H200's 132 on the CPU runner); the simple variant's default is 512.
     """
     out, lse = plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, partition_size=partition_size,
-                                 module=module).run()
+                                 module=module, variant=variant, num_sms=num_sms).run()
     return (out, lse) if return_lse else out
 
 
-def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size: int = 512,
-                      module=None) -> AttentionPlan:
+def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_size: int | None = None,
+                      module=None, variant: str = "bandwidth", num_sms: int | None = None) -> AttentionPlan:
     """Check the inputs, allocate partials and outputs, prepare both launches of paged_decode (see paged_decode)."""
     if q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
         raise InputError(f"paged_decode takes q (B, H, d) and k_cache, v_cache (num_blocks, block_size, K, d) of "
@@ -160,22 +175,29 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
         raise InputError(f"block_tables must be (B={B}, max_blocks) and seq_lens (B={B},); got "
                          f"{block_tables.shape} and {seq_lens.shape}")
     max_blocks = block_tables.shape[1]
-    max_group = source_constant(DECODE_FILE, "DECODE_MAX_GROUP")
+    check_variant(variant)
+    source = DECODE_VARIANTS[variant]
+    max_group = source_constant(source, "DECODE_MAX_GROUP")
     group = _check_heads(H, K, max_group)
     _check_head_dim(d)
+    backend = backend_of(q)
+    if partition_size is None:
+        partition_size = choose_partition_size(variant, B, K, max_blocks * block_size, block_size, group, d,
+                                               num_sms or device_sm_count(backend))
     if partition_size < block_size or partition_size % block_size:
         raise InputError(f"partition_size {partition_size} must be a positive multiple of block_size {block_size}")
-    shared = decode_shared_bytes(group, d, partition_size, block_size)
+    shared = decode_shared_bytes(group, d, partition_size, block_size, variant)
     if shared > MAX_SHARED_BYTES:
         raise InputError(f"partition_size {partition_size} needs {shared} bytes of shared memory for {group} heads "
                          f"per group; the limit is {MAX_SHARED_BYTES}: use a smaller partition")
     _check_storage("q", q)
     _check_storage("k_cache", k_cache, q.dtype)
     _check_storage("v_cache", v_cache, q.dtype)
+    if variant == "bandwidth":
+        _check_aligned16(q=q, k_cache=k_cache, v_cache=v_cache)
 
-    backend = backend_of(q)
-    if backend == "cpu":
-        _check_block_tables(block_tables, seq_lens, block_size, num_blocks)
+    if backend == "cpu" or checked_mode():
+        check_block_tables(block_tables, seq_lens, block_size, num_blocks)
     xp = array_module(q)
     T = q.dtype
     name = CUDA_TYPE_NAMES[T]
@@ -192,10 +214,10 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
                     array_param("part_sum", np.float32), array_param("seq_lens", np.int32),
                     array_param("out", T), array_param("lse", np.float32), scalar_param("num_heads", np.int32),
                     scalar_param("partition_size", np.int32), scalar_param("num_partitions", np.int32))
-    partition_kernel = get_kernel(DECODE_FILE, f"paged_decode_partition<{name}, {d}>", partition_params, backend,
-                                  DECODE_EXPRESSIONS, module)
-    merge_kernel = get_kernel(DECODE_FILE, f"paged_decode_merge<{name}, {d}>", merge_params, backend,
-                              DECODE_EXPRESSIONS, module)
+    expressions = decode_expressions(variant)
+    partition_kernel = get_kernel(source, f"{PARTITION_KERNELS[variant]}<{name}, {d}>", partition_params, backend,
+                                  expressions, module)
+    merge_kernel = get_kernel(source, f"paged_decode_merge<{name}, {d}>", merge_params, backend, expressions, module)
 
     part_out = xp.empty((B, H, num_partitions, d), dtype=np.float32)      # (B, H, P, d)
     part_max = xp.empty((B, H, num_partitions), dtype=np.float32)         # (B, H, P)
@@ -204,7 +226,7 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
     lse = xp.empty((B, H), dtype=np.float32)                              # (B, H)
 
     partition = partition_kernel.prepare(
-        (num_partitions, K, B), (d,),
+        (num_partitions, K, B), (decode_threads(variant, d),),
         (q, k_cache, v_cache, block_tables, seq_lens, part_out, part_max, part_sum, np.int32(H), np.int32(K),
          np.int32(block_size), np.int32(max_blocks), np.int32(partition_size), np.float32(1.0 / math.sqrt(d))),
         shared_mem=shared)
@@ -215,14 +237,11 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
     return AttentionPlan([partition, merge], out, lse, (part_out, part_max, part_sum))
 
 
-def _check_block_tables(block_tables, seq_lens, block_size: int, num_blocks: int) -> None:
-    """Host-side bounds check (NumPy inputs): lengths fit the table, and every block id in use is a real block."""
-    capacity = block_tables.shape[1] * block_size
-    if seq_lens.size and (seq_lens.min() < 0 or seq_lens.max() > capacity):
-        raise InputError(f"seq_lens must lie in [0, {capacity}] (max_blocks x block_size); "
-                         f"got {int(seq_lens.min())}..{int(seq_lens.max())}")
-    for b, length in enumerate(np.asarray(seq_lens).tolist()):
-        used = block_tables[b, :-(-length // block_size)]
-        if used.size and (used.min() < 0 or used.max() >= num_blocks):
-            raise InputError(f"block_tables[{b}] points outside the cache's {num_blocks} blocks: "
-                             f"{int(used.min())}..{int(used.max())}")
+def _check_aligned16(**arrays) -> None:
+    """The bandwidth kernel reads 16 bytes per load, which must start at a multiple of 16 (a row of d = 64 or 128
+    elements always does; an array that starts off that grid, e.g. a view at an odd offset, does not)."""
+    for name, array in arrays.items():
+        address = array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+        if address % 16:
+            raise InputError(f"{name} starts at an address that is not a multiple of 16 bytes: pass a copy "
+                             "(xp.ascontiguousarray of a fresh array)")

@@ -30,12 +30,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .attention import (DECODE_EXPRESSIONS, DECODE_FILE, HEAD_DIMS, PREFILL_EXPRESSIONS, PREFILL_FILE,
-                        decode_shared_bytes, prefill_shared_bytes)
+from .attention import (DECODE_EXPRESSIONS, DECODE_FILE, DECODE_SIMPLE_EXPRESSIONS, DECODE_SIMPLE_FILE, HEAD_DIMS,
+                        PREFILL_EXPRESSIONS, PREFILL_FILE, decode_shared_bytes, prefill_shared_bytes)
 from .loader import COMPILE_OPTIONS, CUPY_ADDED_OPTIONS, read_source, source_constant
+from .prefill_wmma import WMMA_EXPRESSIONS, WMMA_FILE, wmma_shared_bytes
 from .quant import GEMV_EXPRESSIONS, GEMV_FILE
 
-KERNEL_FILES = {PREFILL_FILE: PREFILL_EXPRESSIONS, DECODE_FILE: DECODE_EXPRESSIONS, GEMV_FILE: GEMV_EXPRESSIONS}
+# The wmma kernel needs sm_70+ (tensor cores); DEFAULT_ARCH has them.
+KERNEL_FILES = {PREFILL_FILE: PREFILL_EXPRESSIONS, WMMA_FILE: WMMA_EXPRESSIONS, DECODE_FILE: DECODE_EXPRESSIONS,
+                DECODE_SIMPLE_FILE: DECODE_SIMPLE_EXPRESSIONS, GEMV_FILE: GEMV_EXPRESSIONS}
 DEFAULT_ARCH = "sm_90"
 COMPILERS = ("auto", "nvcc", "nvrtc")
 
@@ -140,11 +143,15 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
 
 def launch_smem(name: str) -> int:
     """The most dynamic shared memory attention.py asks for this kernel (decode: G = max group, partition 512)."""
-    d = int(re.search(r",\s*(\d+)>", name).group(1))
+    d = int(re.search(r"(\d+)>$", name).group(1))
+    if name.startswith("flash_prefill_wmma"):
+        return wmma_shared_bytes(d)
     if name.startswith("flash_prefill"):
         return prefill_shared_bytes(d)
     if name.startswith("paged_decode_partition"):
         return decode_shared_bytes(source_constant(DECODE_FILE, "DECODE_MAX_GROUP"), d, 512, 16)
+    if name.startswith("paged_decode_simple_partition"):
+        return decode_shared_bytes(source_constant(DECODE_SIMPLE_FILE, "DECODE_MAX_GROUP"), d, 512, 16, "simple")
     return 0
 
 

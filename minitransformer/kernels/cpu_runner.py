@@ -2,8 +2,9 @@
 
 Why: the attention kernels must be proven correct on machines without a GPU (our CI, a learner's laptop). The same
 `.cu` text that CuPy compiles for the GPU is compiled here by g++ with `cuda_cpu/cuda_cpu.h`, which supplies the
-built-ins (threadIdx, __syncthreads, warp shuffles, shared memory, atomics, half types). Blocks run one after another;
-the threads of a block run as fibers (or OS threads) that switch only at barriers and warp collectives, so:
+built-ins (threadIdx, __syncthreads, warp shuffles, shared memory, atomics, half types; the wmma tile products in
+cuda_cpu/mma.h). Blocks run one after another; the threads of a block run as fibers (or OS threads) that switch
+only at barriers and warp collectives, so:
 - a divergent __syncthreads, threads exiting while others wait, a shuffle some lane never reaches, or a shuffle
   reading a lane that has returned raise KernelError with the .cu file and line;
 - shared memory is poisoned (all bytes 0xFF: NaN) before every block, and after each barrier and each round of

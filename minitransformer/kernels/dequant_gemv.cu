@@ -12,104 +12,173 @@
 // a time) writes and reads 4 bytes per weight again; here each weight crosses memory once, as 1 byte (int8) or half
 // a byte (int4), and becomes a float only in a register.
 //
-// Layout of the work: grid = (ceil(out / ROWS_PER_BLOCK), ceil(B / MAX_BATCH)), block = ROWS_PER_BLOCK warps.
-//   Warp w of block x owns output row o = x * ROWS_PER_BLOCK + w. Its 32 lanes read the row in 4-byte words, lane l
-//   taking words l, l + 32, ...: consecutive lanes read consecutive words (coalesced). Each weight is dequantized once
-//   and multiplied into the MAX_BATCH rows of x (accumulators in registers), so the row is read once per launch for
-//   up to MAX_BATCH sequences. A warp reduction finishes each dot product; lane 0 writes y.
-//   No shared memory and no __syncthreads: warps never share data.
-// Requirements (checked by kernels/quant.py): int8 in % 4 == 0 (word loads stay aligned); int4 in % 32 == 0.
+// Layout of the work: grid = (ceil(out / ROWS_PER_BLOCK), ceil(B / MAX_BATCH)), block = GEMV_WARPS warps.
+//   x is staged in shared memory once per block, GEMV_CHUNK columns of its (up to) MAX_BATCH rows at a time, with
+//   16-byte loads; every warp of the block then reads it from there instead of from global memory.
+//   Warp w owns ROWS_PER_BLOCK / GEMV_WARPS consecutive output rows and walks them together: per step each lane
+//   issues one 16-byte load per row (16 int8 weights, or 32 int4 weights = one quantization group), all before any
+//   is used, so a warp has that many 512-byte loads in flight. Each weight is dequantized once and multiplied into
+//   the MAX_BATCH rows of x (accumulators in registers), so the weights are read once per launch for up to MAX_BATCH
+//   sequences. A warp reduction finishes each dot product; lane 0 writes y.
+// Requirements (checked by kernels/quant.py): int8 in % 16 == 0, int4 in % 32 == 0 (every row starts on a 16-byte
+// boundary); x 16-byte aligned.
 #include "common.cuh"
 
-constexpr int GEMV_ROWS_PER_BLOCK = 4;   // warps per block, one output row each
+constexpr int GEMV_WARPS = 4;            // warps per block
+constexpr int GEMV_ROWS_PER_BLOCK = 16;  // output rows per block: 4 per warp, their loads in flight together
+constexpr int GEMV_CHUNK = 1024;         // columns of x staged in shared memory at a time (a multiple of 32)
 
-// One 4-byte word of int8 weights: 4 values starting at column i, scaled at the end (one scale per row).
+// x[b0 .. b0 + nb) columns [k0, k0 + width) -> x_s (MAX_BATCH, GEMV_CHUNK), 4 floats per load.
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, float* x_s, int b0, int nb, int in_features,
+                                        int k0, int width) {
+    const int quads = width / 4;
+    for (int i = threadIdx.x; i < nb * quads; i += blockDim.x) {
+        const int b = i / quads, c = 4 * (i % quads);
+        *reinterpret_cast<float4*>(x_s + b * GEMV_CHUNK + c) =
+            *reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * in_features + k0 + c);
+    }
+}
+
 template <int ROWS_PER_BLOCK, int MAX_BATCH>
-__global__ void
+__global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE)
 dequant_gemv_int8(const float* __restrict__ x,            // (B, in)
                   const signed char* __restrict__ q,      // (out, in)
                   const float* __restrict__ scale,        // (out,)
                   float* __restrict__ y,                  // (B, out)
                   int batch, int in_features, int out_features) {
+    constexpr int ROWS = ROWS_PER_BLOCK / GEMV_WARPS;     // rows of this warp
+    constexpr int VALS = 16;                              // int8 weights per 16-byte load
+    static_assert(ROWS_PER_BLOCK % GEMV_WARPS == 0, "rows split evenly over the warps");
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    const int o = blockIdx.x * ROWS_PER_BLOCK + warp;
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp * ROWS;
     const int b0 = blockIdx.y * MAX_BATCH;                // first row of x this block handles
-    if (o >= out_features) return;                        // a whole warp leaves: no collective is skipped
     const int nb = min(MAX_BATCH, batch - b0);
+    extern __shared__ float x_s[];                        // (MAX_BATCH, GEMV_CHUNK)
 
-    float acc[MAX_BATCH];
+    float acc[ROWS][MAX_BATCH];
 #pragma unroll
-    for (int b = 0; b < MAX_BATCH; ++b) acc[b] = 0.0f;
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int b = 0; b < MAX_BATCH; ++b) acc[r][b] = 0.0f;
 
-    const unsigned* row = reinterpret_cast<const unsigned*>(q + (size_t)o * in_features);
-    const int words = in_features / 4;
-    for (int w = lane; w < words; w += WARP_SIZE) {
-        const unsigned word = row[w];
-        float wv[4];
+    for (int k0 = 0; k0 < in_features; k0 += GEMV_CHUNK) {
+        const int width = min(GEMV_CHUNK, in_features - k0);
+        stage_x(x, x_s, b0, nb, in_features, k0, width);
+        __syncthreads();                                  // the chunk is in shared memory
+        for (int c = lane * VALS; c < width; c += WARP_SIZE * VALS) {
+            uint4 raw[ROWS];                              // rows past out_features (a whole warp's, at the end) read 0
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wv[j] = (float)(signed char)(word >> (8 * j));   // sign-extend byte j
+            for (int r = 0; r < ROWS; ++r)
+                raw[r] = row0 + r < out_features ? load16(q + (size_t)(row0 + r) * in_features + k0 + c)
+                                                 : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-        for (int b = 0; b < MAX_BATCH; ++b) {
-            if (b < nb) {
-                const float* xr = x + (size_t)(b0 + b) * in_features + 4 * w;
-                acc[b] += xr[0] * wv[0] + xr[1] * wv[1] + xr[2] * wv[2] + xr[3] * wv[3];
+            for (int w = 0; w < 4; ++w) {                 // word w: the weights of columns c + 4w .. c + 4w + 3
+                float wv[ROWS][4];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const unsigned words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) wv[r][j] = (float)(signed char)(words[w] >> (8 * j));
+                }
+#pragma unroll
+                for (int b = 0; b < MAX_BATCH; ++b) {
+                    if (b < nb) {
+                        const float4 xv = *reinterpret_cast<const float4*>(x_s + b * GEMV_CHUNK + c + 4 * w);
+#pragma unroll
+                        for (int r = 0; r < ROWS; ++r)
+                            acc[r][b] += xv.x * wv[r][0] + xv.y * wv[r][1] + xv.z * wv[r][2] + xv.w * wv[r][3];
+                    }
+                }
             }
         }
+        __syncthreads();                                  // every warp is done with the chunk before the next
     }
-    const float s = scale[o];
 #pragma unroll
-    for (int b = 0; b < MAX_BATCH; ++b) {
-        const float total = warp_sum(acc[b]);             // every lane takes part, even for b >= nb
-        if (lane == 0 && b < nb) y[(size_t)(b0 + b) * out_features + o] = total * s;
+    for (int r = 0; r < ROWS; ++r) {
+        const int o = row0 + r;
+        const float s = o < out_features ? scale[o] : 0.0f;
+#pragma unroll
+        for (int b = 0; b < MAX_BATCH; ++b) {
+            const float total = warp_sum(acc[r][b]);      // every lane takes part, even for b >= nb
+            if (lane == 0 && b < nb && o < out_features) y[(size_t)(b0 + b) * out_features + o] = total * s;
+        }
     }
 }
 
-// One 4-byte word of packed int4 weights: 8 values starting at column 8 * w, all in group (8 * w) / 32.
+// One 16-byte load of packed int4 weights: 32 values of columns c .. c + 31, exactly the quantization group c / 32.
 template <int ROWS_PER_BLOCK, int MAX_BATCH>
-__global__ void
+__global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE)
 dequant_gemv_int4(const float* __restrict__ x,            // (B, in)
                   const unsigned char* __restrict__ packed, // (out, in / 2)
                   const __half* __restrict__ scale,       // (out, in / 32)
                   const __half* __restrict__ minimum,     // (out, in / 32)
                   float* __restrict__ y,                  // (B, out)
                   int batch, int in_features, int out_features) {
+    constexpr int ROWS = ROWS_PER_BLOCK / GEMV_WARPS;
+    constexpr int VALS = 32;                              // int4 weights per 16-byte load: one group
+    static_assert(ROWS_PER_BLOCK % GEMV_WARPS == 0, "rows split evenly over the warps");
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    const int o = blockIdx.x * ROWS_PER_BLOCK + warp;
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK + warp * ROWS;
     const int b0 = blockIdx.y * MAX_BATCH;
-    if (o >= out_features) return;
     const int nb = min(MAX_BATCH, batch - b0);
     const int groups = in_features / 32;
+    extern __shared__ float x_s[];                        // (MAX_BATCH, GEMV_CHUNK)
 
-    float acc[MAX_BATCH];
+    float acc[ROWS][MAX_BATCH];
 #pragma unroll
-    for (int b = 0; b < MAX_BATCH; ++b) acc[b] = 0.0f;
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int b = 0; b < MAX_BATCH; ++b) acc[r][b] = 0.0f;
 
-    const unsigned* row = reinterpret_cast<const unsigned*>(packed + (size_t)o * (in_features / 2));
-    const int words = in_features / 8;
-    for (int w = lane; w < words; w += WARP_SIZE) {
-        const unsigned word = row[w];
-        const int g = w / 4;                              // 4 words = 16 bytes = 32 values = one group
-        const float d = to_float(scale[(size_t)o * groups + g]);
-        const float m = to_float(minimum[(size_t)o * groups + g]);
-        float wv[8];
+    for (int k0 = 0; k0 < in_features; k0 += GEMV_CHUNK) {
+        const int width = min(GEMV_CHUNK, in_features - k0);
+        stage_x(x, x_s, b0, nb, in_features, k0, width);
+        __syncthreads();
+        for (int c = lane * VALS; c < width; c += WARP_SIZE * VALS) {
+            const int g = (k0 + c) / 32;
+            uint4 raw[ROWS];
+            float d[ROWS], m[ROWS];                       // the group's scale and minimum, per row
 #pragma unroll
-        for (int j = 0; j < 8; ++j) wv[j] = (float)((word >> (4 * j)) & 0xFu) * d + m;   // nibble j = value 8w + j
+            for (int r = 0; r < ROWS; ++r) {
+                const bool ok = row0 + r < out_features;
+                const size_t row = ok ? row0 + r : 0;
+                raw[r] = ok ? load16(packed + row * (in_features / 2) + (k0 + c) / 2) : make_uint4(0u, 0u, 0u, 0u);
+                d[r] = ok ? to_float(scale[row * groups + g]) : 0.0f;
+                m[r] = ok ? to_float(minimum[row * groups + g]) : 0.0f;
+            }
 #pragma unroll
-        for (int b = 0; b < MAX_BATCH; ++b) {
-            if (b < nb) {
-                const float* xr = x + (size_t)(b0 + b) * in_features + 8 * w;
-                float dot = 0.0f;
+            for (int w = 0; w < 4; ++w) {                 // word w: nibble j is the value of column c + 8w + j
+                float wv[ROWS][8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) dot += xr[j] * wv[j];
-                acc[b] += dot;
+                for (int r = 0; r < ROWS; ++r) {
+                    const unsigned words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) wv[r][j] = (float)((words[w] >> (4 * j)) & 0xFu) * d[r] + m[r];
+                }
+#pragma unroll
+                for (int b = 0; b < MAX_BATCH; ++b) {
+                    if (b < nb) {
+                        const float4 x0 = *reinterpret_cast<const float4*>(x_s + b * GEMV_CHUNK + c + 8 * w);
+                        const float4 x1 = *reinterpret_cast<const float4*>(x_s + b * GEMV_CHUNK + c + 8 * w + 4);
+#pragma unroll
+                        for (int r = 0; r < ROWS; ++r)
+                            acc[r][b] += x0.x * wv[r][0] + x0.y * wv[r][1] + x0.z * wv[r][2] + x0.w * wv[r][3]
+                                       + x1.x * wv[r][4] + x1.y * wv[r][5] + x1.z * wv[r][6] + x1.w * wv[r][7];
+                    }
+                }
             }
         }
+        __syncthreads();
     }
 #pragma unroll
-    for (int b = 0; b < MAX_BATCH; ++b) {
-        const float total = warp_sum(acc[b]);
-        if (lane == 0 && b < nb) y[(size_t)(b0 + b) * out_features + o] = total;
+    for (int r = 0; r < ROWS; ++r) {
+        const int o = row0 + r;
+#pragma unroll
+        for (int b = 0; b < MAX_BATCH; ++b) {
+            const float total = warp_sum(acc[r][b]);
+            if (lane == 0 && b < nb && o < out_features) y[(size_t)(b0 + b) * out_features + o] = total;
+        }
     }
 }

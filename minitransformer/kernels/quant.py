@@ -32,15 +32,23 @@ def dequant_gemv(x, w, module=None):
         raise InputError(f"dequant_gemv needs x of shape (N, {w.in_features}), got {tuple(x.shape)}")
     if x.dtype != np.float32:
         raise InputError(f"dequant_gemv takes float32 activations, got {x.dtype}")
-    multiple = 4 if w.scheme == "int8" else INT4_GROUP
+    multiple = 16 if w.scheme == "int8" else INT4_GROUP   # every weight row starts on a 16-byte boundary
     if w.in_features % multiple:
         raise InputError(f"{w.scheme} dequant_gemv needs in_features divisible by {multiple}, got {w.in_features}")
     backend = backend_of(x)
     xp = np if backend == "cpu" else __import__("cupy")
     x = xp.ascontiguousarray(x)
+    if (x.ctypes.data if backend == "cpu" else x.data.ptr) % 16:
+        x = x.copy()                                      # the kernel stages x with 16-byte loads: a fresh array
+    weights_at = w.data[0].ctypes.data if backend == "cpu" else w.data[0].data.ptr
+    if weights_at % 16:
+        raise InputError("dequant_gemv reads weight rows with 16-byte loads: the weight array must start on a "
+                         "16-byte boundary (pass a fresh contiguous copy)")
     N = x.shape[0]
     max_batch = BATCH_SIZES[0] if N == 1 else BATCH_SIZES[-1]
     rows = source_constant(GEMV_FILE, "GEMV_ROWS_PER_BLOCK")
+    threads = 32 * source_constant(GEMV_FILE, "GEMV_WARPS")
+    shared = 4 * max_batch * min(source_constant(GEMV_FILE, "GEMV_CHUNK"), w.in_features)   # x staged, float32
     name = f"dequant_gemv_{w.scheme}<{rows}, {max_batch}>"
     if w.scheme == "int8":
         weights = (array_param("q", np.int8), array_param("scale", np.float32))
@@ -53,5 +61,6 @@ def dequant_gemv(x, w, module=None):
     kernel = get_kernel(GEMV_FILE, name, params, backend, GEMV_EXPRESSIONS, module)
     y = xp.empty((N, w.out_features), dtype=np.float32)                                  # (N, out)
     grid = (-(-w.out_features // rows), -(-N // max_batch))
-    kernel(grid, (rows * 32,), (x, *w.data, y, np.int32(N), np.int32(w.in_features), np.int32(w.out_features)))
+    kernel(grid, (threads,), (x, *w.data, y, np.int32(N), np.int32(w.in_features), np.int32(w.out_features)),
+           shared_mem=shared)
     return y

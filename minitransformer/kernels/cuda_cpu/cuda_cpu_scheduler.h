@@ -1,8 +1,8 @@
 // The scheduler of the CPU runner: the threads of one block as fibers (or OS threads), run one at a time.
 //
-// Only one emulated CUDA thread runs at any moment. It runs until it blocks -- at __syncthreads, at a warp
-// collective (__shfl_*_sync, __syncwarp, __ballot_sync) -- or until it returns. When no thread can run, the
-// scheduler completes what can be completed (a warp collective all of whose lanes arrived, then a barrier all
+// Only one emulated CUDA thread runs at any moment. It runs until it blocks -- at __syncthreads, at a warp collective
+// (__shfl_*_sync, __syncwarp, __ballot_sync, mma.h's wmma functions) -- or until it returns. When no thread can run,
+// the scheduler completes what can be completed (a warp collective all of whose lanes arrived, then a barrier all
 // threads reached at the same line) and otherwise reports, with file and line, why the block is stuck: a divergent
 // barrier, threads exiting while others wait, a shuffle some lane never reaches, a shuffle reading a lane that has
 // returned. Because threads never run concurrently, plain read-modify-write is atomic and no emulated memory access
@@ -49,9 +49,11 @@ namespace cudacpu {
 template <class T> struct half_kind { static constexpr int value = 0; };  // specialised by cuda_fp16.h / cuda_bf16.h
 
 enum State { READY, AT_BARRIER, AT_WARP, DONE };
-enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, SYNCWARP, BALLOT };
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, SYNCWARP, BALLOT, WMMA_LOAD, WMMA_STORE, WMMA_MMA };
 static const char* const warp_op_names[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-                                            "__shfl_xor_sync", "__syncwarp", "__ballot_sync"};
+                                            "__shfl_xor_sync", "__syncwarp", "__ballot_sync",
+                                            "wmma::load_matrix_sync", "wmma::store_matrix_sync", "wmma::mma_sync"};
+inline bool exchanges_values(int op) { return op <= SHFL_XOR; }    // the shuffles; the rest only meet (mma.h)
 static const int WARP = 32;
 static const size_t MAX_DYNAMIC_SHARED = 227 * 1024;      // sm_90's largest opt-in shared memory per block
 
@@ -229,7 +231,7 @@ static bool complete_warp_collectives() {
                 if (group & (1u << j))
                     complete = lanes[j].state == AT_WARP && lanes[j].mask == f.mask && lanes[j].op == f.op;
             if (!complete) continue;
-            for (unsigned j = 0; j < WARP && f.op != BALLOT && f.op != SYNCWARP; ++j) {
+            for (unsigned j = 0; j < WARP && exchanges_values(f.op); ++j) {
                 const unsigned src = (group & (1u << j)) ? source_lane(lanes[j], j) : WARP;
                 if (src >= WARP || !(exited & (1u << src))) continue;
                 char a[64], b[64];
@@ -248,9 +250,11 @@ static bool complete_warp_collectives() {
                 Fiber& t = lanes[j];
                 if (t.op == BALLOT) {
                     t.result = uint64_t(ballot) | (uint64_t(group) << 32);
-                } else if (t.op != SYNCWARP) {
+                } else if (exchanges_values(t.op)) {
                     const unsigned src = source_lane(t, j);
                     t.result = src < WARP && (group & (1u << src)) ? lanes[src].value : ~uint64_t(0);
+                } else {
+                    t.result = group;                       // __syncwarp, wmma: the lanes that took part
                 }
                 t.state = READY;
             }

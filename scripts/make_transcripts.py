@@ -1,0 +1,277 @@
+"""Run every lesson once at its default settings and write what it printed to lessons/transcripts/NN_name.md, for
+readers who read before they run (docs/interview.md quotes its numbers from these files).
+
+    python scripts/make_transcripts.py                 # all lessons, one after another (tens of minutes on 2 cores)
+    python scripts/make_transcripts.py --only 02,12    # only these lessons
+    python scripts/make_transcripts.py --log FILE      # progress to FILE as well as to the terminal
+
+A lesson prints with rich; piped, it prints plain text, and COLUMNS=120 fixes the width, so the transcript is what a
+reader of a 120-column terminal sees, without colour codes. Lessons run one at a time: their timings are part of
+what they teach and two at once would share the cores. A lesson that fails keeps its old transcript, the others
+still run, and the script exits 1.
+
+docs/interview.md quotes the transcripts in “curly quotes”; after the lessons ran, each quote takes its transcript's
+new numbers (refresh_quotes). A quote whose words no longer appear is listed, and the script exits 1.
+
+outline() is the check behind tests/test_transcripts.py: a transcript must keep its lesson's section headings, table
+columns and row labels (numbers masked), so a renamed section shows up as a failing test, not as a stale file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ROOT / "lessons"
+TRANSCRIPTS = LESSONS / "transcripts"
+WIDTH = 120
+FENCE = "````"                                        # four backticks: a lesson's output may itself contain three
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+NUMBER = re.compile(r"[-+]?\d[\d,._]*")               # 1,024  0.14  -3  1e-05 (-> #e#): masked before comparing
+
+
+def lessons() -> list[Path]:
+    return sorted(LESSONS.glob("[0-9][0-9]_*.py"))
+
+
+def transcript_for(lesson: Path) -> Path:
+    return TRANSCRIPTS / f"{lesson.stem}.md"
+
+
+def title(lesson: Path) -> str:
+    """'the autoregressive loop' from the docstring's 'Lesson 01: the autoregressive loop — ...'."""
+    first = (ast.get_docstring(ast.parse(lesson.read_text())) or lesson.stem).split("\n")[0]
+    name = first.split(":", 1)[1].strip() if first.startswith("Lesson") else first
+    return re.split(r" — | -- |: ", name, maxsplit=1)[0].rstrip(".")
+
+
+def machine() -> str:
+    """Where the run happened: the CPU (as every figure names it), Python and NumPy versions, the model file."""
+    sys.path.insert(0, str(ROOT))
+    import numpy
+
+    from minitransformer.viz import machine_label
+    from minitransformer.weights import find_default_model
+    model = os.environ.get("MINITRANSFORMER_MODEL") or find_default_model()
+    return (f"{machine_label()}, Python {platform.python_version()}, NumPy {numpy.__version__}; "
+            f"model {Path(model).name if model else 'the default (not yet downloaded)'}")
+
+
+def run(lesson: Path, args: list[str] = (), timeout: float | None = None,
+        env: dict | None = None) -> tuple[int, str, str, float]:
+    """Run a lesson as a reader pipes it: plain text at WIDTH columns. Returns (exit code, stdout, stderr, seconds)."""
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in ("FORCE_COLOR", "LINES")}
+    env.update(COLUMNS=str(WIDTH), NO_COLOR="1", TERM="dumb", PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(lesson), *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=timeout)
+    return done.returncode, ANSI.sub("", done.stdout), ANSI.sub("", done.stderr), time.perf_counter() - start
+
+
+def command(lesson: Path, args: list[str] = ()) -> str:
+    return " ".join(["python", lesson.relative_to(ROOT).as_posix(), *args])
+
+
+def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime, load: float) -> str:
+    number = lesson.stem[:2]
+    return "\n".join([
+        f"# Lesson {number} transcript: {title(lesson)}",
+        "",
+        f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default settings, as",
+        f"printed to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every timing is this machine's,",
+        "and other programs sharing its cores slow them (the load average says how busy it was).",
+        "",
+        f"- machine: {where}",
+        f"- command: `{command(lesson)}`",
+        f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model, load average {load:.1f} at "
+        "the start",
+        f"- regenerate: `python scripts/make_transcripts.py --only {number}`",
+        "",
+        FENCE + "text",
+        output.rstrip("\n"),
+        FENCE,
+        "",
+    ])
+
+
+def read(transcript: Path) -> tuple[str, str]:
+    """(the command line, the lesson's output) of a transcript written by render()."""
+    text = transcript.read_text()
+    cmd = re.search(r"^- command: `([^`]+)`$", text, re.M)
+    body = re.search(rf"^{FENCE}text\n(.*)\n{FENCE}$", text, re.M | re.S)
+    if not cmd or not body:
+        raise ValueError(f"{transcript} is not in make_transcripts.py's format")
+    return cmd.group(1), body.group(1)
+
+
+# ------------------------------------------------------------------------------------------------ the outline
+
+def mask(text: str) -> str:
+    """Numbers -> '#', whitespace dropped: two runs of a lesson differ in their numbers and in where rich wraps."""
+    return re.sub(r"\s+", "", NUMBER.sub("#", text))
+
+
+def outline(output: str) -> dict:
+    """What must not change between a transcript and a fresh run of its lesson, read from the plain-text output:
+
+    headings  every rule's title ('──── 1. The loop ────'), and the first words of a numbered paragraph that starts
+              the output or follows a rule or a table ('2. greedy, 32 new'), in order
+    tables    every table's column names (the rows between ┏ and ┡, wrapped cells joined), in order; a table printed
+              several times in a row counts once, since how many times can depend on the settings. Not its title:
+              wrapped to the table's width, it cannot be told apart from the text above it
+    labels    per entry of `tables`, the first cell of each printed line of its rows (a wrapped label: its pieces)
+    """
+    headings, tables, labels = [], [], []
+    header, body, previous = None, None, ""
+    for line in output.splitlines():
+        line, after = line.rstrip(), previous
+        previous = line
+        if m := re.fullmatch(r"─+ (.+?) ─+", line):
+            headings.append(mask(m.group(1)))
+        elif re.match(r"\d{1,2}[a-z]?\. \S", line) and (not after or after.startswith(("─", "└"))):
+            headings.append(mask(" ".join(line.split()[:4])))    # not a wrapped line: those follow text
+        elif line.startswith(("┏", "┌")):                 # a table starts: with a header (┏) or without (┌)
+            header, body = [], []
+        elif line.startswith("┃") and header is not None:
+            cells = [mask(c) for c in line.strip("┃").split("┃")]
+            header = [a + c for a, c in zip(header, cells)] if header else cells
+        elif line.startswith("│") and body is not None:
+            if first := mask(line.strip("│").split("│")[0]):
+                body.append(first)                       # a blank first cell: the row above, wrapped
+        elif line.startswith("└") and body is not None:
+            if tables and tables[-1] == header:
+                labels[-1] += body
+            else:
+                tables.append(header)
+                labels.append(body)
+            header, body = None, None
+    return {"headings": headings, "tables": tables, "labels": labels}
+
+
+def differences(transcript: dict, fresh: dict) -> list[str]:
+    """How a fresh run's outline departs from a transcript's: the same headings and table columns, in the same
+    order, and every row label of the fresh run among the transcript's (a small run may print fewer rows)."""
+    problems = []
+    if transcript["headings"] != fresh["headings"]:
+        problems.append(f"headings: transcript {transcript['headings']} vs lesson {fresh['headings']}")
+    if transcript["tables"] != fresh["tables"]:
+        problems.append(f"table columns: transcript {transcript['tables']} vs lesson {fresh['tables']}")
+    else:
+        for columns, old, new in zip(fresh["tables"], transcript["labels"], fresh["labels"]):
+            joined = "".join(old)          # a label wrapped at another place: its pieces still join up
+            missing = [label for label in new if label not in joined]
+            if missing:
+                problems.append(f"row labels of the table {columns[:3]}...: {missing} not in the transcript")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ quotes
+
+INTERVIEW = ROOT / "docs" / "interview.md"
+QUOTE = re.compile(r"“([^”]+)”")                         # “...”: words copied from a transcript
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())                         # rich wrapped the transcript's lines at other places
+
+
+def quotes(doc: Path = INTERVIEW) -> list[tuple[str, list[Path]]]:
+    """Every “quote” of a markdown file with the transcripts linked in its paragraph, where it must appear."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", doc.read_text()):
+        linked = [(doc.parent / link.split("#")[0]).resolve() for link in LINK.findall(paragraph)]
+        sources = [p for p in linked if p.parent == TRANSCRIPTS.resolve()]
+        found += [(flat(q), sources) for q in QUOTE.findall(paragraph)]
+    return found
+
+
+def wildcard(quote: str) -> re.Pattern:
+    """The quote with every number a wildcard: '7959 ms at 256' matches '8012 ms at 256'."""
+    parts = re.split(f"({NUMBER.pattern})", quote)                 # text, number, text, number, ..., text
+    return re.compile("".join(NUMBER.pattern if i % 2 else re.escape(part) for i, part in enumerate(parts)))
+
+
+def rewrap(written: str, new: str) -> str:
+    """The new quote with the old one's line breaks: numbers contain no spaces, so the words pair up one to one."""
+    pieces, words = re.split(r"(\s+)", written[1:-1]), iter(new.split())
+    return "“" + "".join(p if i % 2 else next(words) for i, p in enumerate(pieces)) + "”"
+
+
+def refresh_quotes(doc: Path = INTERVIEW) -> list[str]:
+    """Put the transcripts' new numbers into the quotes of `doc`: a quote whose words, numbers aside, appear in a
+    transcript its paragraph links becomes that transcript's text. Returns the quotes found nowhere (fix by hand)."""
+    text, stale, outputs = doc.read_text(), [], {}
+    for quote, sources in quotes(doc):
+        for source in sources:
+            if source not in outputs:
+                outputs[source] = flat(read(source)[1]) if source.is_file() else ""
+        if any(quote in outputs[s] for s in sources):
+            continue
+        hits = [m.group(0) for m in (wildcard(quote).search(outputs[s]) for s in sources) if m]
+        if not hits:
+            stale.append(quote)
+            continue
+        written = "“" + r"\s+".join(map(re.escape, quote.split())) + "”"     # the doc may wrap a quote over lines
+        text = re.sub(written, lambda m: rewrap(m.group(0), hits[0]), text)
+    doc.write_text(text)
+    return stale
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="Run every lesson at its default settings and write "
+                                             "lessons/transcripts/NN_name.md from what it printed.")
+    ap.add_argument("--only", help="comma-separated lesson numbers, e.g. 02,12 (default: every lesson)")
+    ap.add_argument("--log", type=Path, help="append progress lines to this file as well")
+    args = ap.parse_args()
+    chosen = lessons()
+    if args.only:
+        wanted = {n.strip().zfill(2) for n in args.only.split(",")}
+        unknown = wanted - {p.stem[:2] for p in chosen}
+        if unknown:
+            ap.error(f"no lesson numbered {', '.join(sorted(unknown))}")
+        chosen = [p for p in chosen if p.stem[:2] in wanted]
+
+    def say(message: str) -> None:
+        line = f"{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {message}"
+        print(line, flush=True)
+        if args.log:
+            with args.log.open("a") as handle:
+                handle.write(line + "\n")
+
+    where, failed, stale = machine(), [], []
+    TRANSCRIPTS.mkdir(exist_ok=True)
+    say(f"{len(chosen)} lessons on {where}")
+    for lesson in chosen:
+        say(f"{lesson.name} ...")
+        when, load = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
+        code, out, err, seconds = run(lesson)
+        if code != 0 or not out.strip():
+            failed.append(lesson.name)
+            say(f"{lesson.name} FAILED (exit {code}) after {seconds:.0f} s; its transcript is unchanged:\n"
+                + err[-2000:])
+            continue
+        transcript_for(lesson).write_text(render(lesson, out, seconds, where, when, load))
+        say(f"{lesson.name} done in {seconds:.0f} s -> {transcript_for(lesson).relative_to(ROOT)}")
+    if failed:
+        say(f"failed: {', '.join(failed)}")
+    if INTERVIEW.is_file():
+        stale = refresh_quotes()
+        say(f"{INTERVIEW.relative_to(ROOT)}: quotes updated to the new numbers"
+            + (f"; found in no linked transcript, fix by hand: {stale}" if stale else ""))
+    return 1 if failed or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

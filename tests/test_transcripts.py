@@ -1,0 +1,135 @@
+"""lessons/transcripts/: one per lesson, in scripts/make_transcripts.py's format, each still showing what its lesson
+prints today. A fresh run of every lesson with small settings (below) must have the transcript's section headings
+and table columns, in order, and only row labels the transcript has; numbers are masked, since they differ between
+runs and machines. When a lesson's sections change, regenerate: python scripts/make_transcripts.py --only NN.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import make_transcripts as mt  # noqa: E402
+
+# The smallest settings that still print every section, table and kind of row label the defaults print (a sweep
+# of 2 values where the default sweeps 3: its row labels are numbers, masked alike).
+SMALL = {
+    "01": ["--tokens", "3"],
+    "02": ["--prompt-tokens", "24", "--new-tokens", "3", "--lengths", "8,16", "--steps", "2", "--repeats", "1"],
+    "03": ["--tokens", "2"],
+    "04": ["--prompt-tokens", "8", "--tokens", "5", "--rows", "3"],
+    "05": ["--tokens", "3", "--repeats", "3"],
+    "06": ["--cancel-after", "2", "--emoji-tokens", "6"],
+    "07": ["--tokens", "4", "--lengths", "16,48", "--outputs", "2,4"],
+    "08": ["--requests", "5", "--max-num-seqs", "2", "--sweep", "1,3", "--max-prompt", "24", "--max-output", "6"],
+    "09": ["--requests", "3", "--max-tokens", "12", "--block-size", "4", "--shared", "3", "--every", "1",
+           "--max-model-len", "512"],
+    "10": ["--slots", "2", "--flood", "4", "--urgent", "1", "--low-tokens", "3", "--urgent-tokens", "2", "--stream",
+           "5", "--aging", "2"],
+    "11": ["--layers", "2", "--sizes", "256,2048"],
+    "12": ["--tokens", "6", "--ks", "1,2", "--prompts", "repeat,code,free", "--repeats", "1", "--draws", "400",
+           "--temperatures", "0.7,1.0"],
+    "13": ["--tokens", "48", "--window", "24", "--greedy-tokens", "4", "--kv-tokens", "256"],
+    "14": ["--requests", "4", "--rates", "2,8", "--max-num-seqs", "1,4", "--max-tokens", "4", "--max-prompt", "32"],
+}
+LESSONS = mt.lessons()
+
+
+def test_every_lesson_has_a_transcript_small_settings_and_no_transcript_is_orphaned():
+    numbers = [p.stem[:2] for p in LESSONS]
+    assert sorted(SMALL) == numbers, "give every lesson small settings in SMALL above"
+    missing = [p.name for p in LESSONS if not mt.transcript_for(p).is_file()]
+    assert not missing, f"no transcript for {missing}: python scripts/make_transcripts.py --only ..."
+    orphans = {p.stem for p in mt.TRANSCRIPTS.glob("*.md")} - {p.stem for p in LESSONS}
+    assert not orphans, f"transcripts without a lesson: {orphans}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem[:2])
+def test_transcript_names_machine_command_and_has_an_outline(lesson):
+    text = mt.transcript_for(lesson).read_text()
+    cmd, output = mt.read(mt.transcript_for(lesson))
+    assert cmd == f"python lessons/{lesson.name}"                            # default settings: no flags
+    machine = re.search(r"^- machine: (.+)$", text, re.M)
+    assert machine and "cores" in machine.group(1) and "model " in machine.group(1)
+    shape = mt.outline(output)
+    assert shape["headings"] or shape["tables"], "nothing to check the lesson against"
+    assert "\x1b[" not in output                                               # plain text, no colour codes
+    assert max(len(line) for line in output.splitlines()) <= mt.WIDTH
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem[:2])
+def test_transcript_matches_a_fresh_run_of_its_lesson(lesson, real_model_path):
+    code, out, err, _ = mt.run(lesson, SMALL[lesson.stem[:2]], timeout=600,
+                               env={"MINITRANSFORMER_MODEL": str(real_model_path)})
+    assert code == 0, err[-3000:]
+    problems = mt.differences(mt.outline(mt.read(mt.transcript_for(lesson))[1]), mt.outline(out))
+    assert not problems, "\n".join(problems) + f"\nregenerate: python scripts/make_transcripts.py --only " \
+                                               f"{lesson.stem[:2]}"
+
+
+# ---------------------------------------------------------------------------------------------------- the check
+
+def printed(heading: str, columns: list[str], rows: list[list[str]], width: int = mt.WIDTH) -> str:
+    """What a lesson prints: a rule, a numbered paragraph, a table, as rich renders them to a pipe."""
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.rule(f"[bold]{heading}")
+    console.print("2. greedy, 32 new tokens: " + "the words of a paragraph long enough to wrap " * 4)
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    return console.file.getvalue()
+
+
+COLUMNS = ["setting", "candidates (p > 0)", "entropy (bits) of the filtered distribution", "top 3 after filtering"]
+ROWS = [["greedy", "1", "0.00", "a b c"], ["temperature 0.7", "49152", "4.31", "a b c"],
+        ["top-p 0.9 with a label long enough to wrap in a narrow column", "212", "3.10", "a b c"]]
+
+
+def test_outline_reads_headings_columns_and_labels_with_numbers_masked():
+    shape = mt.outline(printed("3. Sweep over 16 tokens", COLUMNS, ROWS))
+    assert shape["headings"] == ["#Sweepover#tokens", "#greedy,#new"]
+    assert shape["tables"] == [[mt.mask(c) for c in COLUMNS]]
+    assert "".join(shape["labels"][0]) == "greedytemperature#top-p#withalabellongenoughtowrapinanarrowcolumn"
+
+
+def test_other_numbers_fewer_rows_and_other_wrapping_are_no_difference():
+    transcript = mt.outline(printed("3. Sweep over 16 tokens", COLUMNS, ROWS))
+    rows = [["temperature 1.5", "1000", "5.0", "x"], [ROWS[2][0], "7", "1.25", "a much longer cell " * 6]]
+    fresh = mt.outline(printed("3. Sweep over 128 tokens", COLUMNS, rows, width=70))       # wraps elsewhere
+    assert mt.differences(transcript, fresh) == []
+
+
+@pytest.mark.parametrize("change", ["heading", "column", "label", "extra table"])
+def test_a_renamed_section_column_or_label_is_caught(change):
+    transcript = mt.outline(printed("3. Sweep over 16 tokens", COLUMNS, ROWS))
+    heading, columns, rows = "3. Sweep over 16 tokens", list(COLUMNS), [list(r) for r in ROWS]
+    if change == "heading":
+        heading = "3. Sweep across 16 tokens"
+    elif change == "column":
+        columns[2] = "entropy (nats) of the filtered distribution"
+    elif change == "label":
+        rows[1][0] = "temp 0.7"
+    fresh_text = printed(heading, columns, rows)
+    if change == "extra table":
+        console = Console(file=io.StringIO(), width=mt.WIDTH, color_system=None)
+        console.print(Table("a new column"))
+        fresh_text += console.file.getvalue()
+    problems = mt.differences(transcript, mt.outline(fresh_text))
+    assert problems and all("transcript" in p for p in problems), problems
+
+
+def test_a_renamed_section_of_a_real_transcript_is_caught():
+    _, output = mt.read(mt.transcript_for(LESSONS[0]))
+    shape = mt.outline(output)
+    rule = re.search(r"^(─+ )(.+?)( ─+)$", output, re.M)                    # the first section's rule
+    renamed = output.replace(rule.group(0), rule.group(1) + "Renamed " + rule.group(2) + rule.group(3), 1)
+    assert mt.differences(shape, mt.outline(output)) == []
+    assert mt.differences(shape, mt.outline(renamed))
