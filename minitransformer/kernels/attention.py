@@ -10,7 +10,6 @@ Shape letters as in layers.py: B batch, H query heads, K KV heads, G = H // K, T
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,53 +18,20 @@ from ..errors import InputError
 from .checked import check_block_tables, checked_mode
 from .decode_sizing import (DECODE_VARIANTS, PARTITION_KERNELS, check_variant, choose_partition_size,
                             decode_expressions, decode_shared_bytes, decode_threads, device_sm_count)
+from .plan import (DTYPES, HEAD_DIMS, AttentionPlan, _check_aligned16, _check_head_dim, _check_heads,
+                   _check_storage, check_prefill_inputs)
+from .prefill_wmma import plan_flash_prefill_wmma
 from .loader import (CUDA_TYPE_NAMES, MAX_SHARED_BYTES, array_param, backend_of, get_kernel, scalar_param,
                      source_constant)
 
 PREFILL_FILE = "flash_prefill.cu"
 DECODE_FILE = "paged_decode.cu"
-HEAD_DIMS = (64, 128)                                   # the head_dim template instantiations
-DTYPES = (np.dtype(np.float32), np.dtype(np.float16))   # float and __half storage; the math is float32
 
 PREFILL_EXPRESSIONS = tuple(f"flash_prefill<{CUDA_TYPE_NAMES[t]}, {d}>" for t in DTYPES for d in HEAD_DIMS)
 DECODE_EXPRESSIONS = decode_expressions("bandwidth")
 DECODE_SIMPLE_FILE = DECODE_VARIANTS["simple"]           # the teaching baseline (decode_sizing.py)
 DECODE_SIMPLE_EXPRESSIONS = decode_expressions("simple")
 FLOAT_BYTES = 4
-
-
-@dataclass
-class AttentionPlan:
-    """Checked launches and the arrays they write: `run()` replays them (benchmarks time it without the checks)."""
-    launches: list
-    out: object
-    lse: object
-    partials: tuple = ()      # paged decode: (part_out, part_max, part_sum), kernel 1's per-partition results
-
-    def run(self):
-        for launch in self.launches:
-            launch()
-        return self.out, self.lse
-
-
-def _check_storage(name: str, array, dtype=None) -> None:
-    if array.dtype not in DTYPES:
-        raise InputError(f"{name} has dtype {array.dtype}; the kernels take float32 or float16")
-    if dtype is not None and array.dtype != dtype:
-        raise InputError(f"{name} has dtype {array.dtype} but q has {dtype}: all inputs share one dtype")
-
-
-def _check_head_dim(d: int) -> None:
-    if d not in HEAD_DIMS:
-        raise InputError(f"head_dim {d} is not compiled; the kernels are instantiated for {HEAD_DIMS}")
-
-
-def _check_heads(H: int, K: int, max_group: int | None = None) -> int:
-    if K < 1 or H % K:
-        raise InputError(f"{H} query heads cannot be grouped over {K} KV heads (H must be a multiple of K)")
-    if max_group is not None and H // K > max_group:
-        raise InputError(f"{H // K} query heads per KV head; the decode kernel handles at most {max_group}")
-    return H // K
 
 
 # --------------------------------------------------------------------------------------------------- prefill ---
@@ -90,30 +56,9 @@ def flash_prefill(q, k, v, *, return_lse: bool = False, module=None, variant: st
     return (out, lse) if return_lse else out
 
 
-def check_prefill_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Raise InputError unless q (B, H, Tq, d), k, v (B, K, Tk, d) fit the prefill kernels; return the sizes."""
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise InputError(f"flash_prefill takes q (B, H, Tq, d) and k, v (B, K, Tk, d); got {q.ndim}-D, {k.ndim}-D, "
-                         f"{v.ndim}-D arrays")
-    B, H, Tq, d = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != d:
-        raise InputError(f"k {k.shape} and v {v.shape} must both be (B={B}, K, Tk, d={d})")
-    K, Tk = k.shape[1], k.shape[2]
-    _check_heads(H, K)
-    _check_head_dim(d)
-    if not 1 <= Tq <= Tk:
-        raise InputError(f"flash_prefill needs 1 <= Tq <= Tk (queries are the last Tq of Tk positions); "
-                         f"got Tq={Tq}, Tk={Tk}")
-    _check_storage("q", q)
-    _check_storage("k", k, q.dtype)
-    _check_storage("v", v, q.dtype)
-    return B, H, Tq, d, K, Tk
-
-
 def plan_flash_prefill(q, k, v, *, module=None, variant: str = "cuda_cores") -> AttentionPlan:
     """Check the inputs, allocate the outputs and prepare the launch of flash_prefill (see flash_prefill)."""
     if variant == "wmma":
-        from .prefill_wmma import plan_flash_prefill_wmma       # imports this module: loaded on first use
         return plan_flash_prefill_wmma(q, k, v, module=module)
     if variant != "cuda_cores":
         raise InputError(f"flash_prefill variant {variant!r}: choose 'cuda_cores' or 'wmma'")
@@ -235,13 +180,3 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
         (part_out, part_max, part_sum, seq_lens, out, lse, np.int32(H), np.int32(partition_size),
          np.int32(num_partitions)))
     return AttentionPlan([partition, merge], out, lse, (part_out, part_max, part_sum))
-
-
-def _check_aligned16(**arrays) -> None:
-    """The bandwidth kernel reads 16 bytes per load, which must start at a multiple of 16 (a row of d = 64 or 128
-    elements always does; an array that starts off that grid, e.g. a view at an odd offset, does not)."""
-    for name, array in arrays.items():
-        address = array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
-        if address % 16:
-            raise InputError(f"{name} starts at an address that is not a multiple of 16 bytes: pass a copy "
-                             "(xp.ascontiguousarray of a fresh array)")

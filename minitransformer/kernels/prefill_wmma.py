@@ -14,7 +14,7 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import InputError
-from .attention import HEAD_DIMS, AttentionPlan, _check_aligned16, check_prefill_inputs
+from .plan import HEAD_DIMS, AttentionPlan, _check_aligned16, check_prefill_inputs
 from .loader import array_param, backend_of, get_kernel, scalar_param, source_constant
 
 WMMA_FILE = "flash_prefill_wmma.cu"
