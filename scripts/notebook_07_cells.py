@@ -153,14 +153,13 @@ function the engine itself calls.
 '''),
     ("code", r'''
 from minitransformer.speculative.acceptance import accept_or_resample, processed_probs
-from minitransformer.speculative.drafters import forward_first_layers
 
 story = "Once upon a time, in a small village by the sea, there lived an old lighthouse keeper who"
 ids = tok.encode(story)
 sampling = SamplingParams(temperature=1.0)
 LAYERS = 28                                             # the drafter: the model's first 28 of 30 layers
 target_logits = model.forward(np.array([ids]), np.arange(len(ids))[None], last_only=True)         # (1, V)
-draft_logits = forward_first_layers(model, ids, 0, None, LAYERS)                                  # (1, V)
+draft_logits = model.forward(np.array([ids]), np.arange(len(ids))[None], layers=LAYERS, last_only=True)  # (1, V)
 p = processed_probs(target_logits, sampling, ids, [], tok.eos_id).astype(np.float64)   # (V,) plain sampling's
 q = processed_probs(draft_logits, sampling, ids, [], tok.eos_id).astype(np.float64)    # (V,) the drafter's
 p, q = p / p.sum(), q / q.sum()

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate
-from minitransformer.speculative.drafters import forward_first_layers
 
 from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
@@ -66,7 +65,8 @@ def test_sampled_case_keeps_the_targets_distribution(executed, real_model):
     ids = real_model.tokenizer.encode(s["prompt"])
     logits = real_model.forward(np.asarray([ids]), np.arange(len(ids))[None], last_only=True)[0].astype(np.float64)
     p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()        # temperature 1: plain softmax
-    draft = forward_first_layers(real_model, ids, 0, None, s["layers"])[0].astype(np.float64)
+    draft = real_model.forward(np.asarray([ids]), np.arange(len(ids))[None], layers=s["layers"],
+                               last_only=True)[0].astype(np.float64)
     q = np.exp(draft - draft.max()) / np.exp(draft - draft.max()).sum()
     assert s["temperature"] == 1.0 and s["layers"] < real_model.config.n_layers
     assert s["overlap"] == pytest.approx(float(np.minimum(p, q).sum()), abs=1e-5)
