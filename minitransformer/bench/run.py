@@ -107,8 +107,7 @@ def alternate(systems, call, repeats: int, tick, settle_s: float = 0.0) -> dict[
 
     settle_s: seconds of idle before each timed call. The thread pools of all three systems (OpenBLAS, torch's
     OpenMP, ggml) spin-wait for a while after a call ends, so a system timed right after another shares the cores
-    with its predecessor's spinning threads: in one measured round our prefill of 512 tokens fell from ~600 to
-    ~480-540 tok/s right after llama.cpp's, and llama.cpp's from ~300 to ~255 right after ours.
+    with its predecessor's spinning threads and is measured slower than it is.
     """
     for system in systems:
         call(system)

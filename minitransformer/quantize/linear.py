@@ -118,15 +118,14 @@ class QuantizedLinear:
         """x rounded to float16, one float16 product with float32 accumulation (backend.matmul_float16), widened
         back to float32: float16 is the storage, the activations stay float32. No row blocks: on the GPU it is one
         cublasGemmEx that reads the float16 weights as they are, so no float32 copy of the weights exists to bound.
-        On NumPy the emulation makes one, of the whole matrix at every call (the tied lm_head: V x D x 4 bytes), the
-        price of checking the GPU's arithmetic on a CPU: on this 2-core CPU f16 decodes SmolLM2-135M at 4.0 tok/s
-        vs 46 tok/s for f32 (batch 1, 24 tokens, 4 runs each alternating in one process, medians)."""
+        On NumPy the emulation makes one, of the whole matrix at every call (the tied lm_head: V x D x 4 bytes): far
+        slower than float32, the price of checking the GPU's arithmetic on a CPU (lesson 13 times the formats)."""
         (w16,) = self.data                                                              # (out, in) float16
         return matmul_float16(x.astype(np.float16), w16.T).astype(DTYPE)               # (N, out)
 
     def _matmul_int8(self, x):
         """One scale per output row commutes with the dot product: (x @ q.T) * scale, so only a float32 copy of the
-        int8 block is made (measured: ~2.5x faster decode than dequantizing q * scale first)."""
+        int8 block is made, not the product q * scale as well."""
         xp = array_module(x)
         q, scale = self.data
         out = xp.empty((x.shape[0], self.out_features), dtype=DTYPE)                   # (N, out)
@@ -138,9 +137,9 @@ class QuantizedLinear:
         """Per group g of 32 inputs, x_g . w_g = scale * (x_g . q_g) + min * sum(x_g): the levels q are multiplied
         as they are and scale and min applied once per group (llama.cpp's Q4_1 dot product does the same), never
         dequantizing the weights. Byte k holds values 2k and 2k+1, so x's even columns meet the low nibbles and its
-        odd columns the high ones: no interleaving either. Measured on one 3072 x 576 matrix: 2.4x faster than
-        dequantize-then-multiply for 1 row, but 2.7x slower for 256 rows, where the 16-long dot products starve the
-        BLAS and one big matmul amortizes the dequantization: so prompts (more than KERNEL_MAX_ROWS rows) take that."""
+        odd columns the high ones: no interleaving either. It wins for a few rows; for many rows the 16-long dot
+        products starve the BLAS and one big matmul amortizes the dequantization, so prompts (more than
+        KERNEL_MAX_ROWS rows) dequantize a block and multiply instead."""
         xp = array_module(x)
         N, G = x.shape[0], self.in_features // GROUP
         if N > KERNEL_MAX_ROWS:
