@@ -16,7 +16,7 @@ downloads). First it checks that the GPU is usable (gpu_probe.py: CuPy imports, 
 4. the same decode at batch 1 with float16 weights (float32 accumulation), and its tokens against float32's;
 5. the kernels' correctness and bandwidth (scripts/gpu_check_kernels.py --quick, folded in);
 6. HF transformers on the same GPU and GGUF (greedy decode tok/s at batch 1) when torch with CUDA is there, and
-   the target ratio: our decode at batch 1 with graphs / HF's (issue 8 asks >= 5x).
+   the target ratio: our decode at batch 1 with graphs / HF's (the project's target: >= 5x).
 Parts 3-6 run unchecked (checked mode costs a host copy per launch and cannot be captured in a CUDA graph).
 `--device cpu` runs parts 2-4 on the CPU instead (a dry run of this script's own code: the tests use it on a tiny
 model; parts 1, 5 and 6 are GPU-only). Exit code 0 when every check passed, 1 when one failed (tests, token mismatch,

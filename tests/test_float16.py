@@ -1,4 +1,4 @@
-"""float16 weight storage with float32 accumulation (issue 8): backend.matmul_float16, the "f16" QuantizedLinear,
+"""float16 weight storage with float32 accumulation: backend.matmul_float16, the "f16" QuantizedLinear,
 load_model(dtype="float16") and --weights f16.
 
 Tolerances come from float16's 11-bit significand: rounding to the nearest float16 changes a value by at most

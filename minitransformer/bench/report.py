@@ -100,7 +100,7 @@ def markdown(data: dict) -> str:
     header = ["workload"] + values + [f"ours / {o}" for o in others]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(data)]
-    lines += ["", "Targets of issue 11 (measured, not tuned for):", "", "| ratio | value | target | met |",
+    lines += ["", "Targets the project set itself (measured, not tuned for):", "", "| ratio | value | target | met |",
               "|---|---:|---:|---|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in target_rows(data)]
     missing = [f"{name}: {p['reason']}" for name, p in data["peers"].items() if not p["available"]]
@@ -132,7 +132,7 @@ def print_table(data: dict, console) -> None:
     for cells in table_rows(data):
         table.add_row(*cells)
     console.print(table)
-    targets = Table(title="targets of issue 11", title_justify="left")
+    targets = Table(title="targets (measured, not tuned for)", title_justify="left")
     for name in ("ratio", "value", "target", "met"):
         targets.add_column(name, justify="left" if name == "ratio" else "right")
     for cells in target_rows(data):

@@ -15,7 +15,7 @@ SMs issue (issue_bound). Assumptions, all on the optimistic side except the late
 lanes load, warps spend their time waiting on the loop's loads (not in the softmax between the loops), the grid runs
 in full waves; the partial results the merge reads back are added at full bandwidth. It is an estimate to compare
 designs, not a measurement (scripts/gpu_check_kernels.py measures).
-Exit code 1 when the new kernel misses the targets of issue 23 (>= 4 loads in flight per warp before the first use in
+Exit code 1 when the new kernel misses its targets (>= 4 loads in flight per warp before the first use in
 both loops; >= 75% of HBM at batch >= 8 and 4k / 32k context), 2 when nvcc or cuobjdump is missing.
 """
 

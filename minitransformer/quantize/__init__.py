@@ -12,7 +12,7 @@ of GGUF (one row per output channel), so a row block is a block of output channe
   row holds value 2k in its low nibble and 2k + 1 in its high nibble (ggml's Q4_1 pairs j with j + 16 instead:
   lesson 13 part 1 unpacks one of its blocks by hand). scale and min are float16, rounded so that every w of the
   group still lies in [min, min + 15 * scale]: 4 + 32 / 32 = 5 bits per weight. Error per element <= scale / 2.
-- f16, float16 storage with float32 accumulation (issue 8): each weight rounded to the nearest float16, relative
+- f16, float16 storage with float32 accumulation: each weight rounded to the nearest float16, relative
   error <= 2^-11; activations are rounded to float16 at each product too, and the products summed in float32
   (backend.matmul_float16: cuBLAS on the GPU, an emulation of its arithmetic on NumPy). 2 bytes per weight.
   load_model(dtype="float16") is the float32 load followed by quantize_model(model, "f16", embedding="f16").
