@@ -20,7 +20,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import MiniTransformerError  # noqa: E402
-import minitransformer.model  # noqa: E402
+import minitransformer.attention_backend  # noqa: E402
 from minitransformer import KVCache, load_model  # noqa: E402
 from minitransformer.kernels import flash_prefill, paged_decode  # noqa: E402
 from minitransformer.kernels.attention import (PREFILL_FILE, plan_flash_prefill, plan_paged_decode,  # noqa: E402
@@ -40,12 +40,12 @@ console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't
 
 def record_attention(model, ids):
     """Prefill `ids` with every layer's call of layers.causal_attention recorded: [(q, k, v, q_pos, k_pos, out)], cache."""
-    calls, real = [], minitransformer.model.causal_attention
+    calls, real = [], minitransformer.attention_backend.causal_attention
     def spy(*args):
         calls.append([np.ascontiguousarray(a) for a in args] + [real(*args)])
         return calls[-1][-1]
     cache = KVCache(model.config, max_len=len(ids))
-    with unittest.mock.patch.object(minitransformer.model, "causal_attention", spy):
+    with unittest.mock.patch.object(minitransformer.attention_backend, "causal_attention", spy):
         prefill(model, ids, cache)
     return calls, cache
 

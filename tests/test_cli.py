@@ -140,9 +140,9 @@ def test_prompt_longer_than_context_is_refused_before_any_work(tiny_model_path, 
     (["--logprobs", "21"], "--logprobs must be an integer in [0, 20]"),
 ])
 def test_bad_sampling_options_are_one_line_exit_2_before_loading(options, message, capsys, monkeypatch):
-    import minitransformer.model
+    import minitransformer.loading
 
-    monkeypatch.setattr(minitransformer.model, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
+    monkeypatch.setattr(minitransformer.loading, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
     assert main(["generate", "hi", *options]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and len(captured.err.strip().splitlines()) == 1
