@@ -27,7 +27,7 @@ STAGES = {
     "tokenize": ["tokenizer:Tokenizer.encode_chat", "tokenizer:Tokenizer.render_chat", "tokenizer:Tokenizer.encode"],
     "schedule": ["kv_cache:KVCache.__init__"],
     "prefill": ["prefill:prefill"],
-    "KV cache": ["kv_cache:KVCache.update"],
+    "KV cache": ["kv_storage:KVStorage.put", "kv_storage:KVStorage.get"],
     "sample": ["sampling:sample"],
     "decode": ["decode:decode_step"],
     "stream": ["detokenizer:IncrementalDetokenizer.add_token", "detokenizer:IncrementalDetokenizer.take_delta"],
@@ -88,7 +88,7 @@ class StageTimer:
 
 
 def resolve(target: str) -> tuple[object, str]:
-    """"kv_cache:KVCache.update" -> (the KVCache class, "update"); "prefill:prefill" -> (the module, "prefill")."""
+    """"kv_storage:KVStorage.put" -> (the KVStorage class, "put"); "prefill:prefill" -> (the module, "prefill")."""
     module, path = target.split(":")
     owner = importlib.import_module(f"{__package__}.{module}")
     *parents, name = path.split(".")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from minitransformer import KVCache, SamplingParams, generate, viz
+from minitransformer.kv_storage import KVStorage
 from minitransformer import viz_concepts as vc
 from minitransformer import viz_flow as vf
 from minitransformer import viz_shapes as vs
@@ -104,7 +105,7 @@ def test_request_flow_diagram_shows_the_runs_own_times(tiny_model, tmp_path):
     calls = {stage: s["calls"] for stage, s in stages.items()}
     assert (calls["tokenize"], calls["schedule"], calls["prefill"], calls["sample"], calls["decode"]) == (
         1, 1, 1, n, n - 1)
-    assert calls["KV cache"] == tiny_model.config.n_layers * n          # every layer, in prefill and n - 1 decodes
+    assert calls["KV cache"] == 2 * tiny_model.config.n_layers * n      # a write and a read per layer and pass
     assert calls["stream"] >= n and calls["stop checks"] >= n
     seconds = {stage: s["seconds"] for stage, s in stages.items()}
     assert all(t > 0 for t in seconds.values())
@@ -115,12 +116,12 @@ def test_request_flow_diagram_shows_the_runs_own_times(tiny_model, tmp_path):
     assert data["untimed_s"] > 0
     assert {stage: s["files"] for stage, s in stages.items()} == {
         "tokenize": ["tokenizer.py"], "schedule": ["kv_cache.py"], "prefill": ["prefill.py"],
-        "KV cache": ["kv_cache.py"], "sample": ["sampling.py"], "decode": ["decode.py"],
+        "KV cache": ["kv_storage.py"], "sample": ["sampling.py"], "decode": ["decode.py"],
         "stream": ["detokenizer.py"], "stop checks": ["stopping.py"]}
 
     # and every wrapped function is back in place (generate.py's module, not the function the package exports)
     assert importlib.import_module("minitransformer.generate").prefill is prefill
-    assert not hasattr(KVCache.update, "__wrapped__")
+    assert not hasattr(KVStorage.put, "__wrapped__")
 
 
 def test_stage_timer_times_the_outer_call_once_and_restores(tiny_model):
