@@ -69,8 +69,9 @@ class ArrayAttention:
         """q (B, H, T, d) against contiguous k, v (B, K, S, d) -> (B, H, T, d); the queries are the last T keys."""
         return causal_attention(q, k, v, q_positions, k_positions)
 
-    def reads_pool(self, cache) -> bool:
-        """Whether decodes read the paged pool in place (a kernel), rather than gathering each sequence's blocks."""
+    def reads_pool(self, storage: str) -> bool:
+        """Whether decodes read a paged pool of this storage in place (a kernel), rather than gathering each
+        sequence's blocks."""
         return False
 
     def paged_decode(self, cache, layer: int, q, positions, seq_lens, tables):
@@ -117,11 +118,11 @@ class KernelAttention(ArrayAttention):
         self.calls["flash_prefill"] += 1
         return flash_prefill(xp.ascontiguousarray(q), xp.ascontiguousarray(k), xp.ascontiguousarray(v))
 
-    def reads_pool(self, cache) -> bool:
-        return cache.storage == "f32"          # the decode kernel reads float blocks; an int8 pool is gathered
+    def reads_pool(self, storage: str) -> bool:
+        return storage == "f32"                # the decode kernel reads float blocks; an int8 pool is gathered
 
     def paged_decode(self, cache, layer: int, q, positions, seq_lens, tables):
-        if not self.reads_pool(cache):
+        if not self.reads_pool(cache.storage):
             self.calls["arrays"] += 1
             return super().paged_decode(cache, layer, q, positions, seq_lens, tables)
         self.calls["paged_decode"] += 1
