@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate, load_model
+from minitransformer import attention_backend
 from minitransformer import model as model_module
 from minitransformer.backend import matmul_float16
 from minitransformer.errors import InputError
@@ -115,10 +116,10 @@ def test_float16_tiny_model_logits_dtypes_and_bytes(tiny_model, tiny_f16, monkey
     assert tiny_f16.weight_bytes - norm_bytes == (tiny_model.weight_bytes - norm_bytes) // 2   # matrices: exactly half
 
     seen = []                                                     # (what, dtype) of every activation on the way
-    original_norm, original_attention = model_module.rms_norm, model_module.causal_attention
+    original_norm, original_attention = model_module.rms_norm, attention_backend.causal_attention
     monkeypatch.setattr(model_module, "rms_norm", lambda x, w, eps: seen.append(("h", x.dtype))
                         or original_norm(x, w, eps))
-    monkeypatch.setattr(model_module, "causal_attention", lambda q, k, v, *p: seen.extend(
+    monkeypatch.setattr(attention_backend, "causal_attention", lambda q, k, v, *p: seen.extend(
         [("q", q.dtype), ("k", k.dtype), ("v", v.dtype)]) or original_attention(q, k, v, *p))
     original_matmul = QuantizedLinear._matmul_float16
     monkeypatch.setattr(QuantizedLinear, "_matmul_float16", lambda self, x: seen.append(("x", x.dtype))
