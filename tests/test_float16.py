@@ -142,7 +142,7 @@ def test_float16_tiny_model_logits_dtypes_and_bytes(tiny_model, tiny_f16, monkey
     assert (logits.argmax(-1) == reference.argmax(-1)).all()
 
 
-def test_float16_load_is_the_float32_load_then_quantize_f16(tiny_model, tiny_f16):
+def test_float16_load_is_the_float32_load_then_quantize_f16(tiny_model, tiny_f16, kernel_sized_path):
     ids, pos = np.array([[5, 70, 3, 9]]), np.arange(4)[None]
     again = quantize_model(tiny_model, "f16", embedding="f16")
     np.testing.assert_array_equal(tiny_f16.forward(ids, pos), again.forward(ids, pos))
@@ -151,7 +151,7 @@ def test_float16_load_is_the_float32_load_then_quantize_f16(tiny_model, tiny_f16
     mixed = quantize_model(tiny_model, "f16")
     assert mixed.weight_bytes == expected_weight_bytes(tiny_model.config, "f16")
     # the attention choice made at load survives the conversion (quantize_model used to reset it to "auto")
-    assert load_model(tiny_model.path, attention="kernels", dtype="float16").kernel_attention is not None
+    assert load_model(kernel_sized_path, attention="kernels", dtype="float16").kernel_attention is not None
     # use_kernel (what --device gpu sets for int8 / int4) changes nothing for f16
     set_use_kernel(again, True)
     np.testing.assert_array_equal(again.forward(ids, pos), tiny_f16.forward(ids, pos))

@@ -74,6 +74,11 @@ class DecodeGraphs:
         self.rope_tables: dict[int, tuple] = {}      # capture size -> the RoPE table its graph reads
         self.disabled: str | None = None
 
+    @property
+    def use_kernel(self) -> bool:
+        """Whether the step reads the pool in place through paged_decode (else it gathers full-width tables)."""
+        return self.model.attention.reads_pool(self.cache.storage)
+
     def can_run(self, inputs) -> bool:
         """A decode-only step (every row one token of its own sequence) that a graph can serve."""
         return (self.disabled is None and inputs.num_decodes > 0 and not inputs.chunks
