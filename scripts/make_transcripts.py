@@ -27,6 +27,7 @@ import platform
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -86,9 +87,10 @@ def render(lesson: Path, output: str, seconds: float, where: str, when: datetime
     return "\n".join([
         f"# Lesson {number} transcript: {title(lesson)}",
         "",
-        f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default settings, as",
-        f"printed to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every timing is this machine's,",
-        "and other programs sharing its cores slow them (the load average says how busy it was).",
+        textwrap.fill(f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default "
+                      f"settings, as printed to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every "
+                      "timing is this machine's, and other programs sharing its cores slow them (the load average "
+                      "says how busy it was).", WIDTH - 4),
         "",
         f"- machine: {where}",
         f"- command: `{command(lesson)}`",
