@@ -19,7 +19,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, generate, load_model, stream  # noqa: E402
-from minitransformer.bench.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
+from minitransformer.bench.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
 from minitransformer.generate import _run, make_request, make_runner  # noqa: E402
 from minitransformer.metrics import now  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
@@ -111,12 +111,15 @@ def main() -> None:
     bandwidth = measure_copy_bandwidth(nbytes=128 * 2**20, repeats=3)
     decode_ms = out_runs[-1].tpot_s
     ours = [("ours, float32 in memory", model.weight_bytes), ("ours as stored (Q4_1 file)", model.path.stat().st_size)]
-    table = Table("model", "weight bytes per token", "floor ms/token", "ceiling tok/s", "measured ms/token")
+    table = Table("model", "weight bytes per token", "floor ms/token", "ceiling tok/s", "measured ms/token",
+                  "H200 floor ms/token")
     for name, size in ours + HYPOTHETICAL:
         table.add_row(name, f"{size / 1e9:.3f} GB", ms(size / bandwidth), f"{bandwidth / size:.1f}",
-                      ms(decode_ms) if size == model.weight_bytes else "")
+                      ms(decode_ms) if size == model.weight_bytes else "", f"{size / H200.bandwidth * 1e3:.3f}")
     console.print(f"copy bandwidth measured now: {bandwidth / 1e9:.1f} GB/s; every decode step reads all weights once, "
-                  f"so bytes / bandwidth is a floor on the time per token", table)
+                  f"so bytes / bandwidth is a floor on the time per token. H200 floor: the same bytes over an "
+                  f"{H200.name}'s published {H200.bandwidth / 1e12:.1f} TB/s, "
+                  f"{H200.bandwidth / bandwidth:.0f}x this CPU's measured bandwidth", table)
 
     console.rule("[bold]4. The course's tables, with this run's numbers")
     cache = KVCache(model.config, lengths[-1])

@@ -1,7 +1,8 @@
 """Lesson 08: static vs continuous batching: one workload, two schedulers, the same tokens, different waits.
 
     python lessons/08_static_vs_continuous_batching.py [--requests 16] [--max-num-seqs 8] [--sweep 4,8,16]
-                                                      [--max-prompt 96] [--max-output 40] [--figure PATH]
+                                                      [--max-prompt 96] [--max-output 40] [--repeats 2]
+                                                      [--figure PATH]
 
 Static batching (the pre-2022 way) forms a group of max_num_seqs requests and runs it until its *longest* member is
 done: a finished member's slot sits idle and the queue waits behind it. Continuous batching (Orca, OSDI '22; vLLM)

@@ -21,6 +21,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import MiniTransformerError  # noqa: E402
 from minitransformer import estimate_kv_bytes, load_model  # noqa: E402
+from minitransformer.bench.machine import H200, measure_copy_bandwidth  # noqa: E402
 from minitransformer.kernels.quant import dequant_gemv  # noqa: E402
 from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy  # noqa: E402
 from minitransformer.quantize import (Int8KVCache, QuantizedLinear, estimate_int8_kv_bytes,  # noqa: E402
@@ -126,6 +127,20 @@ def main():
         f"{i4.decode_tokens_per_s:.1f} int4: NumPy converts each int8 block to float32, and multiplies int4 levels "
         "group by group, in passes of their own, so part of the saved bytes is spent again; the kernel of part 3 "
         "turns levels into floats in registers, so the bytes it reads are only the quantized ones.")
+    bandwidth = measure_copy_bandwidth(nbytes=128 * MiB, repeats=3)
+    sizes = {"float32": model.weight_bytes, "int8": models["int8"].weight_bytes, "int4": models["int4"].weight_bytes}
+    here = ", ".join(f"{name} {size / bandwidth * 1e3:.2f} ms" for name, size in sizes.items())
+    bf16 = model.weight_bytes / 2                                        # the same weights stored in 2 bytes
+    gpu = ", ".join(f"{name} {size / H200.bandwidth * 1e6:.1f} us" for name, size in
+                    (("bf16", bf16), ("int8", sizes["int8"]), ("int4", sizes["int4"])))
+    console.print(
+        f"[bold]The bandwidth floor, here and on an H200.[/] A decode step reads every weight once, so weight bytes / "
+        f"memory bandwidth bounds its time from below. This CPU (copy bandwidth measured now: {bandwidth / 1e9:.1f} "
+        f"GB/s): {here} per token; float32 measured {1e3 / f32.decode_tokens_per_s:.1f} ms. An {H200.name} "
+        f"({H200.bandwidth / 1e12:.1f} TB/s, published): {gpu} per token; a kernel that reads only the quantized bytes "
+        f"(part 3's) can approach that floor, {bf16 / sizes['int4']:.1f}x lower at int4 than at bf16, as long as "
+        "decode stays memory-bound; NumPy on this CPU does not turn the fewer bytes into less time (the speeds "
+        "above).", highlight=False)
 
 if __name__ == "__main__":
     try:

@@ -61,6 +61,28 @@ def test_the_answer_quotes_the_table(lesson_14):
     assert f"ITL p50 {small['itl50']:.1f} -> {big['itl50']:.1f} ms" in answer
 
 
+def test_verdicts_only_beyond_the_measured_spread(lesson_14):
+    """The two compared configurations are run again; each 'within noise' / 'slower' in the answer follows from the
+    printed spreads (cases within printing precision of the boundary are not judged)."""
+    output = lesson_14[0]
+    table, flat = rows(output), " ".join(output.split())
+    small, big = table["inf", 1], table["inf", 4]
+    spread = {m: [float(x) for x in re.search(rf"spread over 2 runs \(all requests at once, max_num_seqs {m}\), "
+                                              r"max - min: tok/s ([0-9.]+), TTFT p99 ([0-9.]+) s, ITL p50 "
+                                              r"([0-9.]+) ms, ITL p99 ([0-9.]+) ms", flat).groups()] for m in (1, 4)}
+    answer = flat[flat.index("Interview question"):]
+    for key, index, text, precision in (("tok_s", 0, f"{small['tok_s']:.1f} -> {big['tok_s']:.1f} tok/s", 0.1),
+                                        ("ttft99", 1, f"{small['ttft99']:.2f} -> {big['ttft99']:.2f} s", 0.01)):
+        limit, diff = max(spread[1][index], spread[4][index]), abs(big[key] - small[key])
+        if abs(diff - limit) > 2 * precision:
+            assert (f"{text} (within noise)" in answer) == (diff <= limit), (key, diff, limit)
+    limit, diff = max(spread[1][2], spread[4][2]), big["itl50"] - small["itl50"]
+    if abs(abs(diff) - limit) > 0.2:
+        assert ("made every token slower" in answer) == (diff > limit)
+        assert ("did not show beyond the run-to-run spread" in answer) == (abs(diff) <= limit)
+    assert re.search(r"a bf16 decode step of 4 sequences would cost 1\.0\dx one of 1 at its roofline", answer)
+
+
 def test_arrivals_are_poisson_and_reproducible():
     lesson = load_lesson(L14)
     offsets = lesson.arrival_offsets(20_000, 4.0, seed=3)

@@ -112,6 +112,11 @@ def reference_flops(model, new: int, keys: int) -> int:
 def test_02_costs_and_bounds(lesson_02, real_model):
     out, cfg = lesson_02, real_model.config
     ridge = float(check(out, rf"Ridge point: {NUMBER} FLOP per byte")[0])
+    low, high = (float(x) for x in check(out, rf"the ridge ranged {NUMBER}-{NUMBER}\)"))
+    verdict = check(out, rf"ridge of [0-9.]+: (memory-bound|compute-bound|near the ridge)\. It ran")[0]
+    intensity = float(check(out, rf"moved = {NUMBER} FLOP/byte")[0])
+    assert 0 < low <= high and verdict == ("near the ridge" if low <= intensity <= high else
+                                           "compute-bound" if intensity > ridge else "memory-bound")
     kv_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
     for L in (8, 48):
         for phase, new, keys in (("prefill", L, L), ("decode", 1, L + 1)):

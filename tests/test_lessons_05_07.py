@@ -206,6 +206,7 @@ def test_lesson_07_latency_metrics_and_levers(real_model_path):
         cells = row(out, name)
         assert float(cells[2]) == pytest.approx(size / (bandwidth * 1e9) * 1e3, rel=0.01)   # floor = bytes / bw
         assert float(cells[3]) == pytest.approx(bandwidth * 1e9 / size, rel=0.01, abs=0.06)
+        assert float(cells[5]) == pytest.approx(size / 4.8e12 * 1e3, abs=6e-4)          # H200's datasheet 4.8 TB/s
     assert float(fp32[4]) == pytest.approx(float(row(out, "6")[3]), abs=0.05)             # measured = TPOT above
 
     prefill_row, decode_row = row(out, "prefill"), row(out, "decode")

@@ -22,7 +22,8 @@ import make_transcripts as mt  # noqa: E402
 # of 2 values where the default sweeps 3: its row labels are numbers, masked alike).
 SMALL = {
     "01": ["--tokens", "3"],
-    "02": ["--prompt-tokens", "24", "--new-tokens", "3", "--lengths", "8,16", "--steps", "2", "--repeats", "1"],
+    "02": ["--prompt-tokens", "24", "--new-tokens", "3", "--lengths", "8,16", "--steps", "2", "--repeats", "1",
+           "--batch", "2"],
     "03": ["--tokens", "2"],
     "04": ["--prompt-tokens", "8", "--tokens", "5", "--rows", "3"],
     "05": ["--tokens", "3", "--repeats", "3"],
@@ -64,6 +65,7 @@ def test_transcript_names_machine_command_and_has_an_outline(lesson):
     assert max(len(line) for line in output.splitlines()) <= mt.WIDTH
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem[:2])
 def test_transcript_matches_a_fresh_run_of_its_lesson(lesson, real_model_path):
     code, out, err, _ = mt.run(lesson, SMALL[lesson.stem[:2]], timeout=600,
@@ -105,6 +107,14 @@ def test_other_numbers_fewer_rows_and_other_wrapping_are_no_difference():
     rows = [["temperature 1.5", "1000", "5.0", "x"], [ROWS[2][0], "7", "1.25", "a much longer cell " * 6]]
     fresh = mt.outline(printed("3. Sweep over 128 tokens", COLUMNS, rows, width=70))       # wraps elsewhere
     assert mt.differences(transcript, fresh) == []
+
+
+def test_a_column_or_label_cut_short_by_rich_still_matches_but_not_another_name():
+    transcript = {"headings": ["#Sweep"], "tables": [["k", "speedup"]], "labels": [["repeat", "free"]]}
+    cut = {"headings": ["#Sweep"], "tables": [["k", "speed…"]], "labels": [["rep…", "free"]]}
+    assert mt.differences(transcript, cut) == [] and mt.differences(cut, transcript) == []
+    other = {"headings": ["#Sweep"], "tables": [["k", "spend…"]], "labels": [["repeat"]]}
+    assert mt.differences(transcript, other)
 
 
 @pytest.mark.parametrize("change", ["heading", "column", "label", "extra table"])

@@ -1,0 +1,119 @@
+"""docs/interview.md holds up: every self-test question (Z1-Z6), follow-up (Q1-Q3), common mistake (M1-M5) and
+table (T1-T4) is answered with a “quote” of a committed transcript and a link to the lesson that shows it; every
+quote is in a transcript its paragraph links; at least 12 predict-then-run exercises over at least 8 lessons, whose
+worked solutions (the >>> lines) run as doctests on the project's own functions; every relative link resolves.
+"""
+
+from __future__ import annotations
+
+import doctest
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_transcripts as mt  # noqa: E402
+
+DOC = ROOT / "docs" / "interview.md"
+ITEMS = [f"Z{i}" for i in range(1, 7)] + [f"Q{i}" for i in range(1, 4)] + [f"M{i}" for i in range(1, 6)] \
+    + [f"T{i}" for i in range(1, 5)]
+LESSON_LINK = re.compile(r"\]\(\.\./lessons/(\d\d)_\w+\.py\)")
+TRANSCRIPT_LINK = re.compile(r"\]\(\.\./lessons/transcripts/(\d\d)_\w+\.md\)")
+
+
+def sections(text: str) -> dict[str, str]:
+    """'### Z1 What does ...' -> {'Z1': the text up to the next heading of level 1-3}."""
+    parts = re.split(r"^(#{1,3} .*)$", text, flags=re.M)
+    found = {}
+    for heading, body in zip(parts[1::2], parts[2::2]):
+        if m := re.match(r"### ([A-Z]\d+)\b", heading):
+            found[m.group(1)] = heading + body
+    return found
+
+
+def test_every_question_mistake_and_table_is_answered_with_a_quote_and_its_lesson():
+    found = sections(DOC.read_text())
+    missing = [item for item in ITEMS if item not in found]
+    assert not missing, f"not answered in docs/interview.md: {missing}"
+    for item in ITEMS:
+        body = found[item]
+        assert mt.QUOTE.search(body), f"{item} quotes no transcript"
+        lessons, transcripts = set(LESSON_LINK.findall(body)), set(TRANSCRIPT_LINK.findall(body))
+        assert lessons and transcripts, f"{item} links no lesson or no transcript"
+        assert transcripts <= lessons, f"{item}: a transcript is linked without its lesson"
+
+
+def test_every_quote_appears_in_a_transcript_its_paragraph_links():
+    found = mt.quotes(DOC)
+    assert len(found) >= 40
+    for quote, sources in found:
+        assert sources, f"“{quote}” is in a paragraph that links no transcript"
+        texts = [mt.flat(mt.read(s)[1]) for s in sources]
+        assert any(quote in t for t in texts), \
+            f"“{quote}” is not in {[s.name for s in sources]}: python scripts/make_transcripts.py refreshes numbers"
+
+
+def test_every_relative_link_resolves_to_a_file_in_the_repository_or_a_heading():
+    text = DOC.read_text()
+    # a heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces -> hyphens
+    anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    links = [link for link in mt.LINK.findall(text) if not re.match(r"[a-z]+:", link)]
+    assert len(links) >= 40
+    for link in links:
+        if link.startswith("#"):
+            assert link[1:] in anchors, f"no heading for {link}"
+            continue
+        target = (DOC.parent / link.split("#")[0]).resolve()
+        assert target.is_file() and ROOT in target.parents, f"broken link: {link}"
+
+
+def test_at_least_12_exercises_over_8_lessons_predict_first_then_solution_and_run():
+    exercises = {k: v for k, v in sections(DOC.read_text()).items() if k.startswith("E")}
+    assert len(exercises) >= 12
+    lessons = set()
+    for name, body in exercises.items():
+        predict, solution = body.find("**Predict"), body.find("<details>")
+        assert 0 <= predict < solution, f"{name}: the prediction must be asked before the solution"
+        assert ">>> " in body[solution:], f"{name}: no worked solution"
+        assert mt.QUOTE.search(body[solution:]), f"{name}: the run's answer quotes no transcript"
+        lessons |= set(LESSON_LINK.findall(body))
+    assert len(lessons) >= 8, lessons
+
+
+def run_doctests(text: str, name: str) -> doctest.TestResults:
+    test = doctest.DocTestParser().get_doctest(text, {}, name, str(DOC), 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    runner.run(test, out=sys.stdout.write)            # bound now: doctest swaps sys.stdout while it runs
+    return runner.summarize(verbose=False)
+
+
+@pytest.fixture(scope="module")
+def model_env(real_model_path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINITRANSFORMER_MODEL", str(real_model_path))
+        yield
+
+
+def test_worked_solutions_print_what_the_doc_says_and_a_wrong_number_fails(model_env):
+    text = DOC.read_text()
+    result = run_doctests(text, "interview")
+    assert result.attempted >= 30 and result.failed == 0, result
+    # the first exercise's first printed result with one digit changed: the doctest must notice
+    first = re.compile(r"^>>> .*\n(?!>>>|\.\.\.)(.*\d.*)$", re.M).search(text, text.index("### E1"))
+    at = first.start(1) + re.search(r"\d", first.group(1)).start()
+    broken = text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1:]
+    assert run_doctests(broken, "interview-broken").failed == 1
+
+
+def test_refresh_takes_the_transcripts_new_numbers_and_lists_quotes_it_cannot_find(tmp_path):
+    transcript = mt.transcript_for(mt.lessons()[0])
+    line = next(l for l in mt.read(transcript)[1].splitlines() if re.search(r"[a-z]{3,} \d", l))
+    old = mt.flat(line)
+    changed = mt.NUMBER.sub(lambda m: "9" * len(m.group()), old)           # the same words, other numbers
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"A “{changed}” and a “quote that no transcript has 1” ([t]({transcript}))\n")
+    assert mt.refresh_quotes(doc) == ["quote that no transcript has 1"]
+    assert f"“{old}”" in doc.read_text()
