@@ -25,7 +25,7 @@ LAYERS = [
     ("stages", ["prefill", "decode", "sampling", "stopping", "request"]),
     ("loops", ["no_cache", "speculative.*", "generate"]),
     ("serving", ["serving.*"]),
-    ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes", "viz"]),
+    ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes", "viz_measure", "viz"]),
     ("server", ["server.*"]),
     ("cli", ["cli.*", "__main__", "minitransformer"]),
 ]
