@@ -189,7 +189,7 @@ def draw_request_flow(model, path, where: str = "", prompt=FLOW_PROMPT, chat: bo
             body = (f"detokenizer.py: {_ms(stream['seconds'])}\n({stream['calls']} calls)\n"
                     f"stopping.py: {_ms(stop['seconds'])}\n({stop['calls']} calls)")
         elif stage == "finalize":                   # from the metrics: after the last token until done
-            body = f"generate.py, metrics.py\nlast token -> done:\n{_ms(data['timeline']['finalize'])}"
+            body = f"request.py, generate.py\nlast token -> done:\n{_ms(data['timeline']['finalize'])}"
         ax.text(x, y - 0.38, body, ha="center", va="center", fontsize=6.5, family="monospace")
 
     def arrow(a, b, text="", style="-|>", colour="black"):
