@@ -209,10 +209,24 @@ def quotes(doc: Path = INTERVIEW) -> list[tuple[str, list[Path]]]:
     return found
 
 
+QUOTED_NUMBER = r"[-+]?\d(?:[\d,._]*\d)?"              # as NUMBER, but ending in a digit: '256,' is 256 then ','
+
+
 def wildcard(quote: str) -> re.Pattern:
     """The quote with every number a wildcard: '7959 ms at 256' matches '8012 ms at 256'."""
-    parts = re.split(f"({NUMBER.pattern})", quote)                 # text, number, text, number, ..., text
-    return re.compile("".join(NUMBER.pattern if i % 2 else re.escape(part) for i, part in enumerate(parts)))
+    parts = re.split(f"({QUOTED_NUMBER})", quote)                  # text, number, text, number, ..., text
+    return re.compile("".join(f"({QUOTED_NUMBER})" if i % 2 else re.escape(part) for i, part in enumerate(parts)))
+
+
+def best_match(quote: str, text: str) -> str | None:
+    """The transcript's text the quote now stands for: of the places its words appear, the one keeping most of its
+    numbers, an earlier one first ('prefill │ 64 │ 774.2' stays the row for 64, not the first prefill row)."""
+    numbers = re.findall(QUOTED_NUMBER, quote)
+    hits = list(wildcard(quote).finditer(text))
+    if not hits:
+        return None
+    kept = [[a == b for a, b in zip(m.groups(), numbers)] for m in hits]
+    return hits[max(range(len(hits)), key=lambda i: (sum(kept[i]), kept[i]))].group(0)   # ties: the earlier number
 
 
 def rewrap(written: str, new: str) -> str:
@@ -231,7 +245,7 @@ def refresh_quotes(doc: Path = INTERVIEW) -> list[str]:
                 outputs[source] = flat(read(source)[1]) if source.is_file() else ""
         if any(quote in outputs[s] for s in sources):
             continue
-        hits = [m.group(0) for m in (wildcard(quote).search(outputs[s]) for s in sources) if m]
+        hits = [hit for hit in (best_match(quote, outputs[s]) for s in sources) if hit]
         if not hits:
             stale.append(quote)
             continue

@@ -117,3 +117,15 @@ def test_refresh_takes_the_transcripts_new_numbers_and_lists_quotes_it_cannot_fi
     doc.write_text(f"A “{changed}” and a “quote that no transcript has 1” ([t]({transcript}))\n")
     assert mt.refresh_quotes(doc) == ["quote that no transcript has 1"]
     assert f"“{old}”" in doc.read_text()
+
+
+def test_refresh_keeps_a_quoted_row_on_its_own_label():
+    """A table row quoted by its label (a number too) stays that row, not the first row the words fit."""
+    transcript = mt.transcript_for(next(p for p in mt.lessons() if p.stem.startswith("02")))
+    rows = re.findall(r"^│ prefill │ (\d+) +│ ([\d.]+) ", mt.read(transcript)[1], re.M)
+    assert len(rows) >= 2
+    label, value = rows[-1]
+    assert mt.best_match(f"prefill │ {label} │ 1.0", mt.flat(mt.read(transcript)[1])) == f"prefill │ {label} │ {value}"
+    assert mt.best_match("prefill took 1 ms at 16 tokens,", "prefill took 138 ms at 16 tokens, then") == \
+        "prefill took 138 ms at 16 tokens,"
+
