@@ -1,4 +1,4 @@
-"""The decoder-only transformer (llama architecture) and `load_model`.
+"""The decoder-only transformer (llama architecture): its weights and its one forward pass (loading.py loads it).
 
     token ids -> embedding -> n_layers x [RMSNorm -> attention (RoPE, GQA, causal) -> + residual
                                           RMSNorm -> SwiGLU feed-forward         -> + residual]
@@ -7,7 +7,7 @@
 Every activation is float32 and every matmul is 2-D: `(B, T, D) @ (D, O)` would make NumPy loop over the batch rows,
 one small matmul each, far slower than one 2-D matmul, so hidden states live as (B*T, D) and are viewed as heads only
 inside attention.
-Weights are dequantized once at load time and stored once, in the (in, out) layout that `x @ w` wants.
+Weights are dequantized once at load time (loading.py) and stored once, in the (in, out) layout that `x @ w` wants.
 
 One forward pass serves every caller: a whole prompt, a decode step, the serving engine's flat batch of many
 sequences' tokens laid end to end (B = 1), a CUDA-graph replay, and the self-drafter's first layers (`layers=L`).
