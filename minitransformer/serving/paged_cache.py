@@ -74,9 +74,13 @@ class PagedKVCache:
     def bytes_per_block(self) -> int:
         return estimate_kv_bytes(self.config, self.block_size, dtype=self.dtype, storage=self.storage)
 
-    def write(self, layer: int, slots, k_new, v_new) -> None:
-        """Store keys/values of N tokens.   slots (N,) int; k_new, v_new (K, N, d)."""
-        where = (slots // self.block_size, slots % self.block_size)             # (block, offset) of each token
+    def where(self, slots):
+        """slots (N,) -> (block, offset) of each token: the index write() stores at (a step computes it once)."""
+        return slots // self.block_size, slots % self.block_size
+
+    def write(self, layer: int, slots, k_new, v_new, where=None) -> None:
+        """Store keys/values of N tokens.   slots (N,) int; k_new, v_new (K, N, d); where: self.where(slots)."""
+        where = self.where(slots) if where is None else where
         self.store.put(layer, where, k_new.transpose(1, 0, 2), v_new.transpose(1, 0, 2))   # (N, K, d) each
 
     def gather(self, layer: int, block_tables):
@@ -105,10 +109,11 @@ class PagedStep:
                  chunks=()):
         self.cache, self.slots, self.num_decodes, self.chunks = cache, slots, num_decodes, chunks
         self.decode_positions, self.seq_lens, self.decode_tables = decode_positions, seq_lens, decode_tables
+        self.where = cache.where(slots)             # once per step, not once per layer
 
     def attend(self, layer: int, q, k, v, positions, attention):
         """q (1, H, N, d), k and v (1, K, N, d) -> (1, H, N, d): store the step's keys, attend row by row."""
-        self.cache.write(layer, self.slots, k[0], v[0])
+        self.cache.write(layer, self.slots, k[0], v[0], self.where)
         D = self.num_decodes
         if D:
             decoded = attention.paged_decode(self.cache, layer, q[0, :, :D].transpose(1, 0, 2), self.decode_positions,
