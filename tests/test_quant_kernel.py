@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from minitransformer.errors import InputError
-from minitransformer.kernels.compile_check import compile_with_nvcc, find_compiler
+from minitransformer.kernels.compile_check import compile_with_nvcc
+from minitransformer.kernels.toolchain import find_compiler
 from minitransformer.kernels.quant import GEMV_EXPRESSIONS, GEMV_FILE, dequant_gemv
 from minitransformer.prefill import prefill
 from minitransformer.decode import decode_step

@@ -31,11 +31,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compile_check import (DEFAULT_ARCH, KERNEL_FILES, _cuda_roots, _demangle, _nvidia_wheel_dirs, find_nvcc,
-                            instantiation_source, nvcc_command, parse_ptxas)
+from .compile_check import DEFAULT_ARCH, KERNEL_FILES, _demangle, instantiation_source, nvcc_command, parse_ptxas
 from .decode_sizing import (DECODE_VARIANTS, DEFAULT_NUM_SMS, PARTITION_KERNELS, choose_partition_size,
                             decode_expressions, decode_shared_bytes, decode_threads)
 from .sass_loops import Loop, find_loops, innermost_busiest, parse_sass, split_functions
+from .toolchain import _cuda_roots, _nvidia_wheel_dirs, find_nvcc
 
 # H200 SXM: 4.8 TB/s of HBM3e (NVIDIA H200 Tensor Core GPU datasheet), 132 SMs. Per SM on compute capability 9.0
 # (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"): 64K 32-bit registers, allocated
