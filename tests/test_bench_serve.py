@@ -15,8 +15,8 @@ import pytest
 
 from minitransformer import cli
 from minitransformer.bench import serve_compare, serve_report
-from minitransformer.bench.serve import (RequestRecord, ServeSettings, SSEParser, arrival_times, make_prompts,
-                                         poisson_gaps, send_request)
+from minitransformer.bench.serve import RequestRecord, SSEParser, send_request
+from minitransformer.bench.serve_workload import ServeSettings, arrival_times, make_prompts, poisson_gaps
 from minitransformer.bench.serve_compare import BenchServeError, ManagedServer, free_port
 
 

@@ -1,0 +1,62 @@
+"""What `bench serve` asks every server, and when: the settings, the prompts and the Poisson arrival times.
+
+Kept apart from the HTTP client (serve.py) so the workload can be read, and reused, without the networking: the
+same prompts at the same arrival times are what make two servers' numbers comparable.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from importlib.resources import files
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What every server is asked, identical across servers and rates so their numbers compare."""
+
+    rates: tuple[float, ...] = (1.0, 2.0, 4.0)
+    num_prompts: int = 32
+    max_concurrency: int | None = None
+    seed: int = 0
+    endpoint: str = "completions"            # or "chat"
+    max_tokens: int = 48
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    model: str | None = None                 # None: the first model GET /v1/models lists
+    timeout_s: float = 300.0
+    slo_ttft_ms: float = 1000.0
+    slo_tpot_ms: float = 100.0
+    slo_e2el_ms: float | None = None
+    # Each prompt's length in words is drawn from these, so that prefill work varies from request to request as it
+    # does in real traffic: short chat-like questions next to long documents.
+    prompt_words: tuple[int, ...] = (16, 64, 200)
+
+
+def make_prompts(n: int, seed: int, lengths: tuple[int, ...] = ServeSettings.prompt_words) -> list[str]:
+    """n slices of the shipped text, each starting at a random word, its length in words drawn from `lengths`."""
+    words = files(__package__).joinpath("serve_text.txt").read_text(encoding="utf-8").split()
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        size = rng.choice(lengths)
+        start = rng.randrange(len(words))
+        prompts.append(" ".join(words[(start + i) % len(words)] for i in range(size)))
+    return prompts
+
+
+def poisson_gaps(rate: float, n: int, seed: int) -> np.ndarray:
+    """n gaps in seconds between arrivals: exponential with mean 1/rate (Poisson arrivals), zeros when rate is inf."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    if np.isinf(rate):
+        return np.zeros(n)
+    return np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+
+
+def arrival_times(rate: float, n: int, seed: int) -> np.ndarray:
+    """Seconds after the start at which each request is sent: the first at 0, then the cumulated gaps."""
+    gaps = poisson_gaps(rate, n, seed)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else gaps
