@@ -1,10 +1,12 @@
-"""Lesson 04: the KV cache vs recomputing everything — identical tokens, but one loop's steps stay flat while the
-other's grow with every token, and the total gap widens with the length of the answer.
+"""Lesson 04: the KV cache vs recomputing everything — identical tokens; how each loop's step time changes as the
+context grows, and what the total costs.
 
     python lessons/04_cache_vs_no_cache.py [--prompt-tokens 40] [--tokens 48] [--rows 8]
 
 Both runs are generate.py's loop: with the cache (prefill.py + decode.py) and with no_cache.py's baseline, whose
 step n runs the model over the prompt and all n tokens so far again. Greedy sampling, so the tokens must agree.
+The lesson's claims (claims() below) are decided from the numbers it prints, and a timing claim is stated only when
+the run was quiet (minitransformer/measure.py): on a busy machine the lesson says it could not show it.
 """
 
 import argparse
@@ -18,16 +20,64 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, generate, load_model  # noqa: E402
+from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
+from minitransformer.measure import Probe  # noqa: E402
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut lines at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
+FLAT_BAND = 0.25            # a cached step counts as flat when its last quarter is within 25% of its first
 
 
 def step_times(result) -> np.ndarray:
     """Seconds of each step: the first is prefill + sample (TTFT minus queueing), then the gaps between tokens."""
     m = result.metrics
     return np.diff([m.scheduled_time] + m.token_times)                       # (n,)
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). Each step was timed once, so a quarter's min-max range is the spread."""
+    same, n = find_numbers(output, r"check tokens: identical at (\d+) of (\d+) positions")
+    c_lo, c_hi, c_lo2, c_hi2, s_lo, s_hi, s_lo2, s_hi2 = find_numbers(
+        output, r"check quarters: cache first ([\d.]+)-([\d.]+) ms, last ([\d.]+)-([\d.]+) ms; no cache first "
+        r"([\d.]+)-([\d.]+) ms, last ([\d.]+)-([\d.]+) ms")
+    c_first, c_last, s_first, s_last = find_numbers(
+        output, r"decode steps, first vs last quarter \(medians\): cache ([\d.]+) -> ([\d.]+) ms .*?no cache "
+        r"([\d.]+) -> ([\d.]+) ms")
+    table = table_with(output, "cache ms")
+    steps, fast, slow = table.numbers("step"), table.numbers("cache ms"), table.numbers("no cache ms")
+    decode = [(s, f, w) for s, f, w in zip(steps, fast, slow) if s > 1]             # step 1 is the prefill
+    slowest = max(decode, key=lambda r: r[1] / r[2]) if decode else (0, 0.0, 1.0)
+    total_fast, total_slow = find_numbers(output, r"check totals: cache ([\d.]+) s, no cache ([\d.]+) s")
+    per_fast, per_slow = find_numbers(output, r"per token-pass: ([\d.]+) ms in a cached decode step .*? vs "
+                                              r"([\d.]+) ms inside a recompute step")
+    change = c_last / c_first - 1
+    return [
+        Claim("same-tokens", "both loops produce the same tokens", same == n, f"{same:.0f} of {n:.0f}", timed=False),
+        Claim("recompute-grows", "without the cache, a step's time grows with the context",
+              s_lo2 > s_hi, f"no-cache steps {s_first:.1f} -> {s_last:.1f} ms (medians); the last quarter's fastest "
+              f"{s_lo2:.1f} ms vs the first quarter's slowest {s_hi:.1f} ms"),
+        Claim("cache-flat", "with the cache, a step's time stays flat",
+              abs(change) <= FLAT_BAND and (c_last - c_first) < (s_last - s_first) / 4,
+              f"cached steps {c_first:.1f} -> {c_last:.1f} ms ({change:+.0%}, band ±{FLAT_BAND:.0%}; ranges "
+              f"{c_lo:.1f}-{c_hi:.1f} and {c_lo2:.1f}-{c_hi2:.1f} ms), against a no-cache change of "
+              f"{s_last - s_first:+.1f} ms"),
+        Claim("cache-faster", "every decode step shown is faster with the cache",
+              all(f < w for _, f, w in decode),
+              f"closest: step {slowest[0]:.0f}, {slowest[1]:.1f} ms cached vs {slowest[2]:.1f} ms recomputed"),
+        Claim("total", "the cached loop takes less time in total", total_fast < total_slow,
+              f"{total_fast:.3f} s vs {total_slow:.3f} s"),
+        Claim("shared-reads", "a recompute step costs less per token than a cached step (each weight read serves "
+              "many tokens)", per_slow < per_fast, f"{per_slow:.2f} vs {per_fast:.2f} ms per token-pass"),
+    ]
+
+
+def quarter(times: np.ndarray, last: bool) -> np.ndarray:
+    """The first or last quarter of the decode steps (steps 2..N; step 1 is the prefill)."""
+    decode = times[1:]
+    k = max(1, len(decode) // 4)
+    return decode[-k:] if last else decode[:k]
 
 
 def main():
@@ -42,6 +92,7 @@ def main():
         if value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model(args.model)
+    probe = Probe()                                                      # is the machine quiet during this run?
     prompt = model.tokenizer.encode(TEXT * (1 + args.prompt_tokens // 20))[:args.prompt_tokens]
     P, N = len(prompt), args.tokens
     params = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
@@ -57,7 +108,7 @@ def main():
     console.print(f"check tokens: identical at {same} of {N} positions; ids {cached.token_ids}")
     console.print(f"text: {cached.text!r}")
 
-    console.rule("[bold]2. Time per step: flat with the cache, growing without")
+    console.rule("[bold]2. Time per step, with the cache and without")
     fast, slow = step_times(cached), step_times(recompute)                  # (N,) each
     shown = sorted(set(np.linspace(0, N - 1, min(args.rows, N)).round().astype(int)))
     scale = 40 / slow.max()
@@ -69,14 +120,17 @@ def main():
                       f"{slow[i] / fast[i]:.1f}x", "[green]" + "█" * max(1, round(fast[i] * scale)) + "\n[red]"
                       + "█" * max(1, round(slow[i] * scale)))
     console.print(table)
-    quarter = max(1, (N - 1) // 4)                                           # decode steps only (after prefill)
-    first_fast, last_fast = fast[1:1 + quarter].mean(), fast[-quarter:].mean()
-    first_slow, last_slow = slow[1:1 + quarter].mean(), slow[-quarter:].mean()
+    first_fast, last_fast = np.median(quarter(fast, False)), np.median(quarter(fast, True))
+    first_slow, last_slow = np.median(quarter(slow, False)), np.median(quarter(slow, True))
     slope_fast = np.polyfit(np.arange(1, N), fast[1:], 1)[0] if N > 2 else 0.0   # seconds per extra token
     slope_slow = np.polyfit(np.arange(1, N), slow[1:], 1)[0] if N > 2 else 0.0
-    console.print(f"decode steps, first vs last quarter: cache {first_fast * 1e3:.1f} -> {last_fast * 1e3:.1f} ms "
+    console.print(f"decode steps, first vs last quarter (medians): cache {first_fast * 1e3:.1f} -> {last_fast * 1e3:.1f} ms "
                   f"(slope {slope_fast * 1e6:+.0f} us per token), no cache {first_slow * 1e3:.1f} -> "
                   f"{last_slow * 1e3:.1f} ms (slope {slope_slow * 1e6:+.0f} us per token)")
+    ranges = [f"{q.min() * 1e3:.1f}-{q.max() * 1e3:.1f} ms" for t in (fast, slow) for q in (quarter(t, False),
+                                                                                          quarter(t, True))]
+    console.print(f"check quarters: cache first {ranges[0]}, last {ranges[1]}; no cache first {ranges[2]}, last "
+                  f"{ranges[3]}")
 
     console.rule("[bold]3. The totals")
     passes_fast = P + (N - 1)                                  # prompt once, then one token per step
@@ -93,18 +147,34 @@ def main():
                   f"weights) vs {per_token_slow * 1e3:.2f} ms inside a recompute step ({P + 1}-{P + N - 1} tokens "
                   "per read): why the time ratio is smaller than the work ratio (lesson 02)")
 
+    console.rule("[bold]4. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
     console.rule("[bold]Interview question: what does the KV cache buy, and what would recomputing cost?")
-    console.print(
-        f"Both loops produced the same {N} tokens ({same} of {N} identical). Without the cache, step n runs the model "
-        f"over all {P} + n tokens again: its steps went from {first_slow * 1e3:.0f} to {last_slow * 1e3:.0f} ms "
-        f"({slope_slow * 1e6:+.0f} us per extra token) and the total work is quadratic: {passes_slow:,} token-passes "
-        f"instead of {passes_fast:,}. With the cache each step runs one token against stored keys and values: "
-        f"{first_fast * 1e3:.0f} to {last_fast * 1e3:.0f} ms ({slope_fast * 1e6:+.0f} us per extra token). In total "
-        f"{total_slow:.2f} s vs {total_fast:.2f} s = {total_slow / total_fast:.1f}x, bought with "
-        f"{cached.kv_cache_bytes:,} bytes of cache. The time ratio is below the {passes_slow / passes_fast:.0f}x work "
-        f"ratio because a recompute pass shares each weight read among many tokens ({per_token_slow * 1e3:.2f} ms "
-        f"per token-pass vs {per_token_fast * 1e3:.2f} ms); the work ratio, and with it the gap, grows with the "
-        "output: try --tokens 128.")
+    answer = [f"Both loops produced the same {N} tokens ({same} of {N} identical). Without the cache, step n runs "
+              f"the model over all {P} + n tokens again, so the total work is quadratic: {passes_slow:,} "
+              f"token-passes instead of {passes_fast:,}. With the cache each step runs one token against stored keys "
+              f"and values, bought with {cached.kv_cache_bytes:,} bytes of cache."]
+    if shown["recompute-grows"] and shown["cache-flat"]:
+        answer.append(f"The clock agrees: the recompute steps went from {first_slow * 1e3:.0f} to "
+                      f"{last_slow * 1e3:.0f} ms ({slope_slow * 1e6:+.0f} us per extra token), while the cached steps "
+                      f"went from {first_fast * 1e3:.0f} to {last_fast * 1e3:.0f} ms.")
+    else:
+        answer.append("This run's step times could not show how each loop's step grows (see the claims above); "
+                      "the token-pass counts hold whatever the machine is doing.")
+    if shown["total"] and shown["shared-reads"]:
+        answer.append(f"In total {total_slow:.2f} s vs {total_fast:.2f} s = {total_slow / total_fast:.1f}x. The time "
+                      f"ratio is below the {passes_slow / passes_fast:.0f}x work ratio because a recompute pass shares "
+                      f"each weight read among many tokens ({per_token_slow * 1e3:.2f} ms per token-pass vs "
+                      f"{per_token_fast * 1e3:.2f} ms); the work ratio, and with it the gap, grows with the output: "
+                      "try --tokens 128.")
+    else:
+        answer.append(f"In total {total_slow:.2f} s vs {total_fast:.2f} s, but this run was not quiet enough to "
+                      "say what the ratio means; run it again with nothing else on the machine.")
+    console.print(" ".join(answer))
+
 
 if __name__ == "__main__":
     try:
