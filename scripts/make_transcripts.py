@@ -4,11 +4,22 @@ readers who read before they run (docs/interview.md quotes its numbers from thes
     python scripts/make_transcripts.py                 # all lessons, one after another (tens of minutes on 2 cores)
     python scripts/make_transcripts.py --only 02,12    # only these lessons
     python scripts/make_transcripts.py --log FILE      # progress to FILE as well as to the terminal
+    python scripts/make_transcripts.py --verify        # check every committed transcript against its lesson's claims
 
 A lesson prints with rich; piped, it prints plain text, and COLUMNS=120 fixes the width, so the transcript is what a
 reader of a 120-column terminal sees, without colour codes. Lessons run one at a time: their timings are part of
-what they teach and two at once would share the cores. A lesson that fails keeps its old transcript, the others
-still run, and the script exits 1.
+what they teach and two at once would share the cores. This machine's peaks (copy bandwidth, GEMM FLOP/s) are
+measured once at the start and handed to every lesson, so all transcripts quote one ridge point.
+
+A transcript is written only from a quiet run whose claims all hold: each lesson prints its quietness probe
+(minitransformer/measure.py) and one verdict line per claim (minitransformer/claims.py). A busy run is tried again
+(--attempts); a lesson that stays busy, fails a claim or crashes keeps its old transcript, the others still run, and
+the script exits 1 naming which and why.
+
+--verify re-reads every committed transcript and decides each lesson's claims again from the numbers printed in it
+(the lesson's own claims() function), and checks that the run was quiet: an edited or stale number that no longer
+supports its verdict fails, naming the transcript, the claim and its numbers. It also checks docs/interview.md:
+every “quote” is in a transcript its paragraph links, and every claim a paragraph cites (claim `key`) was shown there.
 
 docs/interview.md quotes the transcripts in “curly quotes”; after the lessons ran, each quote takes its transcript's
 new numbers (refresh_quotes). A quote whose words no longer appear is listed, and the script exits 1.
@@ -32,6 +43,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from minitransformer.claims import printed_verdicts  # noqa: E402
+from minitransformer.measure import PEAKS_ENV, Quietness  # noqa: E402
+
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"
 WIDTH = 120
@@ -57,7 +72,6 @@ def title(lesson: Path) -> str:
 
 def machine() -> str:
     """Where the run happened: the CPU (as every figure names it), Python and NumPy versions, the model file."""
-    sys.path.insert(0, str(ROOT))
     import numpy
 
     from minitransformer.viz import machine_label
@@ -82,21 +96,25 @@ def command(lesson: Path, args: list[str] = ()) -> str:
     return " ".join(["python", lesson.relative_to(ROOT).as_posix(), *args])
 
 
-def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime, load: float) -> str:
+def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime, quiet: Quietness) -> str:
     number = lesson.stem[:2]
+    others = "unknown" if quiet.others is None else f"{quiet.others:.1%}"
     return "\n".join([
         f"# Lesson {number} transcript: {title(lesson)}",
         "",
         textwrap.fill(f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default "
                       f"settings, as printed to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every "
-                      "timing is this machine's, and other programs sharing its cores slow them (the load average "
-                      "says how busy it was).", WIDTH - 4),
+                      "timing is this machine's. This run passed the quietness probe (nothing else was running: "
+                      "other programs' share of the cores and the drift of a fixed calibration matmul are below), and "
+                      "every verdict it prints was decided from the numbers it printed.", WIDTH - 4),
         "",
         f"- machine: {where}",
         f"- command: `{command(lesson)}`",
-        f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model, load average {load:.1f} at "
-        "the start",
-        f"- regenerate: `python scripts/make_transcripts.py --only {number}`",
+        f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model",
+        f"- quietness: load average {quiet.load:.2f} at the start, other programs used {others} of the cores, "
+        f"calibration drift {quiet.drift:+.1%}",
+        f"- regenerate: `python scripts/make_transcripts.py --only {number}`; check: "
+        "`python scripts/make_transcripts.py --verify`",
         "",
         FENCE + "text",
         output.rstrip("\n"),
@@ -255,6 +273,87 @@ def refresh_quotes(doc: Path = INTERVIEW) -> list[str]:
     return stale
 
 
+# ------------------------------------------------------------------------------------------------ claims
+
+def lesson_module(lesson: Path):
+    """The lesson imported as a module (its main() guarded by __name__), for its claims() function."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"lesson_{lesson.stem}", lesson)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def claim_problems(lesson: Path, output: str) -> list[str]:
+    """Why `output` (a run or a transcript of `lesson`) cannot stand as a transcript; [] when it can: the run was
+    quiet, every claim holds on the printed numbers, and every verdict line printed agrees with that."""
+    quiet = Quietness.parse(output)
+    problems = []
+    if quiet is None:
+        problems.append("no quietness line (the lesson must print measure.Probe's line)")
+    elif not quiet.quiet:
+        problems.append(f"recorded on a busy machine: {quiet.why_busy()}")
+    try:
+        found = lesson_module(lesson).claims(output)
+    except (ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        return problems + [f"its claims cannot be read from the output: {exc}"]
+    printed = printed_verdicts(output)
+    for claim in found:
+        if not claim.holds:
+            problems.append(f"claim {claim.key} ({claim.statement}) does not hold on the printed numbers: "
+                            f"{claim.evidence}")
+        elif printed.get(claim.key) is not True:
+            problems.append(f"claim {claim.key} holds but the output prints it as "
+                            f"{'not shown' if claim.key in printed else 'nothing'}")
+    unknown = set(printed) - {c.key for c in found}
+    if unknown:
+        problems.append(f"verdict lines for claims the lesson no longer makes: {sorted(unknown)}")
+    if not found:
+        problems.append("the lesson makes no claims")
+    return problems
+
+
+CLAIM_REF = re.compile(r"claim `([\w-]+)`")
+
+
+def interview_problems(doc: Path = INTERVIEW) -> list[str]:
+    """Quotes that are in none of their paragraph's transcripts, and cited claims (claim `key`) that none of them
+    shows: a sentence that states a direction cites the claim that shows it."""
+    problems, outputs = [], {}
+    for paragraph in re.split(r"\n\s*\n", doc.read_text()):
+        linked = [(doc.parent / link.split("#")[0]).resolve() for link in LINK.findall(paragraph)]
+        sources = [p for p in linked if p.parent == TRANSCRIPTS.resolve() and p.is_file()]
+        for source in sources:
+            outputs.setdefault(source, read(source)[1])
+        for quote in map(flat, QUOTE.findall(paragraph)):
+            if sources and not any(quote in flat(outputs[s]) for s in sources):
+                problems.append(f"“{quote}” is in none of {[s.name for s in sources]}")
+        for key in CLAIM_REF.findall(paragraph):
+            if not any(printed_verdicts(outputs[s]).get(key) for s in sources):
+                problems.append(f"claim `{key}` is cited but not shown in {[s.name for s in sources]}")
+    return problems
+
+
+def verify(chosen: list[Path]) -> list[str]:
+    """Every problem of the committed transcripts of `chosen` and of docs/interview.md, each naming where."""
+    problems = []
+    for lesson in chosen:
+        transcript = transcript_for(lesson)
+        if not transcript.is_file():
+            problems.append(f"{transcript.relative_to(ROOT)}: missing")
+            continue
+        problems += [f"{transcript.relative_to(ROOT)}: {p}" for p in claim_problems(lesson, read(transcript)[1])]
+    if INTERVIEW.is_file():
+        problems += [f"{INTERVIEW.relative_to(ROOT)}: {p}" for p in interview_problems()]
+    return problems
+
+
+def measure_peaks() -> str:
+    """'bytes_per_s,flop_per_s' of this machine, measured once for every lesson of the run."""
+    from minitransformer.bench.machine import measure_copy_bandwidth, measure_gemm_flops
+    return f"{measure_copy_bandwidth():.6g},{measure_gemm_flops():.6g}"
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 def main() -> int:
@@ -262,6 +361,9 @@ def main() -> int:
                                              "lessons/transcripts/NN_name.md from what it printed.")
     ap.add_argument("--only", help="comma-separated lesson numbers, e.g. 02,12 (default: every lesson)")
     ap.add_argument("--log", type=Path, help="append progress lines to this file as well")
+    ap.add_argument("--verify", action="store_true",
+                    help="run no lesson: check the committed transcripts' claims against their printed numbers")
+    ap.add_argument("--attempts", type=int, default=3, help="runs of a lesson before giving up on a quiet one")
     args = ap.parse_args()
     chosen = lessons()
     if args.only:
@@ -278,20 +380,39 @@ def main() -> int:
             with args.log.open("a") as handle:
                 handle.write(line + "\n")
 
+    if args.verify:
+        problems = verify(chosen)
+        for problem in problems:
+            print(problem)
+        print(f"{len(chosen)} transcripts and {INTERVIEW.name} checked: "
+              + (f"{len(problems)} problems" if problems else "every claim holds on its printed numbers"))
+        return 1 if problems else 0
+
     where, failed, stale = machine(), [], []
     TRANSCRIPTS.mkdir(exist_ok=True)
     say(f"{len(chosen)} lessons on {where}")
+    peaks = os.environ.get(PEAKS_ENV) or measure_peaks()
+    say(f"this machine's peaks, measured once for every lesson: {peaks} (bytes/s, FLOP/s)")
     for lesson in chosen:
-        say(f"{lesson.name} ...")
-        when, load = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
-        code, out, err, seconds = run(lesson)
-        if code != 0 or not out.strip():
+        for attempt in range(1, args.attempts + 1):
+            say(f"{lesson.name} (attempt {attempt}) ...")
+            when = datetime.datetime.now(datetime.timezone.utc)
+            code, out, err, seconds = run(lesson, env={PEAKS_ENV: peaks})
+            if code != 0 or not out.strip():
+                problems = [f"exit {code}: " + err[-2000:]]
+                break                                           # a crash does not get better by trying again
+            problems = claim_problems(lesson, out)
+            quiet = Quietness.parse(out)
+            if not problems:
+                transcript_for(lesson).write_text(render(lesson, out, seconds, where, when, quiet))
+                say(f"{lesson.name} done in {seconds:.0f} s -> {transcript_for(lesson).relative_to(ROOT)}")
+                break
+            say(f"{lesson.name}: not written after {seconds:.0f} s: " + "; ".join(problems))
+            if quiet is not None and quiet.quiet:
+                break                                           # quiet, yet a claim failed: say so, do not retry
+        if problems:
             failed.append(lesson.name)
-            say(f"{lesson.name} FAILED (exit {code}) after {seconds:.0f} s; its transcript is unchanged:\n"
-                + err[-2000:])
-            continue
-        transcript_for(lesson).write_text(render(lesson, out, seconds, where, when, load))
-        say(f"{lesson.name} done in {seconds:.0f} s -> {transcript_for(lesson).relative_to(ROOT)}")
+            say(f"{lesson.name} FAILED; its transcript is unchanged: " + "; ".join(problems))
     if failed:
         say(f"failed: {', '.join(failed)}")
     if INTERVIEW.is_file():
