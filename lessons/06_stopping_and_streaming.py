@@ -147,7 +147,7 @@ def main() -> None:
     reply_ids = [t for _, t in spanned]
     console.print(f"check ids: {args.stop!r} tokenized alone = {own_ids}; inside the reply its characters are tokens "
                   f"{reply_ids}. Matching ids would {'find' if own_ids == reply_ids else 'miss'} it; the text match "
-                  f"found it at character {start}.")
+                  + (f"found it at character {start}." if start >= 0 else "did not find it."))
     console.print(f"check eos text: EOS id {tok.eos_id} adds {len(tok.decode([tok.eos_id], skip_special=True))} "
                   f"characters to the streamed text; its name {tok.decode([tok.eos_id])!r} typed as text is "
                   f"{len(tok.encode(tok.decode([tok.eos_id])))} ordinary tokens. EOS is recognised by its id, never "

@@ -111,13 +111,14 @@ def part1_q4_1_block(path, name="blk.0.attn_q.weight"):
     console.print(f"check Q4_1 block: max |by hand - library| = {np.abs(by_hand - library).max():.2e}")
     same = {s: float((QuantizedLinear.from_float(whole, s).dequantize() == whole).mean()) for s in ("int8", "int4")}
     console.print(f"check requantize: of {name}'s {whole.size} float32 weights (all decoded from Q4_1), our int4 "
-                  f"reproduces {100 * same['int4']:.2f}% exactly, int8 {100 * same['int8']:.2f}%: int4 groups of 32 "
-                  "fall on Q4_1's own blocks, a per-row int8 grid does not")
+                  f"reproduces {100 * same['int4']:.2f}% exactly, int8 {100 * same['int8']:.2f}% (int4 groups of 32 "
+                  "are laid out as Q4_1's blocks are; int8 has one scale per row)")
     packed, scale, low = quantize_int4(library[None])                     # our format, same 32 weights
     ours = unpack_int4(packed)[0].astype(np.float32) * np.float32(scale[0, 0]) + np.float32(low[0, 0])
+    error, half = np.abs(ours - library).max(), float(scale[0, 0]) / 2      # rounding to a level: at most half a step
     console.print(f"our int4 of the same weights: scale {float(scale[0, 0]):.6g}, min {float(low[0, 0]):.6g}, levels "
                   f"{unpack_int4(packed)[0].tolist()} (byte k = values 2k, 2k+1); max error "
-                  f"{np.abs(ours - library).max():.2e} <= scale/2 = {float(scale[0, 0]) / 2:.2e}")
+                  f"{error:.2e} {'<=' if error <= half else '>'} scale/2 = {half:.2e}")
 
 
 def main():
