@@ -191,7 +191,7 @@ def main():
                   f"{'measured now' if here else 'measured once for this set of runs'}): a step reads every weight "
                   "once, so it cannot be faster")
 
-    console.rule("Part 5: what this run shows")
+    console.rule("Part 5: What this run shows")
     quiet = probe.finish()
     console.print(quiet.line())
     shown = report(console, claims(console.export_text(clear=False)), quiet)
