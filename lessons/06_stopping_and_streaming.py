@@ -6,11 +6,14 @@
 Every request below runs through the real loop (generate.stream) on the real model, greedy, so runs repeat. After
 each token the loop detokenizes it (detokenizer.py), asks stopping.check_stop whether to stop, and streams only text
 that can no longer change: a character whose UTF-8 bytes are not all there yet waits, and so does a tail that could
-still become a stop string.
+still become a stop string. Nothing here is timed: the lesson's claims (claims() below) are about tokens, text and
+bytes, decided from what it prints, and the answer states only what they showed.
 """
 
 import argparse
+import ast
 import os
+import re
 import sys
 import threading
 import unittest.mock
@@ -22,13 +25,15 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, generate, load_model, stream  # noqa: E402
+from minitransformer.claims import Claim, find_numbers, flat, report, table_with  # noqa: E402
 from minitransformer.generate import CachedRunner  # noqa: E402
+from minitransformer.measure import Probe  # noqa: E402
 
 PROMPT = "What is 2+2?"
 STOP = "math problem"
 EMOJI_PROMPT = "Write a short message with a pizza emoji."
-# Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise.
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+# Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
@@ -39,6 +44,64 @@ def token_spans(tokenizer, ids: list[int]) -> list[tuple[int, int]]:
     """(start, end) character offsets of each output token in the decoded reply (control tokens are empty)."""
     ends = [len(tokenizer.decode(ids[: i + 1], skip_special=True)) for i in range(len(ids))]
     return list(zip([0] + ends[:-1], ends))
+
+
+def found(output: str, pattern: str) -> tuple[str, ...]:
+    """The groups of `pattern` in the flattened output, as text (find_numbers is for numbers only)."""
+    m = re.search(pattern, flat(output))
+    if not m:
+        raise ValueError(f"the output has no line matching {pattern!r}")
+    return m.groups()
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from what it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). None of it is about time."""
+    ends = table_with(output, "finish_reason")
+    rule = {r[0]: dict(zip(ends.columns, r)) for r in ends.rows}
+    eos, length, stop = rule["EOS"], rule["max_tokens"], rule["stop string"]
+    last, eos_id, n_eos = find_numbers(output, r"check eos: last id (\d+) == eos_id (\d+) .*?, (\d+) tokens")
+    spans, = find_numbers(output, r"check stop: .*? spans (\d+) tokens")
+    own, inside = (ast.literal_eval(x) for x in found(output, r"tokenized alone = (\[[\d, ]*\]); inside the reply "
+                                                              r"its characters are tokens (\[[\d, ]*\])"))
+    chars, typed = find_numbers(output, r"check eos text: EOS id \d+ adds (\d+) characters .*? typed as text is "
+                                        r"(\d+) ordinary tokens")
+    held, n_deltas = find_numbers(output, r"check utf8: (\d+) of (\d+) tokens emitted nothing")
+    joined, replacement = found(output, r"deltas joined == final text: (\w+); U\+FFFD in the stream: (\w+)")
+    after, = find_numbers(output, r"Cancellation mid-stream: the client stops after (\d+) deltas")
+    finish, n_cancel = found(output, r"check cancel: finish_reason '(\w+)', stop_reason '?\w+'?, (\d+) of")
+    reserved, released = find_numbers(output, r"reserved while streaming ([\d,]+) bytes; after the abort "
+                                              r"([\d,]+) bytes")
+    return [
+        Claim("eos-ends", "EOS ends a reply: its last token is the EOS id, finish_reason 'stop'",
+              last == eos_id and eos["finish_reason"] == "stop" and eos["stop_reason"] == "'eos'",
+              f"last id {last:.0f}, eos_id {eos_id:.0f}, finish_reason {eos['finish_reason']}", timed=False),
+        Claim("length-caps", "max_tokens cuts a reply at exactly that many tokens, finish_reason 'length'",
+              length["finish_reason"] == "length" and to_int(length["tokens"]) == to_int(length["settings"]),
+              f"{length['settings']}: {length['tokens']} tokens, finish_reason {length['finish_reason']}",
+              timed=False),
+        Claim("stop-string-cuts", "a stop string ends the reply before the EOS would, and is cut from the text",
+              stop["finish_reason"] == "stop" and to_int(stop["tokens"]) < n_eos
+              and stop["stop_reason"].strip("'") not in stop["text"],
+              f"{stop['tokens']} tokens vs {n_eos:.0f} to EOS; stop_reason {stop['stop_reason']}", timed=False),
+        Claim("ids-differ", "the stop string's own token ids are not the ids its characters came as in the reply "
+              "(matching ids would miss it)", spans >= 2 and own != inside,
+              f"alone {own}, in the reply {inside} ({spans:.0f} tokens)", timed=False),
+        Claim("eos-no-text", "EOS adds no text, and its name typed as text is other tokens", chars == 0 and typed > 1,
+              f"{chars:.0f} characters; the name is {typed:.0f} ordinary tokens", timed=False),
+        Claim("utf8-held", "tokens that end inside a character emit nothing until its last byte; the deltas add up to "
+              "the text, with no U+FFFD", held > 0 and joined == "True" and replacement == "False",
+              f"{held:.0f} of {n_deltas:.0f} held; joined == text {joined}; U+FFFD {replacement}", timed=False),
+        Claim("cancel-aborts", "cancelling ends the request with 'abort' one token after the last delta read, and "
+              "frees its KV cache", finish == "abort" and int(n_cancel) == after + 1 and reserved > 0
+              and released == 0, f"finish_reason {finish}, {n_cancel} tokens after {after:.0f} deltas; "
+              f"{reserved:,.0f} -> {released:,.0f} bytes", timed=False),
+    ]
+
+
+def to_int(cell: str) -> int:
+    """'5' -> 5; 'max_tokens=5' -> 5: the last integer of a table cell."""
+    return int(re.findall(r"\d+", cell)[-1])
 
 
 def main() -> None:
@@ -54,6 +117,7 @@ def main() -> None:
         if value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model(args.model)
+    probe = Probe()                                     # nothing here is timed; the probe line keeps transcripts alike
     tok = model.tokenizer
 
     console.rule("[bold]1. Three ways a reply ends: EOS, max_tokens, a stop string")
@@ -83,7 +147,7 @@ def main() -> None:
     reply_ids = [t for _, t in spanned]
     console.print(f"check ids: {args.stop!r} tokenized alone = {own_ids}; inside the reply its characters are tokens "
                   f"{reply_ids}. Matching ids would {'find' if own_ids == reply_ids else 'miss'} it; the text match "
-                  f"found it at character {start}.")
+                  + (f"found it at character {start}." if start >= 0 else "did not find it."))
     console.print(f"check eos text: EOS id {tok.eos_id} adds {len(tok.decode([tok.eos_id], skip_special=True))} "
                   f"characters to the streamed text; its name {tok.decode([tok.eos_id])!r} typed as text is "
                   f"{len(tok.encode(tok.decode([tok.eos_id])))} ordinary tokens. EOS is recognised by its id, never "
@@ -130,17 +194,46 @@ def main() -> None:
     console.print(f"check release: KV cache reserved while streaming {reserved:,} bytes; after the abort "
                   f"{runners[0].cache.bytes_reserved:,} bytes; usage {cancelled.usage.to_dict()}")
 
+    console.rule("[bold]5. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
     console.rule("[bold]Interview question: why is a stop string checked on text but EOS on a token id?")
-    console.print(
-        f"Because tokens and text do not line up. {args.stop!r} on its own is tokens {own_ids}, but in this reply its "
-        f"characters came as tokens {reply_ids} (it starts inside one of them), so only a search of the detokenized "
-        f"text finds it: the reply stopped after {len(stopped.token_ids)} tokens and the text was cut at character "
-        f"{start}. EOS is the opposite: id {tok.eos_id} is a control token that adds no text, so it is compared as an "
-        f"id ({len(eos.token_ids)} tokens, then stop). Streaming must respect the same mismatch: {held} of "
-        f"{len(deltas)} emoji-reply tokens ended inside a character and emitted nothing until its last byte came. "
-        f"Cancelling after {args.cancel_after} deltas ended the request with 'abort' after "
-        f"{len(cancelled.token_ids)} tokens (one more than deltas: the loop checks the flag after each step's token is "
-        f"chosen, so the step that runs when the client asks for the next delta still produces one) and freed its {reserved / 2**20:.1f} MiB KV cache reservation.")
+    answer = []
+    if shown["ids-differ"] and shown["stop-string-cuts"]:
+        answer.append(f"Because tokens and text do not line up. {args.stop!r} on its own is tokens {own_ids}, but in "
+                      f"this reply its characters came as tokens {reply_ids}, so only a search of the detokenized text "
+                      f"finds it: the reply stopped after {len(stopped.token_ids)} tokens and the text was cut at "
+                      f"character {start}.")
+    else:
+        answer.append(f"Because tokens and text need not line up, though this run could not show it: {args.stop!r} "
+                      f"on its own is tokens {own_ids} and in this reply its characters came as tokens {reply_ids} "
+                      "(see the claims above; try a --stop that starts inside a word of the reply).")
+    if shown["eos-no-text"] and shown["eos-ends"]:
+        answer.append(f"EOS is the opposite: id {tok.eos_id} is a control token that adds no text, so it is compared "
+                      f"as an id ({len(eos.token_ids)} tokens, then stop).")
+    else:
+        answer.append(f"EOS is a control token, compared as an id (id {tok.eos_id}); this run could not show that it "
+                      "ended the reply without adding text (see the claims above).")
+    if shown["utf8-held"]:
+        answer.append(f"Streaming must respect the same mismatch: {held} of {len(deltas)} emoji-reply tokens ended "
+                      "inside a character and emitted nothing until its last byte came.")
+    else:
+        answer.append(f"Streaming must hold back a character until its last byte arrives; in this run {held} of "
+                      f"{len(deltas)} tokens ended inside a character, so it could not show that (see the claims "
+                      "above; the emoji reply depends on the model and the prompt).")
+    if shown["cancel-aborts"]:
+        answer.append(f"Cancelling after {args.cancel_after} deltas ended the request with 'abort' after "
+                      f"{len(cancelled.token_ids)} tokens (one more than deltas: the loop checks the flag after each "
+                      "step's token is chosen, so the step that runs when the client asks for the next delta still "
+                      f"produces one) and freed its {reserved / 2**20:.1f} MiB KV cache reservation.")
+    else:
+        answer.append(f"Cancelling after {args.cancel_after} deltas ended the request with "
+                      f"{cancelled.finish_reason!r} after {len(cancelled.token_ids)} tokens, with "
+                      f"{runners[0].cache.bytes_reserved:,} bytes still reserved: not what cancellation should do "
+                      "(see the claims above).")
+    console.print(" ".join(answer))
 
 
 if __name__ == "__main__":

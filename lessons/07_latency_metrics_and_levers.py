@@ -1,11 +1,15 @@
 """Lesson 07: latency metrics and the levers that move them -- queue, prefill, TTFT, ITL, tokens/s, total.
 
     python lessons/07_latency_metrics_and_levers.py [--tokens 16] [--lengths 32,128,256] [--outputs 4,8,16]
+                                                    [--repeats 5]
 
 Part 1 serves three requests that arrive together on one slot, one after the other (no batching: lesson 08), and
-prints metrics.py's numbers for each. Part 2 runs one request streamed and not streamed. Part 3 turns each lever --
-output length, context length, bytes per token (model size, quantization) -- and measures what it moves. The tables
-of the course (T1 phases, T2 levers, T4 tuning guide) end it, filled with this run's numbers.
+prints metrics.py's numbers for each. Part 2 runs one request streamed and not streamed, in turns. Part 3 turns each
+lever -- output length, context length, bytes per token (model size, quantization) -- and measures what it moves:
+every setting of a lever runs --repeats times, in turns with the others (measure.interleaved), and the fastest run
+(min) is reported with the median and the spread. The tables of the course (T1 phases, T2 levers, T4 tuning guide)
+end it, filled with this run's numbers. The lesson's claims (claims() below) are decided from the numbers it prints,
+and a timing claim is stated only when the run was quiet (minitransformer/measure.py).
 """
 
 import argparse
@@ -20,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, generate, load_model, stream  # noqa: E402
 from minitransformer.bench.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
+from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
 from minitransformer.generate import _run, make_request, make_runner  # noqa: E402
+from minitransformer.measure import Probe, Timing, interleaved, machine_peaks, time_calls  # noqa: E402
 from minitransformer.metrics import now  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.sampling import make_generator, sample  # noqa: E402
@@ -31,12 +37,85 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
 # Q4_1 stores 32 weights in 20 bytes (16 bytes of 4-bit values + a float16 scale + a float16 min; lesson 13 prints
 # them): 5 bits, 0.625 bytes per weight.
 HYPOTHETICAL = [("1B float16", 1e9 * 2), ("7B float16", 7e9 * 2), ("7B Q4_1", 7e9 * 0.625)]
-# Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise.
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+# Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
+FLAT_BAND = 0.25            # ITL counts as flat when its fastest gap at every prompt length is within 25% of the first
+SAME_BAND = 0.05            # streaming counts as costing nothing extra when the two totals' mins are within 5%
 
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
+
+
+def beyond(lower: list[float], upper: list[float]) -> bool:
+    """Each setting's fastest run is slower than the previous setting's slowest: the growth is beyond the spread."""
+    return all(lo > hi for lo, hi in zip(lower[1:], upper[:-1]))
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). Part 1 ran once, so its claim needs a margin larger than the three
+    prefills' own differences; every other timing ran --repeats times, and a claim needs the ranges apart."""
+    fifo = table_with(output, "queue ms")
+    prefills, queues, ttfts = fifo.numbers("prefill ms"), fifo.numbers("queue ms"), fifo.numbers("TTFT ms")
+    noise = max(prefills) - min(prefills)
+    streamed = table_with(output, "first text min ms")
+    first_min, first_med, first_spread = (streamed.numbers(c) for c in ("first text min", "first text median",
+                                                                         "first text spread"))
+    total_min, total_spread = streamed.numbers("total min"), streamed.numbers("total spread")
+    out = table_with(output, "output tokens")
+    n_out, e2e_min, e2e_spread = out.numbers("output tokens"), out.numbers("total min"), out.numbers("total spread")
+    ctx = table_with(output, "prompt tokens")
+    n_ctx, ttft_min, ttft_spread = ctx.numbers("prompt tokens"), ctx.numbers("TTFT min"), ctx.numbers("TTFT spread")
+    itl_min = ctx.numbers("ITL min")
+    growth = ttft_min[-1] / ttft_min[0]
+    itl_change = max(abs(x / itl_min[0] - 1) for x in itl_min)
+    decode_ms, floor_ms = find_numbers(output, r"check floor: decode ([\d.]+) ms per token \(fastest\), floor "
+                                               r"([\d.]+) ms")
+    ridge, = find_numbers(output, r"ridge point = .*? = ([\d.]+) FLOP/byte")
+    pre, dec = find_numbers(output, r"check roofline: prefill ([\d.]+) FLOP/byte, decode ([\d.]+) FLOP/byte")
+    return [
+        Claim("queue-in-ttft", "a request that waits its turn gets its first token later though its own prefill "
+              "costs the same: the wait is in its TTFT", ttfts[-1] - ttfts[0] > noise and queues[-1] > prefills[-1],
+              f"r{len(ttfts) - 1} TTFT {ttfts[-1]:.1f} vs r0 {ttfts[0]:.1f} ms, queue {queues[-1]:.1f} ms; the "
+              f"prefills differ by {noise:.1f} ms"),
+        Claim("stream-first-sooner", "streaming shows the first text before a non-streamed reply shows any",
+              first_min[0] + first_spread[0] < total_min[1],
+              f"streamed first text {first_min[0]:.1f}-{first_min[0] + first_spread[0]:.1f} ms (median "
+              f"{first_med[0]:.1f}) vs not streamed {total_min[1]:.1f} ms at the fastest"),
+        Claim("stream-same-total", f"streaming does not change the total (fastest runs within {SAME_BAND:.0%})",
+              abs(total_min[0] / total_min[1] - 1) <= SAME_BAND,
+              f"{total_min[0]:.1f} vs {total_min[1]:.1f} ms ({total_min[0] / total_min[1] - 1:+.1%}; spreads "
+              f"{total_spread[0]:.1f} and {total_spread[1]:.1f} ms)"),
+        Claim("e2e-grows-with-output", "the total grows with the output length",
+              beyond(e2e_min, [a + b for a, b in zip(e2e_min, e2e_spread)]),
+              ", ".join(f"{n:.0f} tokens {a:.1f}-{a + b:.1f} ms" for n, a, b in zip(n_out, e2e_min, e2e_spread))),
+        Claim("ttft-grows-with-prompt", "TTFT grows with the prompt length",
+              beyond(ttft_min, [a + b for a, b in zip(ttft_min, ttft_spread)]),
+              ", ".join(f"{n:.0f} tokens {a:.1f}-{a + b:.1f} ms" for n, a, b in zip(n_ctx, ttft_min, ttft_spread))),
+        Claim("itl-flat", f"ITL stays flat as the prompt grows (within ±{FLAT_BAND:.0%}, and far less than TTFT "
+              "grows)", itl_change <= FLAT_BAND and itl_change < (growth - 1) / 4,
+              f"fastest gaps {' / '.join(f'{x:.1f}' for x in itl_min)} ms (at most {itl_change:.0%} from the first) "
+              f"while TTFT grew {growth:.1f}x"),
+        Claim("above-floor", "a decode step takes at least the weight bytes over the copy bandwidth (the floor)",
+              decode_ms >= floor_ms, f"{decode_ms:.1f} ms vs floor {floor_ms:.1f} ms"),
+        Claim("roofline", "by the roofline, prefill is compute-bound and decode memory-bound on this machine",
+              pre > ridge > dec, f"prefill {pre:.2f}, decode {dec:.2f} FLOP/byte, ridge {ridge:.2f}"),
+    ]
+
+
+def repeated(runs: dict, repeats: int) -> tuple[dict[str, Timing], dict[str, list]]:
+    """Time each run (a callable returning a Result) in turns, and keep the Results of the timed calls (not the
+    warm-up's), whose metrics split each call's time into TTFT and gaps."""
+    kept = {name: [] for name in runs}
+    timings = interleaved({name: (lambda name=name, run=run: kept[name].append(run())) for name, run in runs.items()},
+                          repeats=repeats)
+    return timings, {name: results[-repeats:] for name, results in kept.items()}
+
+
+def spread_cells(t: Timing) -> list[str]:
+    """min, median, spread in ms: the quiet-machine figure, the typical one, how far to trust them."""
+    return [ms(t.min), ms(t.median), ms(t.spread)]
 
 
 def main() -> None:
@@ -44,17 +123,19 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="output tokens of each request in parts 1 and 2")
     ap.add_argument("--lengths", default="32,128,256", help="prompt lengths of the context-length lever")
     ap.add_argument("--outputs", default="4,8,16", help="output lengths of the output-length lever")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs of each setting in parts 2 and 3, in turns")
     ap.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
     args = ap.parse_args()
-    if args.tokens < 1:
-        raise InputError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.tokens < 2 or args.repeats < 1:
+        raise InputError(f"--tokens must be at least 2 and --repeats at least 1, got {args.tokens}, {args.repeats}")
     try:
         lengths, outputs = [int(x) for x in args.lengths.split(",")], [int(x) for x in args.outputs.split(",")]
     except ValueError:
         raise InputError("--lengths and --outputs must be comma-separated integers") from None
-    if min(lengths + outputs) < 1:
-        raise InputError("--lengths and --outputs must be at least 1 each")
+    if min(lengths) < 1 or min(outputs) < 2:
+        raise InputError("--lengths must be at least 1 each and --outputs at least 2 each (a gap between tokens)")
     model = load_model(args.model)
+    probe = Probe()                                                      # is the machine quiet during this run?
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)   # fixed work per request
     generate(model, "warm-up", SamplingParams(max_tokens=2))                           # first-call costs out
 
@@ -70,112 +151,174 @@ def main() -> None:
         table.add_row(f"r{i}", str(r.usage.prompt_tokens), ms(m.queue_s), ms(m.prefill_s), ms(m.ttft_s),
                       ms(itl["p50"]), ms(itl["p90"]), f"{m.decode_tokens_per_s:.1f}", ms(m.e2e_s))
     console.print(table, "queue = waiting for the slot; TTFT = queue + prefill; ITL = gap between tokens; "
-                  "decode tok/s = (n - 1) / (total - TTFT); total = arrival to last token (metrics.py)")
+                  "decode tok/s = (n - 1) / (total - TTFT); total = arrival to last token (metrics.py). One run: "
+                  "part 1 shows what each number means; parts 2 and 3 repeat every run")
 
-    console.rule("[bold]2. The same request streamed and not streamed (P2)")
-    start = now()
-    first = None
-    for delta in stream(model, REQUESTS[2], params, chat=True):
-        if first is None and delta.text:
-            first = now() - start                                     # the user sees the first characters
-    streamed_total = now() - start
-    start = now()
-    generate(model, REQUESTS[2], params, chat=True)                   # the client sees text only when it returns
-    blocking_total = now() - start
-    table = Table("mode", "first text visible ms", "total ms")
-    table.add_row("streamed", ms(first), ms(streamed_total))
-    table.add_row("not streamed", ms(blocking_total), ms(blocking_total))
-    console.print(table)
-    console.print(f"check streaming: first text {blocking_total / first:.1f}x sooner; total time "
-                  f"{streamed_total / blocking_total:.2f}x the non-streamed one (same tokens, same passes)")
+    console.rule(f"[bold]2. The same request streamed and not streamed (P2), {args.repeats} times each, in turns")
+    firsts = []                                       # seconds to the first visible text, one per streamed call
 
-    console.rule("[bold]3. The levers, one at a time")
-    table = Table("output tokens", "total ms", "TTFT ms", "decode ms/token")
-    out_runs = [generate(model, REQUESTS[0], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                         chat=True).metrics for n in outputs]
-    for n, m in zip(outputs, out_runs):
-        table.add_row(str(n), ms(m.e2e_s), ms(m.ttft_s), ms(m.tpot_s))
-    per_token = (out_runs[-1].e2e_s - out_runs[0].e2e_s) / (outputs[-1] - outputs[0])
-    console.print(table, f"check output: each extra output token added {ms(per_token)} ms to the total")
+    def streamed():
+        start = now()
+        first = None
+        for delta in stream(model, REQUESTS[2], params, chat=True):
+            if first is None and delta.text:
+                first = now() - start                 # the user sees the first characters
+        firsts.append(first)
+
+    modes = interleaved({"streamed": streamed,        # the client sees text only when generate returns
+                         "not streamed": lambda: generate(model, REQUESTS[2], params, chat=True)},
+                        repeats=args.repeats)
+    first = Timing(tuple(firsts[-args.repeats:]))                                       # the timed calls' own
+    blocking = modes["not streamed"]
+    table = Table("mode", "first text min ms", "first text median ms", "first text spread ms", "total min ms",
+                  "total median ms", "total spread ms")
+    table.add_row("streamed", *spread_cells(first), *spread_cells(modes["streamed"]))
+    table.add_row("not streamed", *spread_cells(blocking), *spread_cells(blocking))
+    console.print(table, "min = the fastest of the runs, what a quiet machine gives; median = the typical run; "
+                  "spread = max - min, how far to trust either (measure.py). Not streamed, the first text comes "
+                  "with the last.")
+    console.print(f"check streaming: first text {ms(first.min)} ms streamed vs {ms(blocking.min)} ms not streamed "
+                  f"(mins, {first.min / blocking.min:.2f}x); totals {ms(modes['streamed'].min)} vs "
+                  f"{ms(blocking.min)} ms ({modes['streamed'].min / blocking.min:.2f}x; same tokens, same passes)")
+
+    console.rule(f"[bold]3. The levers, one at a time ({args.repeats} runs of each setting, in turns)")
+    greedy = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
+    out_t, out_runs = repeated({n: (lambda n=n: generate(model, REQUESTS[0], greedy(n), chat=True)) for n in outputs},
+                               args.repeats)
+    table = Table("output tokens", "total min ms", "total median ms", "total spread ms", "TTFT min ms",
+                  "decode ms/token (min)")
+    tpot = {n: min(r.metrics.tpot_s for r in out_runs[n]) for n in outputs}
+    for n in outputs:
+        table.add_row(str(n), *spread_cells(out_t[n]), ms(min(r.metrics.ttft_s for r in out_runs[n])), ms(tpot[n]))
+    per_token = (out_t[outputs[-1]].min - out_t[outputs[0]].min) / (outputs[-1] - outputs[0]) \
+        if len(outputs) > 1 else tpot[outputs[0]]
+    console.print(table, f"check output: each extra output token added {ms(per_token)} ms to the total (mins)")
 
     ids = model.tokenizer.encode(TEXT * (max(lengths) // 20 + 2))
-    table = Table("prompt tokens", "TTFT ms", "ITL p50 ms")
-    ctx_runs = [generate(model, ids[:n], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)).metrics
-                for n in lengths]
-    for n, m in zip(lengths, ctx_runs):
-        table.add_row(str(n), ms(m.ttft_s), ms(m.itl_summary()["p50"]))
-    ttft_growth = ctx_runs[-1].ttft_s / ctx_runs[0].ttft_s
+    _, ctx_runs = repeated({n: (lambda n=n: generate(model, ids[:n], greedy(4))) for n in lengths}, args.repeats)
+    ttft = {n: Timing(tuple(r.metrics.ttft_s for r in ctx_runs[n])) for n in lengths}
+    itl = {n: Timing(tuple(gap for r in ctx_runs[n] for gap in r.metrics.itl_s)) for n in lengths}
+    table = Table("prompt tokens", "TTFT min ms", "TTFT median ms", "TTFT spread ms", "ITL min ms", "ITL median ms",
+                  "ITL spread ms")
+    for n in lengths:
+        table.add_row(str(n), *spread_cells(ttft[n]), *spread_cells(itl[n]))
+    ttft_growth = ttft[lengths[-1]].min / ttft[lengths[0]].min
     console.print(table, f"check context: {lengths[-1]} prompt tokens took {ttft_growth:.1f}x the TTFT of "
-                  f"{lengths[0]}; ITL moved {ctx_runs[-1].itl_summary()['p50'] / ctx_runs[0].itl_summary()['p50']:.2f}x")
+                  f"{lengths[0]} (mins); ITL moved {itl[lengths[-1]].min / itl[lengths[0]].min:.2f}x (3 gaps a run)")
 
-    bandwidth = measure_copy_bandwidth(nbytes=128 * 2**20, repeats=3)
-    decode_ms = out_runs[-1].tpot_s
+    bandwidth, gemm, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
+    peaks_from = "measured now" if here else "measured once for this set of runs"
+    decode_ms = tpot[outputs[-1]]                     # the fastest mean gap of the longest output
     ours = [("ours, float32 in memory", model.weight_bytes), ("ours as stored (Q4_1 file)", model.path.stat().st_size)]
     table = Table("model", "weight bytes per token", "floor ms/token", "ceiling tok/s", "measured ms/token",
                   "H200 floor ms/token")
     for name, size in ours + HYPOTHETICAL:
         table.add_row(name, f"{size / 1e9:.3f} GB", ms(size / bandwidth), f"{bandwidth / size:.1f}",
                       ms(decode_ms) if size == model.weight_bytes else "", f"{size / H200.bandwidth * 1e3:.3f}")
-    console.print(f"copy bandwidth measured now: {bandwidth / 1e9:.1f} GB/s; every decode step reads all weights once, "
-                  f"so bytes / bandwidth is a floor on the time per token. H200 floor: the same bytes over an "
+    console.print(f"copy bandwidth ({peaks_from}): {bandwidth / 1e9:.1f} GB/s; every decode step reads all weights "
+                  f"once, so bytes / bandwidth is a floor on the time per token. H200 floor: the same bytes over an "
                   f"{H200.name}'s published {H200.bandwidth / 1e12:.1f} TB/s, "
                   f"{H200.bandwidth / bandwidth:.0f}x this CPU's measured bandwidth", table)
+    floor = model.weight_bytes / bandwidth
+    console.print(f"check floor: decode {ms(decode_ms)} ms per token (fastest), floor {ms(floor)} ms = "
+                  f"{decode_ms / floor:.1f}x the floor")
 
     console.rule("[bold]4. The course's tables, with this run's numbers")
     cache = KVCache(model.config, lengths[-1])
     logits = prefill(model, ids[: lengths[-1]], cache)                               # (1, V)
     gen = make_generator(0)
-    start = now()
-    for _ in range(20):
-        sample(logits, [SamplingParams(top_p=0.9)], [gen], [ids], [[]])
-    sample_s = (now() - start) / 20
-    gemm = measure_gemm_flops(n=512)
+    sampled = time_calls(lambda: sample(logits, [SamplingParams(top_p=0.9)], [gen], [ids], [[]]), repeats=20)
     ridge = gemm / bandwidth                               # FLOP/byte where this machine stops being memory-bound
-    console.print(f"ridge point = GEMM peak {gemm / 1e9:.1f} GFLOP/s (float32 512x512 matmul) / copy bandwidth "
-                  f"{bandwidth / 1e9:.1f} GB/s = {ridge:.2f} FLOP/byte; both peaks are measured now and vary "
-                  f"between runs")
+    console.print(f"ridge point = GEMM peak {gemm / 1e9:.1f} GFLOP/s (float32 1024x1024 matmul) / copy bandwidth "
+                  f"{bandwidth / 1e9:.1f} GB/s = {ridge:.2f} FLOP/byte ({peaks_from}; both peaks vary between runs)")
     pre, dec = forward_cost(model.config, lengths[-1]), forward_cost(model.config, 1, lengths[-1])
+    console.print(f"check roofline: prefill {pre.intensity:.2f} FLOP/byte, decode {dec.intensity:.2f} FLOP/byte "
+                  f"(FLOPs per byte moved, bench/machine.py forward_cost)")
     bound = lambda c: f"{'compute' if c.intensity > ridge else 'memory'} ({c.intensity:.2f} FLOP/byte)"  # noqa: E731
-    t1 = Table("T1 phase", "processes", f"bottleneck (ridge {ridge:.2f} FLOP/byte)", "user-facing metric", "measured")
+    t1 = Table("T1 phase", "processes", f"roofline bound (ridge {ridge:.2f} FLOP/byte)", "user-facing metric",
+               "measured (min)")
     t1.add_row("prefill", f"all {lengths[-1]} prompt tokens at once", bound(pre), "TTFT",
-               f"{ms(ctx_runs[-1].prefill_s)} ms")
+               f"{ms(ttft[lengths[-1]].min)} ms")
     t1.add_row("decode", "1 token + the KV cache", bound(dec), "ITL, tok/s", f"{ms(decode_ms)} ms/token")
-    t1.add_row("sampling", f"{logits.shape[-1]:,} logits -> 1 id", "neither (tiny)", "part of ITL",
-               f"{sample_s * 1e3:.2f} ms (top_p)")
-    t2 = Table("T2 lever", "effect measured here", "trade-off", "mitigation")
+    t1.add_row("sampling", f"{logits.shape[-1]:,} logits -> 1 id", "n/a (no weights read)", "part of ITL",
+               f"{sampled.min * 1e3:.2f} ms (top_p)")
+    t2 = Table("T2 lever", "effect measured here (mins)", "trade-off", "mitigation")
     big = HYPOTHETICAL[1]
     t2.add_row("model size", f"{big[0]}: floor {ms(big[1] / bandwidth)} ms/token vs {ms(ours[0][1] / bandwidth)}",
                "quality vs speed", "right-size, distill")
-    t2.add_row("context length", f"TTFT {ms(ctx_runs[0].ttft_s)} -> {ms(ctx_runs[-1].ttft_s)} ms "
-               f"({lengths[0]} -> {lengths[-1]} tokens)", "more context, slower start, bigger cache",
+    t2.add_row("context length", f"TTFT {ms(ttft[lengths[0]].min)} -> {ms(ttft[lengths[-1]].min)} ms "
+               f"({lengths[0]} -> {lengths[-1]} tokens)", "every prompt token is prefilled and cached",
                "trim prompts, cache prefixes")
-    t2.add_row("output length", f"+{ms(per_token)} ms per token", "longer answers cost linearly",
+    t2.add_row("output length", f"+{ms(per_token)} ms per token", "one decode step per output token",
                "max_tokens caps, stop strings")
     t2.add_row("quantization", f"weights kept 4-bit read {ours[0][1] / ours[1][1]:.1f}x fewer bytes: "
                f"floor {ms(ours[1][1] / bandwidth)} ms/token", "some accuracy", "4/8-bit weights (lesson 13)")
+    console.print(t1, t2)
+
+    console.rule("[bold]5. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
+    short, long = ttft[lengths[0]].min, ttft[lengths[-1]].min
     t4 = Table("T4 tuning step", "what it bought here")
     t4.add_row("smaller or quantized model", f"floor {ms(ours[1][1] / bandwidth)} vs {ms(big[1] / bandwidth)} "
                f"ms/token (ours Q4_1 vs {big[0]})")
-    t4.add_row("prompt trimming", f"{lengths[-1]} -> {lengths[0]} tokens saves "
-               f"{ms(ctx_runs[-1].ttft_s - ctx_runs[0].ttft_s)} ms of TTFT")
+    t4.add_row("prompt trimming", f"{lengths[-1]} -> {lengths[0]} tokens saves {ms(long - short)} ms of TTFT"
+               if shown["ttft-grows-with-prompt"] else f"TTFT {ms(long)} ms at {lengths[-1]} tokens vs {ms(short)} "
+               f"at {lengths[0]}: this run could not show a saving")
     t4.add_row("continuous batching", "more requests per pass: lesson 08 measures it")
-    t4.add_row("streaming", f"first text at {ms(first)} ms instead of {ms(blocking_total)} ms")
-    t4.add_row("output caps + stops", f"{outputs[0]} instead of {outputs[-1]} tokens: total "
-               f"{ms(out_runs[0].e2e_s)} instead of {ms(out_runs[-1].e2e_s)} ms")
-    console.print(t1, t2, t4)
+    t4.add_row("streaming", f"first text at {ms(first.min)} ms instead of {ms(blocking.min)} ms"
+               if shown["stream-first-sooner"] else f"first text at {ms(first.min)} vs {ms(blocking.min)} ms: this "
+               "run could not show it sooner")
+    cut = (f"{outputs[0]} instead of {outputs[-1]} tokens: total {ms(out_t[outputs[0]].min)} instead of "
+           f"{ms(out_t[outputs[-1]].min)} ms")
+    t4.add_row("output caps + stops", cut if shown["e2e-grows-with-output"] else
+               f"{outputs[0]} vs {outputs[-1]} tokens: total {ms(out_t[outputs[0]].min)} vs "
+               f"{ms(out_t[outputs[-1]].min)} ms: this run could not show a saving")
+    console.print(t4)
 
     console.rule("[bold]Interview question: which latencies do you watch, and why not just the total? (M3)")
-    r0, r2 = results[0].metrics, results[2].metrics
-    console.print(
-        f"Each one separately, because the levers move them separately. The total alone hides what users feel: "
-        f"streamed and not streamed, the same reply took {ms(streamed_total)} vs {ms(blocking_total)} ms in total, "
-        f"yet its first text showed after {ms(first)} vs {ms(blocking_total)} ms. Request r2 did the same kind of work "
-        f"as r0 (prefill {ms(r2.prefill_s)} vs {ms(r0.prefill_s)} ms) but waited {ms(r2.queue_s)} ms in the queue, so "
-        f"its TTFT was {ms(r2.ttft_s)} ms against {ms(r0.ttft_s)}. TTFT follows the prompt ({ttft_growth:.1f}x from "
-        f"{lengths[0]} to {lengths[-1]} tokens) and the queue; ITL ({ms(decode_ms)} ms/token here) follows the bytes "
-        f"read per step ({ours[0][1] / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s); the total adds {ms(per_token)} ms "
-        f"per output token. Caps and stops cut the total, trimming and queue control cut TTFT, a smaller or "
-        f"quantized model cuts ITL.")
+    r0, r2 = results[0].metrics, results[-1].metrics
+    streamed_total = modes["streamed"].min
+    answer = ["Each one separately: they answer different questions (when does text start, how fast does it flow, "
+              "when is it done)."]
+    if shown["stream-first-sooner"] and shown["stream-same-total"]:
+        answer.append(f"The total alone hides what users feel: streamed and not streamed, the same reply took "
+                      f"{ms(streamed_total)} vs {ms(blocking.min)} ms in total, yet its first text showed after "
+                      f"{ms(first.min)} vs {ms(blocking.min)} ms.")
+    else:
+        answer.append(f"Streamed and not streamed, the same reply took {ms(streamed_total)} vs {ms(blocking.min)} ms "
+                      f"in total and showed its first text after {ms(first.min)} vs {ms(blocking.min)} ms; this run "
+                      "could not show what streaming changes (see the claims above).")
+    if shown["queue-in-ttft"]:
+        answer.append(f"Request r2 did the same kind of work as r0 (prefill {ms(r2.prefill_s)} vs {ms(r0.prefill_s)} "
+                      f"ms) but waited {ms(r2.queue_s)} ms in the queue, so its TTFT was {ms(r2.ttft_s)} ms against "
+                      f"{ms(r0.ttft_s)}.")
+    else:
+        answer.append(f"Request r2 (prefill {ms(r2.prefill_s)} ms, queue {ms(r2.queue_s)} ms, TTFT {ms(r2.ttft_s)} ms) "
+                      f"against r0 (TTFT {ms(r0.ttft_s)} ms): this run could not show the queue's share.")
+    levers = []
+    if shown["ttft-grows-with-prompt"]:
+        levers.append(f"TTFT follows the prompt ({ttft_growth:.1f}x from {lengths[0]} to {lengths[-1]} tokens) and "
+                      "the queue")
+    if shown["itl-flat"]:
+        levers.append(f"ITL stays flat as the prompt grows ({ms(itl[lengths[0]].min)} -> {ms(itl[lengths[-1]].min)} "
+                      "ms)")
+    if shown["above-floor"]:
+        levers.append(f"a decode step ({ms(decode_ms)} ms here) cannot beat the bytes it reads: "
+                      f"{model.weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s is a floor of {ms(floor)} ms")
+    if shown["e2e-grows-with-output"]:
+        levers.append(f"the total adds {ms(per_token)} ms per output token")
+    if levers:
+        answer.append("Here " + "; ".join(levers) + ".")
+    if all(shown[k] for k in ("ttft-grows-with-prompt", "itl-flat", "e2e-grows-with-output")):
+        answer.append("So caps and stops cut the total, trimming and queue control cut TTFT, and a smaller or "
+                      "quantized model lowers the floor under ITL.")
+    else:
+        answer.append("This run could not show every lever (see the claims above): run it again with nothing else "
+                      "on the machine before trusting which lever moves which number.")
+    console.print(" ".join(answer))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """Lesson 13: quantization — fewer bytes per weight and per cached key, and what it costs in quality, measured.
 
     python lessons/13_quantization.py [--tokens 1024] [--window 256] [--greedy-tokens 64] [--prompts 1]
-                                      [--kv-tokens 8192]
+                                      [--kv-tokens 8192] [--repeats 10]
 
 Part 1 unpacks one Q4_1 block of the GGUF file itself by hand (scale, minimum, 32 four-bit values) and compares it
 with the library's dequantize; then quantizes the same 32 weights with our own int4 format. Part 2 builds int8 and int4
 copies of the model (minitransformer/quantize/) and an int8 KV cache, and measures each against float32 on the
 docstrings of Python's standard library (minitransformer/quality.py). Part 3 runs the CUDA dequantize-GEMV kernel on
-the CPU runner against the NumPy path.
+the CPU runner against the NumPy path. Part 4 times one decode step of each setting, in turns (measure.interleaved),
+against the floor its weight bytes set. The lesson's claims (claims() below) are decided from the numbers it prints,
+and a timing claim is stated only when the run was quiet (minitransformer/measure.py).
 """
 
 import argparse
@@ -20,16 +22,74 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import MiniTransformerError  # noqa: E402
-from minitransformer import estimate_kv_bytes, load_model  # noqa: E402
-from minitransformer.bench.machine import H200, measure_copy_bandwidth  # noqa: E402
+from minitransformer import KVCache, estimate_kv_bytes, load_model  # noqa: E402
+from minitransformer.bench.machine import H200, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
+from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
+from minitransformer.decode import decode_step  # noqa: E402
 from minitransformer.kernels.quant import dequant_gemv  # noqa: E402
+from minitransformer.measure import Probe, interleaved, machine_peaks  # noqa: E402
+from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy  # noqa: E402
 from minitransformer.quantize import (Int8KVCache, QuantizedLinear, estimate_int8_kv_bytes,  # noqa: E402
                                       expected_weight_bytes, quantize_int4, quantize_model, unpack_int4)
 from minitransformer.weights import dequantize, open_gguf  # noqa: E402
 
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut titles at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 MiB = 2 ** 20
+QUANTIZED = ("int8 weights", "int4 weights", "int8 KV cache")
+SPEED_KEYS = {"int8 weights": "int8-speed", "int4 weights": "int4-speed", "int8 KV cache": "kv8-speed"}
+GREEDY_KEYS = {"int8 weights": "same-greedy-int8", "int4 weights": "same-greedy-int4",
+               "int8 KV cache": "same-greedy-kv8"}
+WITH = {"int8 weights": "int8 weights", "int4 weights": "int4 weights", "int8 KV cache": "an int8 KV cache"}
+PPL_BAND, KL_SMALL = 0.01, 0.01     # "close to float32": perplexity within 1% and mean KL under 0.01 nats
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify)."""
+    by_hand, = find_numbers(output, r"check Q4_1 block: max \|by hand - library\| = ([\d.e+-]+)")
+    int4_exact, = find_numbers(output, r"our int4 reproduces ([\d.]+)% exactly")
+    memory = [find_numbers(output, rf"check memory {s}: weights (\d+) bytes, computed (\d+) bytes, [\d.]+x smaller "
+                                   r"than float32 \((\d+) bytes\)") for s in ("int8", "int4")]
+    quality = table_with(output, "perplexity")
+    names = quality.column("setting")
+    kv = dict(zip(names, quality.numbers("KV MiB")))
+    ppl, kl = dict(zip(names, quality.numbers("perplexity"))), dict(zip(names, quality.numbers("KL")))
+    kernels = [find_numbers(output, rf"check kernel {s}: max \|kernel - numpy\| / max \|y\| = ([\d.e+-]+)")[0]
+               for s in ("int8", "int4")]
+    speed = table_with(output, "step min ms")
+    rows = speed.column("setting")
+    low = dict(zip(rows, speed.numbers("step min ms")))
+    high = {name: low[name] + spread for name, spread in zip(rows, speed.numbers("spread ms"))}
+    found = [
+        Claim("q4_1-by-hand", "20 bytes of the file, decoded by hand, are the library's 32 weights", by_hand < 1e-6,
+              f"max difference {by_hand:.2e}", timed=False),
+        Claim("int4-on-q4-grid", "our int4 groups fall on Q4_1's own grid: they reproduce the weights exactly",
+              int4_exact == 100, f"{int4_exact:.2f}% exact", timed=False),
+        Claim("memory-as-computed", "each format stores the bytes computed for it, fewer than float32's",
+              all(shown == computed < f32 for shown, computed, f32 in memory)
+              and kv["int8 KV cache"] < kv["float32"],
+              f"weights int8 {memory[0][0]:,.0f} / int4 {memory[1][0]:,.0f} vs {memory[0][2]:,.0f} bytes; KV "
+              f"{kv['int8 KV cache']:.2f} vs {kv['float32']:.2f} MiB", timed=False),
+        Claim("kernel-matches", "the CUDA kernel, emulated, computes what NumPy computes", max(kernels) < 1e-5,
+              f"max relative difference {max(kernels):.2e}", timed=False),
+        Claim("ppl-close", f"every quantized setting stays close to float32 on average: perplexity within "
+              f"{PPL_BAND:.0%} and mean KL under {KL_SMALL} nats",
+              all(abs(ppl[n] / ppl["float32"] - 1) <= PPL_BAND and kl[n] < KL_SMALL for n in QUANTIZED),
+              ", ".join(f"{n} {ppl[n]:.4f} ({ppl[n] / ppl['float32'] - 1:+.2%}), KL {kl[n]:.5f}" for n in QUANTIZED)
+              + f"; float32 {ppl['float32']:.4f}", timed=False),
+    ]
+    for name in QUANTIZED:
+        same, total = find_numbers(output, rf"check greedy {name}: identical to float32's for (\d+) of (\d+) tokens")
+        found.append(Claim(GREEDY_KEYS[name], f"{name}: the greedy continuation is float32's, token for token",
+                           same == total, f"{same:.0f} of {total:.0f} tokens identical", timed=False))
+    for name in QUANTIZED:
+        faster = low[name] < low["float32"]
+        apart = high[name] < low["float32"] if faster else low[name] > high["float32"]
+        found.append(Claim(SPEED_KEYS[name], f"a decode step with {WITH[name]} is {'faster' if faster else 'slower'} "
+                           "than float32's here", apart, f"{low[name]:.1f}-{high[name]:.1f} ms vs float32 "
+                           f"{low['float32']:.1f}-{high['float32']:.1f} ms"))
+    return found
 
 
 def part1_q4_1_block(path, name="blk.0.attn_q.weight"):
@@ -51,25 +111,29 @@ def part1_q4_1_block(path, name="blk.0.attn_q.weight"):
     console.print(f"check Q4_1 block: max |by hand - library| = {np.abs(by_hand - library).max():.2e}")
     same = {s: float((QuantizedLinear.from_float(whole, s).dequantize() == whole).mean()) for s in ("int8", "int4")}
     console.print(f"check requantize: of {name}'s {whole.size} float32 weights (all decoded from Q4_1), our int4 "
-                  f"reproduces {100 * same['int4']:.2f}% exactly, int8 {100 * same['int8']:.2f}%: int4 groups of 32 "
-                  "fall on Q4_1's own blocks, a per-row int8 grid does not")
+                  f"reproduces {100 * same['int4']:.2f}% exactly, int8 {100 * same['int8']:.2f}% (int4 groups of 32 "
+                  "are laid out as Q4_1's blocks are; int8 has one scale per row)")
     packed, scale, low = quantize_int4(library[None])                     # our format, same 32 weights
     ours = unpack_int4(packed)[0].astype(np.float32) * np.float32(scale[0, 0]) + np.float32(low[0, 0])
+    error, half = np.abs(ours - library).max(), float(scale[0, 0]) / 2      # rounding to a level: at most half a step
     console.print(f"our int4 of the same weights: scale {float(scale[0, 0]):.6g}, min {float(low[0, 0]):.6g}, levels "
                   f"{unpack_int4(packed)[0].tolist()} (byte k = values 2k, 2k+1); max error "
-                  f"{np.abs(ours - library).max():.2e} <= scale/2 = {float(scale[0, 0]) / 2:.2e}")
+                  f"{error:.2e} {'<=' if error <= half else '>'} scale/2 = {half:.2e}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=1024, help="corpus tokens scored (perplexity, KL, top-1)")
     ap.add_argument("--window", type=int, default=256, help="tokens per scored window")
-    ap.add_argument("--greedy-tokens", type=int, default=64, help="tokens generated greedily per prompt, compared with float32's")
+    ap.add_argument("--greedy-tokens", type=int, default=64,
+                    help="tokens generated greedily per prompt, compared with float32's")
     ap.add_argument("--prompts", type=int, default=1, help=f"greedy prompts (at most {len(GREEDY_PROMPTS)})")
     ap.add_argument("--kv-tokens", type=int, default=8192, help="context length for the KV-cache memory column")
+    ap.add_argument("--repeats", type=int, default=10, help="timed decode steps of each setting, in turns")
     args = ap.parse_args()
 
     model = load_model()
+    probe = Probe()                                                      # is the machine quiet during this run?
     part1_q4_1_block(model.path)
 
     console.rule("Part 2: float32 vs int8 / int4 weights vs an int8 KV cache")
@@ -88,15 +152,21 @@ def main():
         score_greedy(settings, scores, prompts, args.greedy_tokens)
     kv = {"int8 KV cache": estimate_int8_kv_bytes(cfg, args.kv_tokens)}
     table = Table("setting", "weights MiB", f"KV MiB @{args.kv_tokens}", "perplexity", "KL nats", "top-1",
-                  f"greedy/{args.greedy_tokens}", "decode tok/s", title=f"{len(ids)} stdlib-docstring tokens, "
-                  f"windows of {args.window}; {len(prompts)} greedy prompt(s)")
+                  f"greedy/{args.greedy_tokens}", title=f"{len(ids)} stdlib-docstring tokens, windows of "
+                  f"{args.window}; {len(prompts)} greedy prompt(s)")
     for name, s in scores.items():
         table.add_row(name, f"{settings[name][0].weight_bytes / MiB:.2f}",
                       f"{kv.get(name, estimate_kv_bytes(cfg, args.kv_tokens)) / MiB:.2f}", f"{s.perplexity:.4f}",
-                      f"{s.mean_kl:.5f}", f"{s.top1_agreement:.4f}", f"{s.greedy_agreement:.4f}",
-                      f"{s.decode_tokens_per_s:.1f}")
+                      f"{s.mean_kl:.5f}", f"{s.top1_agreement:.4f}", f"{s.greedy_agreement:.4f}")
     console.print(table)
-    console.print(f"scored positions: {scores['float32'].positions}")
+    console.print(f"scored positions: {scores['float32'].positions}; greedy/{args.greedy_tokens} = the tokens "
+                  "identical to float32's before the first difference, as a fraction (after it the texts no longer "
+                  "line up)")
+    for name in QUANTIZED:
+        same = scores[name].greedy_same                                   # per prompt: tokens before the first change
+        console.print(f"check greedy {name}: identical to float32's for {sum(same)} of "
+                      f"{args.greedy_tokens * len(same)} tokens; first difference (per prompt): "
+                      + ", ".join("none" if k == args.greedy_tokens else f"token {k + 1}" for k in same))
 
     console.rule("Part 3: the dequantize-GEMV CUDA kernel (kernels/dequant_gemv.cu) on the CPU runner")
     x = np.random.default_rng(0).normal(size=(1, cfg.d_model)).astype(np.float32)    # one decode row
@@ -107,27 +177,64 @@ def main():
                       f"({w.out_features} x {w.in_features}): {w.nbytes} bytes read, float32 "
                       f"{4 * w.in_features * w.out_features}")
 
+    console.rule(f"Part 4: one decode step of each setting, {args.repeats} times, in turns (NumPy, this CPU)")
+    steps = interleaved({name: decode_runner(weights, cache_class or KVCache, prompts[0], args.repeats)
+                         for name, (weights, cache_class) in settings.items()}, repeats=args.repeats)
+    bandwidth, _, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
+    speed = Table("setting", "step min ms", "median ms", "spread ms", "tok/s at the min", "weights floor ms")
+    for name, t in steps.items():
+        speed.add_row(name, f"{t.min * 1e3:.1f}", f"{t.median * 1e3:.1f}", f"{t.spread * 1e3:.1f}", f"{1 / t.min:.1f}",
+                      f"{settings[name][0].weight_bytes / bandwidth * 1e3:.2f}")
+    console.print(speed)
+    console.print(f"min = the fastest step, what a quiet machine gives; median = the typical step; spread = max - min "
+                  f"(measure.py). Floor = weight bytes / copy bandwidth ({bandwidth / 1e9:.1f} GB/s, "
+                  f"{'measured now' if here else 'measured once for this set of runs'}): a step reads every weight "
+                  "once, so it cannot be faster")
+
+    console.rule("Part 5: What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
     f32, i8, i4 = scores["float32"], scores["int8 weights"], scores["int4 weights"]
     console.rule("Interview question: what does quantizing the weights buy, and what does it cost?")
-    console.print(
+    answer = [
         f"Memory: the weights shrink {model.weight_bytes / models['int8'].weight_bytes:.2f}x at int8 and "
         f"{model.weight_bytes / models['int4'].weight_bytes:.2f}x at int4 ({model.weight_bytes / MiB:.0f} -> "
-        f"{models['int8'].weight_bytes / MiB:.0f} / {models['int4'].weight_bytes / MiB:.0f} MiB), and an int8 KV cache "
-        f"is {estimate_kv_bytes(cfg, 1) / estimate_int8_kv_bytes(cfg, 1):.2f}x smaller. Decode reads every weight per "
-        f"token, so on a GPU the kernel's bytes read fall by the same factor. Quality: perplexity {f32.perplexity:.3f}"
-        f" -> {i8.perplexity:.3f} (int8) / {i4.perplexity:.3f} (int4), KL {i8.mean_kl:.4f} / {i4.mean_kl:.4f} nats, "
-        f"top-1 agreement {i8.top1_agreement:.3f} / {i4.top1_agreement:.3f}, greedy text identical for "
-        f"{round(i8.greedy_agreement * args.greedy_tokens)}/{args.greedy_tokens} (int8) and "
-        f"{round(i4.greedy_agreement * args.greedy_tokens)}/{args.greedy_tokens} (int4) tokens per prompt (perplexity "
-        f"gaps under about 1% are within the noise of a {len(ids)}-token corpus, even when a quantized model scores "
-        "lower). Mind the baseline: "
-        "this 'float32' model is decoded from Q4_1, so int4 groups re-find its grid (part 1) and int4's loss here "
-        "is its int8 embedding's, while int8's per-row grid adds new rounding. Speed here (NumPy, this CPU): "
-        f"{f32.decode_tokens_per_s:.1f} tok/s float32, {i8.decode_tokens_per_s:.1f} int8, "
-        f"{i4.decode_tokens_per_s:.1f} int4: NumPy converts each int8 block to float32, and multiplies int4 levels "
-        "group by group, in passes of their own, so part of the saved bytes is spent again; the kernel of part 3 "
-        "turns levels into floats in registers, so the bytes it reads are only the quantized ones.")
-    bandwidth = measure_copy_bandwidth(nbytes=128 * MiB, repeats=3)
+        f"{models['int8'].weight_bytes / MiB:.0f} / {models['int4'].weight_bytes / MiB:.0f} MiB), and an int8 KV "
+        f"cache is {estimate_kv_bytes(cfg, 1) / estimate_int8_kv_bytes(cfg, 1):.2f}x smaller. Decode reads every "
+        "weight per token, so a kernel that reads only the quantized bytes (part 3's) reads fewer by the same "
+        f"factor. Quality: perplexity {f32.perplexity:.3f} -> {i8.perplexity:.3f} (int8) / {i4.perplexity:.3f} "
+        f"(int4), KL {i8.mean_kl:.4f} / {i4.mean_kl:.4f} nats, top-1 agreement {i8.top1_agreement:.3f} / "
+        f"{i4.top1_agreement:.3f}; the int8 KV cache {scores['int8 KV cache'].perplexity:.3f}, KL "
+        f"{scores['int8 KV cache'].mean_kl:.4f}, top-1 {scores['int8 KV cache'].top1_agreement:.3f}.",
+        "Greedy text against float32's: " + "; ".join(greedy_words(name, scores[name], args.greedy_tokens)
+                                                      for name in QUANTIZED) + "."]
+    lower = [name for name in QUANTIZED if scores[name].perplexity < f32.perplexity]
+    if lower:
+        answer.append(f"({' and '.join(lower)} scored a lower perplexity than float32 on this one {len(ids)}-token "
+                      "corpus: rounding that happened to suit this text, not a better model.)")
+    if shown["ppl-close"] and all(shown[GREEDY_KEYS[n]] for n in QUANTIZED):
+        answer.append("On this text the cost in quality is small by every measure here.")
+    elif shown["ppl-close"]:
+        diverged = " and ".join(WITH[n] for n in QUANTIZED if not shown[GREEDY_KEYS[n]])
+        answer.append(f"On average the cost is small (perplexity within {PPL_BAND:.0%}, KL under {KL_SMALL} nats), "
+                      f"but not nothing: with {diverged} the greedy text left float32's. A small rounding can flip a "
+                      "close argmax, and after one flipped token a greedy continuation is another text.")
+    else:
+        answer.append("This run could not show the cost to be small (see the claims above).")
+    if shown["int4-on-q4-grid"]:
+        answer.append("Mind the baseline: this 'float32' model is decoded from Q4_1, so int4 groups re-find its grid "
+                      "(part 1) and int4's loss here is its int8 embedding's, while int8's per-row grid adds new "
+                      "rounding.")
+    else:
+        answer.append("Mind the baseline: this 'float32' model is decoded from Q4_1, a 4-bit format of its own.")
+    answer.append("Speed here (NumPy, this CPU, fastest of "
+                  f"{args.repeats} steps): " + ", ".join(f"{name} {steps[name].min * 1e3:.1f} ms" for name in steps)
+                  + ". " + " ".join(speed_words(name, shown[SPEED_KEYS[name]], steps) for name in QUANTIZED)
+                  + " The kernel of part 3 turns levels into floats in registers, so the bytes it reads are only "
+                  "the quantized ones.")
+    console.print(" ".join(answer))
     sizes = {"float32": model.weight_bytes, "int8": models["int8"].weight_bytes, "int4": models["int4"].weight_bytes}
     here = ", ".join(f"{name} {size / bandwidth * 1e3:.2f} ms" for name, size in sizes.items())
     bf16 = model.weight_bytes / 2                                        # the same weights stored in 2 bytes
@@ -135,12 +242,46 @@ def main():
                     (("bf16", bf16), ("int8", sizes["int8"]), ("int4", sizes["int4"])))
     console.print(
         f"[bold]The bandwidth floor, here and on an H200.[/] A decode step reads every weight once, so weight bytes / "
-        f"memory bandwidth bounds its time from below. This CPU (copy bandwidth measured now: {bandwidth / 1e9:.1f} "
-        f"GB/s): {here} per token; float32 measured {1e3 / f32.decode_tokens_per_s:.1f} ms. An {H200.name} "
+        f"memory bandwidth bounds its time from below. This CPU (copy bandwidth {bandwidth / 1e9:.1f} GB/s): {here} "
+        f"per token; float32 measured {steps['float32'].min * 1e3:.1f} ms. An {H200.name} "
         f"({H200.bandwidth / 1e12:.1f} TB/s, published): {gpu} per token; a kernel that reads only the quantized bytes "
         f"(part 3's) can approach that floor, {bf16 / sizes['int4']:.1f}x lower at int4 than at bf16, as long as "
-        "decode stays memory-bound; NumPy on this CPU does not turn the fewer bytes into less time (the speeds "
-        "above).", highlight=False)
+        "decode stays memory-bound.", highlight=False)
+
+
+def decode_runner(model, cache_class, prompt: list[int], repeats: int):
+    """A call that runs one decode step of `model` on its own cache, holding `prompt` and room for every timed step
+    (and the warm-up's): the same context length, give or take `repeats` tokens, for every setting."""
+    cache = cache_class(model.config, len(prompt) + repeats + 2, xp=model.xp)
+    token = int(np.asarray(prefill(model, prompt, cache)).argmax(-1)[0])
+    return lambda: decode_step(model, [token], cache)
+
+
+def greedy_words(name: str, score, n: int) -> str:
+    """'int8 KV cache: identical for the first 32 of 64 tokens, then diverged (agreement 0.50)', per prompt."""
+    parts = [f"all {n} tokens identical" if k == n else f"identical for the first {k} of {n} tokens, then diverged"
+             for k in score.greedy_same]
+    return f"{name}: {', '.join(parts)} (agreement {score.greedy_agreement:.2f})"
+
+
+WHY_SLOWER = {"int8 weights": "NumPy converts each int8 block to float32 in a pass of its own before the product",
+              "int4 weights": "NumPy multiplies int4 levels group by group, 32 at a time, in passes of their own",
+              "int8 KV cache": "every step quantizes the new key and value and converts every cached one back to "
+                               "float32 before attention (kv_storage.py)"}
+
+
+def speed_words(name: str, shown: bool, steps: dict) -> str:
+    """The speed verdict for one setting against float32, only in the direction its claim showed."""
+    ours, base = steps[name].min * 1e3, steps["float32"].min * 1e3
+    if not shown:
+        return (f"This run could not show whether a step with {WITH[name]} is faster or slower than float32's "
+                f"({ours:.1f} vs {base:.1f} ms; see the claims above).")
+    if ours < base:
+        return (f"With {WITH[name]} NumPy turned the fewer bytes into less time: {ours:.1f} vs {base:.1f} ms per step, "
+                f"{base / ours:.2f}x.")
+    return (f"With {WITH[name]} NumPy does not turn the fewer bytes into less time: {ours:.1f} vs {base:.1f} ms per "
+            f"step, because {WHY_SLOWER[name]}.")
+
 
 if __name__ == "__main__":
     try:

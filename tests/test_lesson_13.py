@@ -2,11 +2,14 @@
 
 References are computed here, independently of the lesson's code: the Q4_1 block's scale and minimum read with
 struct from the file's bytes and its weights from gguf's own dequantize, the bytes of every format from the config,
-the float32 perplexity from the model's logits with a log-softmax written here.
+the float32 perplexity from the model's logits with a log-softmax written here. The lesson's claims() is run on its
+output and on edited copies: a printed number changed to contradict a claim must flip it to holds=False, and the
+answer's verdicts must follow the verdicts printed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -18,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +134,8 @@ def test_memory_equals_the_computed_bytes(lesson_output, config):
 
 
 def table_rows(out: str) -> dict[str, list[float]]:
-    rows = re.findall(r"│ (float32|int8 weights|int4 weights|int8 KV cache) +│" + r" +([0-9.]+) +│" * 7, out)
-    return {r[0]: [float(v) for v in r[1:]] for r in rows}
+    """The quality table: weights MiB, KV MiB, perplexity, KL, top-1, greedy agreement per setting."""
+    return {row[0]: [float(c) for c in row[1:]] for row in table_with(out, "perplexity").rows}
 
 
 def test_quality_table(lesson_output, config, reference):
@@ -150,7 +154,10 @@ def test_quality_table(lesson_output, config, reference):
         perplexity, kl, top1, greedy = rows[name][2:6]
         assert 0 < kl < 0.2 and 0.8 <= top1 <= 1 and 0 <= greedy <= 1
         assert perplexity == pytest.approx(rows["float32"][2], rel=0.2)
-    assert all(row[6] > 0 for row in rows.values())                                   # decode tok/s measured
+    speed = table_with(lesson_output, "step min ms")                  # part 4: one decode step each, in turns
+    assert speed.column("setting") == list(rows)
+    for low, median, spread, rate in zip(*(speed.numbers(c) for c in ("step min", "median", "spread", "tok/s"))):
+        assert 0 < low <= median <= low + spread + 0.1 and rate == pytest.approx(1e3 / low, rel=0.01, abs=0.06)
     # The float32 perplexity, recomputed by the reference process from the model's logits on the same windows.
     assert rows["float32"][2] == pytest.approx(reference["perplexity"], abs=1e-4)
     n = reference["positions"]
@@ -185,7 +192,7 @@ def test_bandwidth_floor_paragraph(lesson_output, config):
     flat = " ".join(lesson_output.split())
     f32 = check(lesson_output, r"smaller than float32 \((\d+) bytes\)")[0]
     sizes = {s: check(lesson_output, rf"check memory {s}: weights (\d+) bytes")[0] for s in ("int8", "int4")}
-    bandwidth, here_f32, here_i8, here_i4 = check(flat, rf"copy bandwidth measured now: {NUMBER} GB/s\): float32 "
+    bandwidth, here_f32, here_i8, here_i4 = check(flat, rf"This CPU \(copy bandwidth {NUMBER} GB/s\): float32 "
                                                         rf"{NUMBER} ms, int8 {NUMBER} ms, int4 {NUMBER} ms per token")
     for printed, size in ((here_f32, f32), (here_i8, sizes["int8"]), (here_i4, sizes["int4"])):
         assert printed == pytest.approx(size / (bandwidth * 1e9) * 1e3, rel=0.02, abs=0.006)
@@ -194,3 +201,81 @@ def test_bandwidth_floor_paragraph(lesson_output, config):
     for printed, size in ((bf16, f32 / 2), (i8, sizes["int8"]), (i4, sizes["int4"])):
         assert printed == pytest.approx(size / 4.8e12 * 1e6, abs=0.06)
     assert ratio == pytest.approx(f32 / 2 / sizes["int4"], abs=0.06)
+
+
+def lesson_module():
+    spec = importlib.util.spec_from_file_location("lesson13", LESSON)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def holds(module, output: str) -> dict[str, bool]:
+    return {c.key: c.holds for c in module.claims(output)}
+
+
+def set_row(output: str, label: str, cells: dict[int, str], after: str) -> str:
+    """The output with cells of the first row labelled `label` after the first line containing `after` replaced."""
+    lines = output.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if after in line)
+    for i in range(start, len(lines)):
+        parts = lines[i].rstrip("\n").split("│")
+        if len(parts) > 2 and parts[1].strip() == label:
+            for index, value in cells.items():
+                parts[index + 1] = f" {value} "
+            lines[i] = "│".join(parts) + "\n"
+            return "".join(lines)
+    raise AssertionError(f"no row {label!r}")
+
+
+def test_claims_follow_the_printed_numbers(lesson_output):
+    lesson = lesson_module()
+    found = holds(lesson, lesson_output)
+    assert set(found) == {"q4_1-by-hand", "int4-on-q4-grid", "memory-as-computed", "kernel-matches", "ppl-close",
+                          "same-greedy-int8", "same-greedy-int4", "same-greedy-kv8", "int8-speed", "int4-speed",
+                          "kv8-speed"}
+    for key in ("q4_1-by-hand", "int4-on-q4-grid", "memory-as-computed", "kernel-matches"):
+        assert found[key], key                                     # not about time: shown whatever the machine did
+    assert printed_verdicts(lesson_output).keys() == found.keys()
+    # Quality: a greedy continuation that diverged, a perplexity 5% off.
+    same = re.search(r"check greedy int8 KV cache: identical to float32's for (\d+) of (\d+)", lesson_output)
+    diverged = lesson_output.replace(same.group(0), f"check greedy int8 KV cache: identical to float32's for "
+                                                    f"{int(same.group(2)) // 2} of {same.group(2)}")
+    assert not holds(lesson, diverged)["same-greedy-kv8"]
+    f32 = table_rows(lesson_output)["float32"][2]
+    close = lesson_output
+    for name in ("int8 weights", "int4 weights", "int8 KV cache"):           # cells: 3 perplexity, 4 KL
+        close = set_row(close, name, {3: f"{f32:.4f}", 4: "0.00100"}, "perplexity")
+    assert holds(lesson, close)["ppl-close"]
+    assert not holds(lesson, set_row(close, "int4 weights", {3: f"{f32 * 1.05:.4f}"}, "perplexity"))["ppl-close"]
+    # Speed: a quiet run's shape (float32 25 ms, int8 20 ms, int4 40 ms, each within 1 ms), then overlapping ranges.
+    quiet = lesson_output
+    for label, low in (("float32", "25.0"), ("int8 weights", "20.0"), ("int4 weights", "40.0"),
+                       ("int8 KV cache", "27.0")):
+        quiet = set_row(quiet, label, {1: low, 2: low, 3: "1.0"}, "step min ms")
+    shape = holds(lesson, quiet)
+    assert shape["int8-speed"] and shape["int4-speed"] and shape["kv8-speed"]
+    statements = {c.key: c.statement for c in lesson.claims(quiet)}
+    assert "faster" in statements["int8-speed"] and "slower" in statements["int4-speed"]
+    assert not holds(lesson, set_row(quiet, "int8 weights", {3: "6.0"}, "step min ms"))["int8-speed"]   # 20-26 ms
+    assert not holds(lesson, set_row(quiet, "int4 weights", {1: "25.5"}, "step min ms"))["int4-speed"]
+
+
+def test_answer_reports_greedy_agreement_and_states_speed_only_as_shown(lesson_output):
+    """The answer gives every setting's greedy agreement (where it diverged), and says NumPy turned the fewer bytes
+    into less time, or did not, only when that setting's speed claim was shown; otherwise that it could not show."""
+    answer = " ".join(lesson_output.split("Interview question")[1].split())
+    verdicts = printed_verdicts(lesson_output)
+    for name in ("int8 weights", "int4 weights", "int8 KV cache"):
+        same, total = check(lesson_output, rf"check greedy {name}: identical to float32's for (\d+) of (\d+)")
+        said = f"{name}: all {total:.0f} tokens identical" if same == total else \
+            f"{name}: identical for the first {same:.0f} of {total:.0f} tokens, then diverged"
+        assert said in answer
+    assert ("small by every measure" in answer) == all(verdicts[k] for k in ("ppl-close", "same-greedy-int8",
+                                                                             "same-greedy-int4", "same-greedy-kv8"))
+    for name, key in (("int8 weights", "int8-speed"), ("int4 weights", "int4-speed"),
+                      ("an int8 KV cache", "kv8-speed")):
+        could_not = f"could not show whether a step with {name} is faster or slower" in answer
+        stated = f"With {name} NumPy turned the fewer bytes" in answer or f"With {name} NumPy does not turn" in answer
+        assert could_not != stated and stated == verdicts[key], (name, verdicts[key])
+    assert "does not turn the fewer bytes into less time (the speeds" not in answer     # the old fixed sentence
