@@ -82,13 +82,14 @@ def claims(output: str) -> list[Claim]:
     for name in QUANTIZED:
         same, total = find_numbers(output, rf"check greedy {name}: identical to float32's for (\d+) of (\d+) tokens")
         found.append(Claim(GREEDY_KEYS[name], f"{name}: the greedy continuation is float32's, token for token",
-                           same == total, f"{same:.0f} of {total:.0f} tokens identical", timed=False))
+                           same == total, f"{same:.0f} of {total:.0f} tokens identical", timed=False,
+                           required=False))       # one flipped near-tie changes the rest: either answer is honest
     for name in QUANTIZED:
         faster = low[name] < low["float32"]
         apart = high[name] < low["float32"] if faster else low[name] > high["float32"]
         found.append(Claim(SPEED_KEYS[name], f"a decode step with {WITH[name]} is {'faster' if faster else 'slower'} "
                            "than float32's here", apart, f"{low[name]:.1f}-{high[name]:.1f} ms vs float32 "
-                           f"{low['float32']:.1f}-{high['float32']:.1f} ms"))
+                           f"{low['float32']:.1f}-{high['float32']:.1f} ms", required=False))   # NumPy decides
     return found
 
 

@@ -8,6 +8,11 @@ so an edited or stale number that no longer supports its verdict is caught.
 A claim about time is shown only when it holds beyond the measured spread *and* the run was quiet (measure.Probe):
 on a busy machine a lesson says plainly that this run could not show it, and why. A claim that is not about time
 (the same tokens, the same bytes) needs no quiet machine.
+
+Most claims are what the lesson teaches: a committed transcript must show every one of them. A few are questions
+whose answer depends on the machine or the text (is int8 faster than float32 in NumPy here? does one flipped
+near-tie change a greedy continuation?): those are `required=False`, and a quiet run may answer either way, as long
+as what it prints follows from its numbers.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Claim:
     holds: bool
     evidence: str             # 'last quarter 18.4 ms vs first 17.9 ms (+3%), band ±25%'
     timed: bool = True        # about time: needs a quiet run to be shown
+    required: bool = True     # a transcript must show it (False: an open question the run answers either way)
 
 
 def is_shown(claim: Claim, quiet: Quietness | None) -> bool:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from minitransformer.claims import printed_verdicts  # noqa: E402
+from minitransformer.claims import printed_verdicts, verdict_line  # noqa: E402
 from minitransformer.measure import PEAKS_ENV, Quietness  # noqa: E402
 
 LESSONS = ROOT / "lessons"
@@ -297,14 +297,14 @@ def claim_problems(lesson: Path, output: str) -> list[str]:
         found = lesson_module(lesson).claims(output)
     except (ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
         return problems + [f"its claims cannot be read from the output: {exc}"]
-    printed = printed_verdicts(output)
+    printed, text = printed_verdicts(output), flat(output)
     for claim in found:
-        if not claim.holds:
+        if claim.required and not claim.holds:
             problems.append(f"claim {claim.key} ({claim.statement}) does not hold on the printed numbers: "
                             f"{claim.evidence}")
-        elif printed.get(claim.key) is not True:
-            problems.append(f"claim {claim.key} holds but the output prints it as "
-                            f"{'not shown' if claim.key in printed else 'nothing'}")
+        elif flat(verdict_line(claim, quiet)) not in text:
+            problems.append(f"claim {claim.key}: the printed verdict is not what its numbers give, which is: "
+                            f"{verdict_line(claim, quiet)}")
     unknown = set(printed) - {c.key for c in found}
     if unknown:
         problems.append(f"verdict lines for claims the lesson no longer makes: {sorted(unknown)}")
