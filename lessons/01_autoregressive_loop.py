@@ -1,14 +1,18 @@
 """Lesson 01: the autoregressive loop — the model predicts one token, the token is appended, and only then can the
 next one be predicted.
 
-    python lessons/01_autoregressive_loop.py [--prompt TEXT] [--tokens 24] [--temperature 0] [--seed 0]
+    python lessons/01_autoregressive_loop.py [--prompt TEXT] [--tokens 24] [--temperature 0] [--seed 0] [--repeats 3]
 
 The loop below is the decode loop in miniature (logits -> sampler -> append -> stop check), made of the library's
 stage functions: prefill.py, decode.py, sampling.py, detokenizer.py, stopping.py. generate.py runs the same loop.
 Try --tokens 200: token 200 still waits for token 199, one full pass through the model each.
+The lesson's claims (claims() below) are decided from the numbers it prints; a claim about time is stated only when
+it holds beyond the measured spread on a quiet machine (minitransformer/measure.py), otherwise the lesson says that
+this run could not show it.
 """
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,14 +25,17 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, load_model  # noqa: E402
+from minitransformer.claims import NUMBER, Claim, find_numbers, report  # noqa: E402
 from minitransformer.decode import decode_step  # noqa: E402
+from minitransformer.measure import Probe, interleaved  # noqa: E402
 from minitransformer.detokenizer import IncrementalDetokenizer  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.sampling import compute_logprobs, make_generator, sample  # noqa: E402
 from minitransformer.stopping import check_stop  # noqa: E402
 
 PROMPT = "The printing press changed Europe because"
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut lines at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
+SAME_LOGPROB = 1e-4         # float32 sums in another order: the one pass and the loop agree to about 1e-5
 
 
 def show(piece: str) -> str:
@@ -43,6 +50,40 @@ def table_of(rows, last=None):
     return table
 
 
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). Only the last claim is about time: it needs a quiet run."""
+    in_order, gaps = find_numbers(output, r"check order: step n\+1 started after token n was chosen in (\d+) of "
+                                          r"(\d+) steps")
+    k, forced, after, was = find_numbers(output, r"check dependency: token (\d+) forced to (\d+) -> next token "
+                                                 r"(\d+) \(was (-?\d+)\)")
+    diff, n = find_numbers(output, rf"check parallel pass: max \|log p loop - log p one pass\| = ({NUMBER}) over "
+                                   r"(\d+) tokens")
+    loop_lo, loop_hi, pass_lo, pass_hi = find_numbers(output, r"check timing: loop ([\d.]+)-([\d.]+) ms, one pass "
+                                                              r"([\d.]+)-([\d.]+) ms")
+    return [
+        Claim("in-order", "every decode step started only after the token before it was chosen (its only new input)",
+              in_order == gaps, f"{in_order:.0f} of {gaps:.0f} steps", timed=False),
+        Claim("next-changes", "forcing one token to another candidate changes the token after it",
+              was >= 0 and after != was,
+              f"token {k:.0f} forced to id {forced:.0f}: next token id {after:.0f}, "
+              + (f"was {was:.0f}" if was >= 0 else "no token followed it in this run"), timed=False),
+        Claim("same-probabilities", "one pass over the known answer gives the loop's probabilities",
+              diff < SAME_LOGPROB, f"max |log p difference| {diff:.1e} over {n:.0f} tokens, limit {SAME_LOGPROB:.0e}",
+              timed=False),
+        Claim("one-pass-faster", f"scoring all {n:.0f} known tokens in one pass takes less time than the loop's "
+              f"{n:.0f} passes", pass_hi < loop_lo,
+              f"one pass {pass_lo:.1f}-{pass_hi:.1f} ms vs loop {loop_lo:.1f}-{loop_hi:.1f} ms (fastest-slowest)"),
+    ]
+
+
+def warm_up(model, prompt_ids) -> None:
+    """One untimed prefill and decode step on a scratch cache: the first call of a process pays for BLAS threads
+    starting, pages touched for the first time and the allocator growing, none of which is the prefill's cost."""
+    scratch = KVCache(model.config, len(prompt_ids) + 1)
+    decode_step(model, [int(prefill(model, prompt_ids, scratch)[0].argmax())], scratch)
+
+
 def main():
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))   # the whole first sentence
     ap.add_argument("--prompt", default=PROMPT, help="text to continue")
@@ -50,13 +91,17 @@ def main():
                     help="the most new tokens to generate (the loop also stops at EOS)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy: always the most probable token")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (matters only with --temperature > 0)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds of the loop vs one pass (part 3)")
     args = ap.parse_args()
-    if args.tokens < 1:
-        raise InputError(f"--tokens must be at least 1, got {args.tokens}")
+    for flag, value in (("--tokens", args.tokens), ("--repeats", args.repeats)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model()
+    probe = Probe()                                                      # is the machine quiet during this run?
     tok, cfg = model.tokenizer, model.config
     prompt_ids = tok.encode(args.prompt)
     params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, seed=args.seed)
+    warm_up(model, prompt_ids)
     console.rule(f"[bold]1. The loop: {len(prompt_ids)} prompt tokens, then one token per step")
 
     cache = KVCache(cfg, len(prompt_ids) + args.tokens)
@@ -89,17 +134,18 @@ def main():
     reason = decision.finish_reason + (f" ({decision.stop_reason!r})" if decision.stop_reason is not None else "")
     console.print(f"finished: {reason} after {n} tokens = {n} passes "
                   f"through the model (1 prefill + {n - 1} decode steps). Text: {detok.text!r}")
+    console.print("ms: each step timed once, as it ran (step 1 is the prefill; a warm-up pass ran first, so it is "
+                  "not charged for the process's first-call costs); lesson 02 repeats and interleaves these timings.")
     console.print("Diagram: figures/request_flow.png, the same stages as generate() runs them (tokenize, schedule, "
                   "prefill, sample, stream and stop checks, decode, finalize), each with its file and measured time.")
     console.print(f"check ids: {out}")
     console.print("chosen-token probabilities: " + " ".join(f"{p:.4f}" for p in chosen_p))
     gaps = [started_at[i + 1] - chosen_at[i] for i in range(n - 1)]
-    if gaps:
-        console.print(f"check order: step n+1 started after token n was chosen in {sum(g > 0 for g in gaps)} of "
-                      f"{len(gaps)} steps (smallest gap {min(gaps) * 1e6:.0f} us): step n+1's only new input is "
-                      "token n")
+    smallest = f" (smallest gap {min(gaps) * 1e6:.0f} us)" if gaps else ""
+    console.print(f"check order: step n+1 started after token n was chosen in {sum(g > 0 for g in gaps)} of "
+                  f"{len(gaps)} steps{smallest}: step n+1's only new input is token n")
 
-    console.rule("[bold]2. Token n+1 depends on token n: change one token and what follows changes")
+    console.rule("[bold]2. Change one token and look at the token after it")
     k = max(1, n // 2)                                                    # swap the k-th token (1-based)
     prefix = prompt_ids + out[:k - 1]
     fork = KVCache(cfg, len(prefix) + 2)
@@ -108,38 +154,79 @@ def main():
     fork_top = compute_logprobs(decode_step(model, [alternative], fork), [0], 1)[0]["top"][0]
     after_alt, p_alt = fork_top[0], float(np.exp(fork_top[1]))          # greedy next token after the swap
     if k < n:
-        effect = (f"token {k + 1} becomes {tok.decode([after_alt])!r} (p {p_alt:.2f}) instead of "
+        effect = (f"token {k + 1} is {tok.decode([after_alt])!r} (p {p_alt:.2f}), where the loop had "
                   f"{tok.decode([out[k]])!r} (p {chosen_p[k]:.2f})")
     else:
-        effect = f"the next token would be {tok.decode([after_alt])!r} (p {p_alt:.2f})"
+        effect = f"the next token would be {tok.decode([after_alt])!r} (p {p_alt:.2f}); the loop stopped here"
     console.print(f"token {k} was {tok.decode([out[k - 1]])!r}; forcing the most probable "
                   f"other candidate {tok.decode([alternative])!r}: {effect}")
-    console.print(f"check dependency: token {k} forced to {alternative} -> next token {after_alt}")
+    console.print(f"check dependency: token {k} forced to {alternative} -> next token {after_alt} "
+                  f"(was {out[k] if k < n else -1})")
 
-    console.rule("[bold]3. Checking is parallel, generating is not")
+    console.rule("[bold]3. Scoring a known answer in one pass vs generating it pass by pass")
     every = KVCache(cfg, len(prompt_ids) + n)
-    start = time.perf_counter()
     all_logits = prefill(model, prompt_ids + out[:-1], every, all_logits=True)[0]   # (P + n - 1, V): one pass
-    one_pass_s = time.perf_counter() - start
     rows = all_logits[len(prompt_ids) - 1:]                                         # (n, V): logits before each token
     parallel = compute_logprobs(rows, out, 0)
     diff = max(abs(r["logprob"] - np.log(p)) for r, p in zip(parallel, chosen_p))
-    console.print(f"one forward pass over prompt + all {n} answer tokens scores every answer token at once in "
-                  f"{one_pass_s:.2f} s (the loop took {sum(step_s):.2f} s), and gives the same probabilities")
+    console.print(f"one forward pass over prompt + all {n} answer tokens scores every answer token at once; "
+                  "its probabilities against the loop's:")
     console.print(f"check parallel pass: max |log p loop - log p one pass| = {diff:.1e} over {n} tokens")
+
+    def one_pass():                                                   # the pass above again
+        every.truncate(0)
+        prefill(model, prompt_ids + out[:-1], every, all_logits=True)
+
+    def loop():                                                       # the loop's n passes, its tokens fed back
+        cache.truncate(0)
+        prefill(model, prompt_ids, cache)
+        for token in out[:-1]:
+            decode_step(model, [token], cache)
+    times = interleaved({"loop": loop, "one pass": one_pass}, repeats=args.repeats)
+    t_loop, t_pass = times["loop"], times["one pass"]
+    console.print(f"timed in turns, {args.repeats} rounds after a warm-up round (the fastest is what a quiet machine "
+                  "gives, the median what you typically get, the spread how far to trust either): the loop's "
+                  f"{n} passes {t_loop.ms()}, one pass over all {n} {t_pass.ms()}")
+    console.print(f"check timing: loop {t_loop.min * 1e3:.1f}-{t_loop.max * 1e3:.1f} ms, one pass "
+                  f"{t_pass.min * 1e3:.1f}-{t_pass.max * 1e3:.1f} ms")
     console.print("but that pass needed the answer as its input: it can verify tokens (speculative decoding does), "
                   "it cannot produce them")
 
+    console.rule("[bold]4. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
     console.rule("[bold]Interview question: is the answer generated in parallel?")
-    decode_ms = 1e3 * np.mean(step_s[1:]) if n > 1 else float("nan")
-    console.print(
-        f"No. This run produced {n} tokens with {n} sequential passes: the prefill read all {len(prompt_ids)} prompt "
-        f"tokens at once and took {step_s[0] * 1e3:.0f} ms; each of the {n - 1} decode steps after it took "
-        f"{decode_ms:.0f} ms on average, and each could begin only once the previous token was chosen, because that "
-        f"token is its input (forcing token {k} to {tok.decode([alternative])!r}: {effect}). So output length sets "
-        f"the number of steps: {args.tokens} tokens cost up to {args.tokens} passes. Only the prompt, whose tokens "
-        f"are all known, is processed in parallel; a known answer can be checked in parallel too "
-        f"({one_pass_s:.2f} s for all {n}).")
+    decode_ms = 1e3 * statistics.median(step_s[1:]) if n > 1 else float("nan")
+    answer = [f"No. This run produced {n} tokens with {n} passes through the model: the prefill read all "
+              f"{len(prompt_ids)} prompt tokens at once ({step_s[0] * 1e3:.0f} ms, timed once), then "
+              f"{n - 1} decode steps of one token each ({decode_ms:.0f} ms median, timed once each)."]
+    if shown["in-order"]:
+        answer.append(f"Each decode step began only after the previous token was chosen ({n - 1} of {n - 1} steps), "
+                      "because that token is its input.")
+    else:
+        answer.append("This run's order check did not show every step waiting for the token before it (see the "
+                      "claims above).")
+    if shown["next-changes"]:
+        answer.append(f"Change that input and the output changes: forcing token {k} to "
+                      f"{tok.decode([alternative])!r}, {effect}.")
+    else:
+        answer.append(f"Forcing token {k} to {tok.decode([alternative])!r} did not show a changed next token in "
+                      "this run (try another --prompt or more --tokens).")
+    answer.append(f"So output length sets the number of steps: {args.tokens} tokens cost up to {args.tokens} "
+                  "sequential passes. Only tokens that are already known, the prompt's, go through in parallel.")
+    if shown["same-probabilities"] and shown["one-pass-faster"]:
+        answer.append(f"A known answer can be checked in parallel too: one pass gave the loop's probabilities "
+                      f"(within {diff:.0e}) in {t_pass.min * 1e3:.0f} ms against {t_loop.min * 1e3:.0f} ms for the "
+                      f"loop's {n} passes (fastest of {args.repeats} each, ranges apart).")
+    elif shown["same-probabilities"]:
+        answer.append(f"One pass over a known answer gave the loop's probabilities (within {diff:.0e}); whether it "
+                      f"is faster this run could not show ({t_pass.min * 1e3:.0f} vs {t_loop.min * 1e3:.0f} ms at "
+                      "their fastest, see the claims above): run it again on a quiet machine.")
+    else:
+        answer.append("This run could not show that one pass gives the loop's probabilities (see the claims above).")
+    console.print(" ".join(answer))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ that memory, not the weights, is what grows with context length and with the num
     python lessons/03_kv_cache_growth.py [--prompt TEXT] [--tokens 12] [--batch 1]
 
 The loop is prefill.py + decode.py on a kv_cache.KVCache; after every token the table shows the cache's shape and
-its bytes counted from the arrays themselves, next to kv_cache.estimate_kv_bytes (the H1 formula).
+its bytes counted from the arrays themselves, next to kv_cache.estimate_kv_bytes (the H1 formula). Nothing here is
+timed: every claim (claims() below) is about bytes and values, decided from the numbers the lesson prints.
 """
 
 import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -20,12 +22,59 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, load_model  # noqa: E402
+from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report  # noqa: E402
 from minitransformer.decode import decode_step  # noqa: E402
+from minitransformer.measure import Probe  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.sampling import sample  # noqa: E402
 
 PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut lines at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
+SAME_VALUES = 1e-4          # float32 sums in another order: token by token and one pass agree to about 1e-5
+KEY_DIFFERS = 0.01          # the same token's keys at two positions count as different when they differ by 1%+
+H1_SHAPE = 2 * 32 * 8 * 128 * 2      # K and V x 32 layers x 8 KV heads x head_dim 128 x 2 bytes (float16)
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). All of it is bytes and values, none of it time: timed=False."""
+    text = flat(output)
+    bytes_line = re.search(r"check bytes: (.*?) check estimator", text)
+    history = [(int(s), int(b)) for s, b in re.findall(r"S=(\d+): (\d+)", bytes_line[1] if bytes_line else "")]
+    same, steps, per_token, batch = find_numbers(output, r"check estimator: measured == estimate_kv_bytes at (\d+) "
+                                                         r"of (\d+) steps; each token adds ([\d,]+) bytes \(batch "
+                                                         r"(\d+)\)")
+    reserved, distinct, full = find_numbers(output, r"check reserved: ([\d,]+) bytes on every row \((\d+) "
+                                                    r"distinct\); the full cache holds ([\d,]+) bytes")
+    diff, = find_numbers(output, rf"check recompute: max \|cache built token by token - cache of one full pass\| = "
+                                 rf"({NUMBER})")
+    small, large = find_numbers(output, r"check H1: 4096 tokens x batch 4 = ([\d.]+) GiB; 16384 tokens x batch 16 = "
+                                        r"([\d.]+) GiB")
+    per_s = {b / s for s, b in history}                                  # bytes per token of context: one value?
+    steps_added = {b2 - b1 for (_, b1), (_, b2) in zip(history, history[1:])}
+    found = [
+        Claim("estimator", "the bytes counted from the arrays equal estimate_kv_bytes (the H1 formula) at every step",
+              steps > 0 and same == steps, f"{same:.0f} of {steps:.0f} steps", timed=False),
+        Claim("linear-in-tokens", "every token adds the same bytes: the cache grows linearly with the context",
+              len(history) > 1 and len(per_s) == 1 and steps_added == {per_token},
+              f"{len(history)} steps; bytes / context tokens: {', '.join(f'{x:,.0f}' for x in sorted(per_s))}; "
+              f"added per step: {', '.join(f'{x:,}' for x in sorted(steps_added))} (batch {batch:.0f})",
+              timed=False),
+        Claim("preallocated", "the reserved bytes never change: the whole cache is allocated up front",
+              distinct == 1 and reserved >= full, f"{reserved:,.0f} bytes reserved on every row, {full:,.0f} filled "
+              "at the end", timed=False),
+        Claim("recompute-same", "decode stored the keys and values a full pass over the same tokens computes",
+              diff < SAME_VALUES, f"max difference {diff:.1e}, limit {SAME_VALUES:.0e}", timed=False),
+        Claim("h1", "the projection reproduces H1: 2.00 GiB at 4096 tokens x batch 4, 32.00 GiB at 16384 x 16",
+              (small, large) == (round(H1_SHAPE * 4096 * 4 / 2**30, 2), round(H1_SHAPE * 16384 * 16 / 2**30, 2)),
+              f"printed {small:.2f} and {large:.2f} GiB", timed=False),
+    ]
+    keys = re.search(rf"its keys in layer \d+ differ by ({NUMBER})%", text)
+    if keys:                                             # printed only when a token appears twice in the text
+        change = float(keys[1]) / 100
+        found.append(Claim("context-in-keys", "the same token stored at two positions has different keys",
+                           change > KEY_DIFFERS, f"{change:.0%} apart, limit {KEY_DIFFERS:.0%}", timed=False))
+    return found
 
 
 def measured_bytes(cache: KVCache) -> list[int]:
@@ -57,6 +106,7 @@ def main():
         if value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
     model = load_model()
+    probe = Probe()                             # nothing here is timed, but every lesson reports how quiet it ran
     cfg, tok, B = model.config, model.tokenizer, args.batch
     prompt_ids = tok.encode(args.prompt)
     P = len(prompt_ids)
@@ -84,12 +134,15 @@ def main():
             out.append(int(tokens[0]))
             logits = decode_step(model, tokens, cache)                               # one new K/V row per layer
     console.print(table_of(rows))
-    console.print("reserved is the same on every row: the cache is preallocated once for prompt + max_tokens "
-                  "positions; the measured bytes are the rows filled so far")
+    console.print("reserved: the bytes allocated when the cache was made, for prompt + max_tokens positions; "
+                  "measured: the rows filled so far")
     per_token = history[1][1] - history[0][1] if len(history) > 1 else estimate_kv_bytes(cfg, 1, B)
     console.print("check bytes: " + ", ".join(f"S={s}: {m}" for s, m, _ in history))
     console.print(f"check estimator: measured == estimate_kv_bytes at {sum(m == e for _, m, e in history)} of "
                   f"{len(history)} steps; each token adds {per_token:,} bytes (batch {B})")
+    reserved = {row[-1] for row in rows}
+    console.print(f"check reserved: {cache.bytes_reserved:,} bytes on every row ({len(reserved)} distinct); the full "
+                  f"cache holds {history[-1][1]:,} bytes")
     table = Table("layer", "K shape", "V shape", "bytes (K + V)")
     shown = sorted({0, 1, cfg.n_layers - 1})
     for layer in shown:
@@ -112,10 +165,8 @@ def main():
         k_a, k_b = cache.k[last, 0, :, a], cache.k[last, 0, :, b]                 # (kv_heads, head_dim) each
         change = float(np.linalg.norm(k_a - k_b) / np.linalg.norm(k_a))
         console.print(f"token {tok.decode([repeats[0]])!r} is at positions {a} and {b}; its keys in layer {last} "
-                      f"differ by {change:.0%} (|k_b - k_a| / |k_a|): a key encodes the token in its position and "
-                      "context, so the cache cannot be replaced by the text of the past tokens.")
-    console.print(f"check recompute: max |cache built token by token - cache of one full pass| = {same:.1e}: decode "
-                  "stored exactly the keys and values a full pass computes, so it never recomputes them")
+                      f"differ by {change:.0%} (|k_b - k_a| / |k_a|)")
+    console.print(f"check recompute: max |cache built token by token - cache of one full pass| = {same:.1e}")
     console.print("Diagram: figures/kv_cache_growth.png, one layer's K in a real KVCache after prefill and after each "
                   "decode step, per KV head (positions x head_dim), with the cache's shape and bytes.")
 
@@ -134,18 +185,45 @@ def main():
     small, large = estimate_kv_bytes(big, 4096, 4, np.float16), estimate_kv_bytes(big, 16384, 16, np.float16)
     console.print(f"check H1: 4096 tokens x batch 4 = {gib(small)}; 16384 tokens x batch 16 = {gib(large)}")
 
+    console.rule("[bold]4. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
     console.rule("[bold]Interview question: what does the KV cache store, and how big does it get?")
-    console.print(
-        f"Keys and values of every attention layer for every past token, not text: here {per_token // B:,} bytes per "
-        f"token (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim} dims x 4 bytes), measured "
-        f"{history[-1][1]:,} bytes after {history[-1][0]} tokens x batch {B}, equal to the estimate. It grows "
-        f"linearly in tokens and in batch: for 32 layers, 8 KV heads, head_dim 128 in float16, 4k tokens x batch 4 "
-        f"need {gib(small)} and 16k tokens x batch 16 need {gib(large)}. For this model, 16 users at its full "
-        f"{cfg.context_length:,}-token context would need {gib(own)} of cache, {own / model.weight_bytes:.0f}x its "
-        f"{gib(model.weight_bytes)} of weights. How many requests fit depends on both: the model fixes the bytes per "
-        f"token (2 x layers x KV heads x head_dim x bytes per value; sharing {cfg.n_kv_heads} KV heads among "
-        f"{cfg.n_heads} query heads makes them {cfg.n_heads // cfg.n_kv_heads}x fewer) and the memory its weights "
-        f"take; context length x concurrent users multiply those bytes per token until the rest of memory is full.")
+    answer = [f"Keys and values of every attention layer for every past token, not text: here {per_token // B:,} "
+              f"bytes per token (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim} dims x 4 "
+              f"bytes); measured {history[-1][1]:,} bytes after {history[-1][0]} tokens x batch {B}"
+              + (", equal to the estimate at every step." if shown["estimator"] else
+                 "; this run's count did not match the estimate at every step (see the claims above).")]
+    if shown.get("context-in-keys") and shown["recompute-same"]:
+        answer.append(f"They are not the text in another form: the same token's keys at two positions differed by "
+                      f"{change:.0%}, because a key encodes the token in its position and context; and they are "
+                      f"what a full pass over the same tokens computes (to {same:.0e}, float32 rounding), so decode "
+                      "stores them once and never recomputes them.")
+    elif shown["recompute-same"]:
+        answer.append(f"They are what a full pass over the same tokens computes (to {same:.0e}, float32 rounding), "
+                      "so decode stores them once and never recomputes them.")
+    if shown["linear-in-tokens"] and shown["estimator"]:
+        answer.append(f"Every token added the same {per_token:,} bytes, so the cache grows linearly in tokens, and "
+                      "the formula it matched is linear in the batch too:")
+    else:
+        answer.append("By the H1 formula (this run's steps could not show the linear growth itself, see the claims "
+                      "above):")
+    answer.append(f"for 32 layers, 8 KV heads, head_dim 128 in float16, 4k tokens x batch 4 need {gib(small)} and 16k "
+                  f"tokens x batch 16 need {gib(large)}. For this model, 16 users at its full "
+                  f"{cfg.context_length:,}-token context would need {gib(own)} of cache, "
+                  f"{own / model.weight_bytes:.0f}x its {gib(model.weight_bytes)} of weights. How many requests fit "
+                  f"depends on both: the model fixes the bytes per token (2 x layers x KV heads x head_dim x bytes per "
+                  f"value; sharing {cfg.n_kv_heads} KV heads among {cfg.n_heads} query heads makes them "
+                  f"{cfg.n_heads // cfg.n_kv_heads}x fewer) and the memory its weights take; context length x "
+                  "concurrent users multiply those bytes per token until the rest of memory is full.")
+    if shown["preallocated"]:
+        answer.append(f"This KVCache reserves all {cache.bytes_reserved:,} bytes for prompt + max_tokens up front "
+                      "(the reserved column never changed); lesson 09's paged cache hands out blocks as tokens "
+                      "arrive instead.")
+    console.print(" ".join(answer))
+
 
 if __name__ == "__main__":
     try:
