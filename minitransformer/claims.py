@@ -44,12 +44,13 @@ def verdict_line(claim: Claim, quiet: Quietness | None) -> str:
     """'claim KEY: shown: ...' or 'claim KEY: not shown: ... and why' (CLAIM_LINE reads it back)."""
     if is_shown(claim, quiet):
         return f"claim {claim.key}: shown: {claim.statement} ({claim.evidence})"
-    if not claim.holds:
-        why = "its numbers do not show it"
-    else:
-        why = f"the machine was busy ({quiet.why_busy() if quiet else 'no quietness probe'})"
-    return (f"claim {claim.key}: not shown: {claim.statement} ({claim.evidence}). This run could not show it: {why}. "
-            "Close other programs and run the lesson again; see lessons/README.md, 'Reading numbers honestly'.")
+    line = f"claim {claim.key}: not shown: {claim.statement} ({claim.evidence}). This run could not show it: "
+    if not claim.timed:
+        return line + "its numbers do not show it."
+    why = "its numbers do not show it" if not claim.holds else \
+        f"the machine was busy ({quiet.why_busy() if quiet else 'no quietness probe'})"
+    return line + (f"{why}. Close other programs and run the lesson again; see lessons/README.md, 'Reading numbers "
+                   "honestly'.")
 
 
 def report(console, found: list[Claim], quiet: Quietness | None) -> dict[str, bool]:
