@@ -7,6 +7,7 @@ runs and machines. When a lesson's sections change, regenerate: python scripts/m
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 from pathlib import Path
@@ -143,3 +144,75 @@ def test_a_renamed_section_of_a_real_transcript_is_caught():
     renamed = output.replace(rule.group(0), rule.group(1) + "Renamed " + rule.group(2) + rule.group(3), 1)
     assert mt.differences(shape, mt.outline(output)) == []
     assert mt.differences(shape, mt.outline(renamed))
+
+
+# ---------------------------------------------------------------------------------------------------- claims
+
+def test_verify_passes_on_the_committed_transcripts():
+    """Every committed transcript was quiet and every verdict it prints follows from its printed numbers."""
+    problems = mt.verify(LESSONS)
+    assert not problems, "\n".join(problems)
+
+
+def edited(output: str, pattern: str, replace) -> str:
+    """`output` with the first match of `pattern` rewritten by replace(match) -> str: one printed number changed."""
+    changed, count = re.subn(pattern, replace, output, count=1, flags=re.M)
+    assert count == 1, f"{pattern!r} is not in the transcript"
+    return changed
+
+
+def table_cell(output: str, column: str, row: int, value: str) -> str:
+    """`output` with one cell of the first table that has `column` replaced by `value` (padded to its width)."""
+    lines = output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("┃") and column in line)
+    start = next(i for i in range(header, len(lines)) if lines[i].startswith("┡")) + 1
+    names = [c.strip() for c in lines[header].strip("┃").split("┃")]
+    index = next(i for i, name in enumerate(names) if name.startswith(column))
+    rows = [i for i in range(start, len(lines)) if lines[i].startswith("│") and lines[i].split("│")[1].strip()]
+    cells = lines[rows[row]].split("│")
+    width = len(cells[index + 1])
+    cells[index + 1] = f" {value}".ljust(width)
+    lines[rows[row]] = "│".join(cells)
+    return "\n".join(lines)
+
+
+# One edit per lesson that makes a printed number contradict what the lesson teaches, and the claim that must fail.
+EDITS = {
+    "04": ("cache-faster", lambda out: table_cell(out, "cache ms", -1, "999.9")),
+}
+
+
+@pytest.mark.parametrize("number", sorted(EDITS))
+def test_verify_names_the_claim_an_edited_number_contradicts(number):
+    lesson = next(p for p in LESSONS if p.stem.startswith(number))
+    _, output = mt.read(mt.transcript_for(lesson))
+    key, edit = EDITS[number]
+    assert not any(key in p for p in mt.claim_problems(lesson, output))
+    problems = mt.claim_problems(lesson, edit(output))
+    assert any(f"claim {key}" in p for p in problems), problems
+
+
+def test_verify_refuses_a_transcript_recorded_on_a_busy_machine():
+    lesson = next(p for p in LESSONS if p.stem.startswith("04"))
+    _, output = mt.read(mt.transcript_for(lesson))
+    busy = edited(output, r"other programs used [\d.]+% of the (\d+) cores",
+                  lambda m: f"other programs used 48.0% of the {m.group(1)} cores")
+    assert any("busy machine" in p for p in mt.claim_problems(lesson, busy))
+
+
+@pytest.mark.slow
+def test_lesson_04_on_a_busy_machine_withholds_its_timing_verdicts(real_model_path):
+    """Processes spinning on every core while the lesson runs: it must say it could not show its timing claims."""
+    import subprocess
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        lesson = next(p for p in LESSONS if p.stem.startswith("04"))
+        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600, env={"MINITRANSFORMER_MODEL": str(real_model_path)})
+    finally:
+        for process in spin:
+            process.kill()
+            process.wait()
+    assert code == 0, err[-3000:]
+    text = " ".join(out.split())
+    assert ": busy" in text and "claim same-tokens: shown" in text            # tokens need no quiet machine
+    assert "claim recompute-grows: not shown" in text and "the machine was busy" in text
