@@ -5,10 +5,13 @@
 A contiguous KV cache must reserve a request's whole length up front: the context a server allows (max_model_len),
 or at best prompt + max_tokens. Requests stop early, so most of it stays empty. The paged cache (vLLM, Kwon et al.,
 SOSP '23) hands out blocks of block_size tokens as a sequence grows; only each sequence's last block is partly empty.
-Everything below is measured on minitransformer.serving.Engine running the real model.
+Everything below is measured on minitransformer.serving.Engine running the real model. Nothing here is timed: the
+lesson's claims (claims() below) are about tokens, blocks and bytes, decided from the numbers it prints.
 """
 
 import argparse
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +21,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 from minitransformer import SamplingParams, estimate_kv_bytes, load_model  # noqa: E402
+from minitransformer.claims import Claim, find_numbers, flat, report, table_with  # noqa: E402
+from minitransformer.measure import Probe  # noqa: E402
 from minitransformer.serving import Engine  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a GPU does.",
@@ -27,7 +32,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
 SYSTEM = ("You are a helpful assistant for a cooking school. Answer briefly and politely. If a question is not about "
           "cooking, say so and offer a cooking tip instead. Always use metric units, name the utensils needed, and "
           "warn about hot surfaces and sharp knives when they matter.")
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut titles at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 
 
 def mib(n):
@@ -60,14 +65,20 @@ def memory_table(model, args):
         if (row["step"] - 1) % args.every == 0:
             table.add_row(*memory_row(cfg, row, B))
     table.add_row(*memory_row(cfg, peak, B, " (peak)"), style="bold")
-    console.print(table, f"(peak): the step holding the most tokens. One token's K and V = {estimate_kv_bytes(cfg, 1):,} "
-                         f"bytes (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} kv heads x {cfg.head_dim} x 4 B); "
+    console.print(table, "(peak): the step holding the most tokens. One token's K and V = "
+                         f"{estimate_kv_bytes(cfg, 1):,} bytes (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} kv heads "
+                         f"x {cfg.head_dim} x 4 B); "
                          f"a block of {B} = {engine.cache.bytes_per_block:,} bytes")
     lengths = [len(r.token_ids) for r in results.values()]
     console.print(f"outputs: {lengths} tokens (max_tokens {args.max_tokens}; finish reasons "
                   f"{sorted({r.finish_reason for r in results.values()})})", highlight=False)
     total["steps"], total["early"] = len(engine.step_log), sum(n < args.max_tokens for n in lengths)
     total["most_promised"], total["most_blocks"] = most["promised"], most["blocks"]
+    console.print(f"check token-steps over {total['steps']} steps (blocks of {B}): used {total['tokens']:,}, reserve "
+                  f"{args.max_model_len} each {total['context']:,}, reserve prompt+max {total['promised']:,}, paged "
+                  f"{total['blocks'] * B:,}; at once at most: paged {most['blocks']} blocks = {most['blocks'] * B:,} "
+                  f"tokens, prompt+max {most['promised']:,} tokens; {total['early']} of {args.requests} requests "
+                  "stopped before max_tokens", highlight=False)
     return peak, total
 
 
@@ -127,13 +138,110 @@ def prefix_caching(model, args):
     return rows
 
 
+def memory_claims(output: str) -> list[Claim]:
+    """Part 1: what the paged blocks held against what reservations would hold."""
+    steps, B, used, context, promised, paged, most_blocks, most_paged, most_promised, early, n = find_numbers(
+        output, r"check token-steps over (\d+) steps \(blocks of (\d+)\): used ([\d,]+), reserve \d+ each ([\d,]+), "
+        r"reserve prompt\+max ([\d,]+), paged ([\d,]+); at once at most: paged (\d+) blocks = ([\d,]+) tokens, "
+        r"prompt\+max ([\d,]+) tokens; (\d+) of (\d+) requests stopped before max_tokens")
+    table = table_with(output, "tokens held")
+    rows = list(zip(table.column("step"), table.numbers("running"), table.numbers("tokens held"),
+                    table.numbers("paged: blocks")))
+    bad = [step for step, running, tokens, blocks in rows if running and not tokens <= blocks * B < tokens
+           + running * B]
+    return [
+        Claim("last-block-only", "paged blocks leave at most each sequence's last block partly empty",
+              bool(rows) and not bad, f"tokens <= blocks x {B:.0f} < tokens + running x {B:.0f} "
+              + (f"fails at step {bad[0]}" if bad else f"in all {len(rows)} rows"), timed=False),
+        Claim("stops-early", "requests stop before max_tokens, so reserving max_tokens leaves memory empty",
+              early > 0, f"{early:.0f} of {n:.0f} requests", timed=False),
+        Claim("paged-holds-less", "summed over the run, paged blocks hold less than exact prompt + max_tokens "
+              "reservations", 0 < paged < promised, f"{paged:,.0f} vs {promised:,.0f} token-steps; the tokens "
+              f"themselves {used:,.0f}, reserving the whole context {context:,.0f}", timed=False),
+        Claim("paged-admits-more", "at the busiest moment paged blocks hold less than the reservations would, so the "
+              "same pool admits more requests", 0 < most_paged < most_promised,
+              f"{most_paged:,.0f} vs {most_promised:,.0f} tokens at once", timed=False),
+    ]
+
+
+def table_claims(output: str) -> list[Claim]:
+    """Part 2: block tables hold exactly the blocks their tokens need, grow only at the end, and map slots."""
+    B, pool = find_numbers(output, r"2\. Block tables grow one block per (\d+) tokens \(a pool of (\d+) blocks\)")
+    section = flat(output).split("2. Block tables grow")[1].split("3. Prefix caching")[0]
+    lines = list(re.finditer(r"step (\d+) free blocks (\d+)((?: \w+: \d+ tokens -> \[[\d, ]*\])*)", section))
+    states = [block_tables(line[3]) for line in lines]                    # [{request: (tokens, [blocks])}]
+    problems, seen = [], {}
+    for line, tables in zip(lines, states):
+        owned = [b for _, table in tables.values() for b in table]
+        if len(owned) != len(set(owned)) or int(line[2]) != pool - len(owned):
+            problems.append(f"step {line[1]}: {len(owned)} blocks owned, {line[2]} free of {pool:.0f}")
+        for rid, (n, table) in tables.items():
+            if len(table) != math.ceil(n / B) or table[:len(seen.get(rid, []))] != seen.get(rid, []):
+                problems.append(f"step {line[1]}: {rid} holds {n} tokens in {table}")
+            seen[rid] = table
+    found = [Claim("tables-grow", f"a block table holds exactly the blocks its tokens need and grows one block per "
+                   f"{B:.0f} tokens, at its end", bool(lines) and not problems,
+                   problems[0] if problems else f"{len(lines)} printed states", timed=False)]
+    slot = re.search(r"slot mapping: (\w+)'s token at position (\d+) -> .*? = (\d+) \* \d+ \+ (\d+) = slot (\d+)",
+                     section)
+    if slot:
+        rid, (pos, block, offset, number) = slot[1], map(int, slot.groups()[1:])
+        last = [tables for line, tables in zip(lines, states) if line.start() < slot.start()]   # printed before it
+        _, table = last[-1].get(rid, (0, [])) if last else (0, [])
+        holds = pos // B < len(table) and block == table[int(pos // B)] and offset == pos % B and number == \
+            block * B + offset
+        found.append(Claim("slot-formula", "a token's slot is block_table[position // block_size] * block_size + "
+                           "position % block_size", holds, f"{rid}'s position {pos}: table {table}, slot {number}",
+                           timed=False))
+    return found
+
+
+def block_tables(text: str) -> dict[str, tuple[int, list[int]]]:
+    """'a: 14 tokens -> [0]   b: 16 tokens -> [1]' -> {'a': (14, [0]), 'b': (16, [1])}."""
+    return {rid: (int(n), [int(b) for b in blocks.replace(",", " ").split()])
+            for rid, n, blocks in re.findall(r"(\w+): (\d+) tokens -> \[([\d, ]*)\]", text)}
+
+
+def prefix_claims(output: str) -> list[Claim]:
+    """Part 3: later requests find the shared system prompt's full blocks in the cache and compute only the rest."""
+    B, = find_numbers(output, r"as vLLM counts them; blocks of (\d+) tokens")
+    table = table_with(output, "prefix_cache_hits")
+    prompts, hits, computed = (table.numbers(c) for c in ("prompt tokens", "prefix_cache_hits",
+                                                           "prompt tokens computed"))
+    shared = [len(re.findall(r"\d+", cell.split("+")[0])) for cell in table.column("block table")]
+    found = [(hits[i] - (hits[i - 1] if i else 0), prompts[i], computed[i], shared[i]) for i in range(len(prompts))]
+    later = found[1:]
+    first_ok = bool(found) and found[0][0] == 0 and found[0][2] == found[0][1]
+    return [
+        Claim("prefix-hits", "with a shared system prompt, every later request finds cached prompt tokens and computes "
+              "only the rest", first_ok and bool(later) and all(h > 0 and c == p - h for h, p, c, _ in later),
+              "; ".join(f"s{i}: {h:.0f} of {p:.0f} found, {c:.0f} computed" for i, (h, p, c, _) in enumerate(found)),
+              timed=False),
+        Claim("prefix-whole-blocks", f"prefix-cache hits come in whole blocks of {B:.0f}, the blocks shared with s0",
+              bool(later) and all(h == n * B for h, _, _, n in later),
+              "; ".join(f"s{i + 1}: {h:.0f} tokens in {n} shared blocks" for i, (h, _, _, n) in enumerate(later)),
+              timed=False),
+    ]
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). Nothing is timed: every claim is about tokens, blocks and bytes.
+    ValueError when the output lacks a table, row or line a claim reads."""
+    try:
+        return memory_claims(output) + table_claims(output) + prefix_claims(output)
+    except (KeyError, IndexError) as exc:
+        raise ValueError(f"the output lacks a row or column the claims read: {exc}") from None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=8, help="chat requests in part 1 (at least 1)")
     ap.add_argument("--max-tokens", type=int, default=96, help="each request's max_tokens (most stop at EOS first)")
     ap.add_argument("--max-model-len", type=int, default=2048, help="what a contiguous server reserves per request")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (at least 1)")
-    ap.add_argument("--shared", type=int, default=4, help=f"requests sharing the system prompt in part 3 (2 to {len(QUESTIONS)})")
+    ap.add_argument("--shared", type=int, default=4,
+                    help=f"requests sharing the system prompt in part 3 (2 to {len(QUESTIONS)})")
     ap.add_argument("--every", type=int, default=16, help="print every N-th step in part 1")
     args = ap.parse_args()
     for flag, value, low in (("--requests", args.requests, 1), ("--max-tokens", args.max_tokens, 1),
@@ -143,6 +251,7 @@ def main():
     if not 2 <= args.shared <= len(QUESTIONS):
         raise InputError(f"--shared must be 2 to {len(QUESTIONS)}, got {args.shared}")
     model = load_model()
+    probe = Probe()                      # nothing here is timed, but the transcript records how quiet the run was
     B = args.block_size
 
     console.rule(f"[bold]1. Memory: {args.requests} chat requests, max_tokens {args.max_tokens}, blocks of {B}")
@@ -152,24 +261,44 @@ def main():
     console.rule(f"[bold]3. Prefix caching: {args.shared} requests with the same system prompt, one after another")
     rows = prefix_caching(model, args)
 
+    console.rule("[bold]4. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+
     (_, _, h0, c0), (p1, _, h1, c1) = rows[0], rows[1]
     used, B_tokens = total["tokens"], total["blocks"] * B           # token-steps: memory held, summed over steps
+    most_paged, most_promised = total["most_blocks"] * B, total["most_promised"]
     console.rule("[bold]Interview question: what problem does PagedAttention solve, and what does prefix caching add?")
-    console.print(
+    answer = [
         f"Fragmentation of KV memory. Summed over this run's {total['steps']} steps, the requests' K and V filled "
         f"{used / (total['context']):.1%} of what reserving {args.max_model_len} tokens each would hold, "
         f"{used / total['promised']:.1%} of exact prompt + max_tokens reservations ({total['early']} of "
         f"{args.requests} requests stopped before max_tokens, and output tokens fill memory only as they are "
-        f"generated), and {used / B_tokens:.1%} of the paged blocks (only each sequence's last block is partly "
-        f"empty). Summed over steps, paged blocks held {total['promised'] / B_tokens:.2f}x less than prompt + max_tokens "
-        f"reservations, but a pool must fit the peak, not the sum: at most "
-        f"{mib(estimate_kv_bytes(model.config, total['most_blocks'] * B))} paged vs "
-        f"{mib(estimate_kv_bytes(model.config, total['most_promised']))} reserved at once, "
-        f"{total['most_promised'] / (total['most_blocks'] * B):.2f}x, roughly how many times more requests "
-        f"the same pool would admit here. At the busiest step {peak['running']} requests held {peak['tokens']} tokens in "
-        f"{peak['blocks']} blocks. Blocks also make sharing possible: with a shared system prompt, s1 found "
-        f"{h1 - h0} of its {p1} prompt tokens in s0's cached blocks and computed only {c1}; s0 computed all {c0}.")
-
+        f"generated), and {used / B_tokens:.1%} of the paged blocks"
+        + (" (only each sequence's last block is partly empty)." if shown["last-block-only"] else ".")]
+    if shown["paged-holds-less"] and shown["paged-admits-more"]:
+        answer.append(f"Summed over steps, paged blocks held {total['promised'] / B_tokens:.2f}x less than prompt + "
+                      "max_tokens reservations, but a pool must fit the peak, not the sum: at most "
+                      f"{mib(estimate_kv_bytes(model.config, most_paged))} paged vs "
+                      f"{mib(estimate_kv_bytes(model.config, most_promised))} reserved at once, "
+                      f"{most_promised / most_paged:.2f}x, roughly how many times more requests the same pool would "
+                      "admit here.")
+    else:
+        answer.append(f"This run could not show paged blocks holding less than prompt + max_tokens reservations "
+                      f"(summed {B_tokens:,} vs {total['promised']:,} token-steps, at most {most_paged:,} vs "
+                      f"{most_promised:,} tokens at once): with requests that run to max_tokens, reserving exactly "
+                      "wastes nothing; try more requests or a larger --max-tokens.")
+    answer.append(f"At the busiest step {peak['running']} requests held {peak['tokens']} tokens in {peak['blocks']} "
+                  "blocks.")
+    if shown["prefix-hits"]:
+        answer.append(f"Blocks also make sharing possible: with a shared system prompt, s1 found {h1 - h0} of its {p1} "
+                      f"prompt tokens in s0's cached blocks and computed only {c1}; s0 computed all {c0}.")
+    else:
+        answer.append(f"Blocks also make sharing possible, but this run could not show it: s1 found {h1 - h0} of its "
+                      f"{p1} prompt tokens in s0's cached blocks and computed {c1} (a block is shared only when it "
+                      "is full: try a smaller --block-size).")
+    console.print(" ".join(answer))
 
 if __name__ == "__main__":
     try:

@@ -293,6 +293,31 @@ def test_09_prefix_cache_hits_follow_from_the_prompts(lesson_09, real_model):
     assert f"s1 found {int(rows[1][3]) - int(rows[0][3])} of its {rows[1][1]} prompt tokens" in flat
 
 
+def test_09_claims_follow_the_printed_numbers(lesson_09):
+    """Nothing in lesson 09 is timed: every claim holds and is shown on the real output, and a number edited to
+    contradict one fails it."""
+    found = assert_verdicts_as_printed(L09, lesson_09)
+    assert set(found) == {"last-block-only", "stops-early", "paged-holds-less", "paged-admits-more", "tables-grow",
+                          "slot-formula", "prefix-hits", "prefix-whole-blocks"}
+    assert all(c.holds and not c.timed for c in found.values()), [c for c in found.values() if not c.holds]
+    # a first memory row whose blocks hold a whole spare block per sequence
+    row = re.search(r"│ 1 +│ (\d+) +│ (\d+) +│", lesson_09)
+    running, tokens = int(row[1]), int(row[2])
+    too_many = str(-(-tokens // B09) + running)
+    assert not decided(L09, edit_cell(lesson_09, "1", 6, too_many))["last-block-only"].holds
+    # s1 computing its whole prompt although the counters say it found cached tokens
+    s1 = re.search(r"│ s1 +│ (\d+) +│", lesson_09)
+    assert not decided(L09, edit_cell(lesson_09, "s1", 4, s1[1]))["prefix-hits"].holds
+    # paged blocks holding more token-steps than the reservations
+    promised = re.search(r"reserve prompt\+max ([\d,]+), paged ([\d,]+);", " ".join(lesson_09.split()))
+    more = f"{int(promised[1].replace(',', '')) + 1:,}"
+    edited = re.sub(r"(reserve prompt\+max [\d,]+, paged\s+)[\d,]+;", lambda m: f"{m[1]}{more};", lesson_09)
+    assert not decided(L09, edited)["paged-holds-less"].holds
+    # a block table that lost its first block between two printed steps
+    edited = re.sub(r"(step +2 +free blocks +\d+ +a: +\d+ tokens -> )\[(\d+)", r"\g<1>[99", lesson_09, count=1)
+    assert edited != lesson_09 and not decided(L09, edited)["tables-grow"].holds
+
+
 # ---------------------------------------------------------------------------------------------------- lesson 10
 
 L10 = "10_priority_and_starvation.py"
