@@ -372,10 +372,10 @@ def test_10_urgent_requests_jump_the_queue(lesson_10):
 def test_10_aging_bounds_the_starved_request(lesson_10):
     arrivals = [(0, "u000", 3, 0), (0, f"u{STREAM:03d}", 3, 0), (1, "u001", 3, 0), (1, "patient", 4, 1)] + \
                [(i, f"u{i:03d}", 3, 0) for i in range(2, STREAM)]
-    rows = re.findall(r"│ (off|every \d+ steps) +│ (\d+) +│ (\d+) +│ (\d+) +│ ([0-9.]+) +│ (\d+) +│",
-                      lesson_10)
+    rows = re.findall(r"│ (off|every \d+ steps) +│ (\d+) +│ (\d+) +│ (\d+) +│ (\d+) +│ "
+                      r"[0-9.]+ \([0-9.]+, [0-9.]+\) +│", lesson_10)
     assert [r[0] for r in rows] == ["off", f"every {AGING} steps"]
-    for (label, arrived, first_step, waited, _, ahead), aging in zip(rows, (10**9, AGING)):
+    for (label, arrived, first_step, waited, ahead), aging in zip(rows, (10**9, AGING)):
         first = simulate(arrivals, 2, "priority", aging)
         assert (int(arrived), int(first_step), int(waited)) == (1, first["patient"], first["patient"] - 1)
         assert int(ahead) == sum(1 for rid, s in first.items() if rid != "patient" and s < first["patient"])
@@ -383,3 +383,26 @@ def test_10_aging_bounds_the_starved_request(lesson_10):
     flat = " ".join(lesson_10.split())
     assert f"without aging the patient request waited {rows[0][3]} steps" in flat
     assert f"every {AGING} steps waited, {rows[1][3]} steps" in flat
+
+
+def test_10_claims_follow_the_printed_numbers(lesson_10):
+    """The verdicts printed are the claims' on this output; the claims about the order of service (steps, not
+    timed) hold; a number edited to contradict one fails it."""
+    found = assert_verdicts_as_printed(L10, lesson_10)
+    assert set(found) == {"urgent-first", "low-later", "same-work", "no-preemption", "starves", "aging-bounds",
+                          "admission", "urgent-sooner-s", "low-later-s", "aging-sooner-s"}
+    for key in ("urgent-first", "low-later", "same-work", "no-preemption", "starves", "aging-bounds", "admission"):
+        assert found[key].holds and not found[key].timed, found[key]
+    fcfs = re.search(r"│ FCFS \(continuous\) +│ \[([\d, ]+)\]", lesson_10)[1]
+    assert not decided(L10, edit_cell(lesson_10, "priority", 1, f"[{fcfs}]"))["urgent-first"].holds
+    assert not decided(L10, edit_cell(lesson_10, "every 2 steps", 3, "99"))["aging-bounds"].holds
+    assert not decided(L10, edit_cell(lesson_10, "priority", 4, "99"))["same-work"].holds
+    refused = lesson_10.replace("tenant b, 40 + 8 tokens: accepted", "tenant b, 40 + 8 tokens: refused: quota")
+    assert not decided(L10, refused)["admission"].holds
+    # seconds: far apart they hold; overlapping they do not
+    clock = "urgent TTFT max s"                                   # the seconds table's header
+    fast = edit_cell(edit_cell(lesson_10, "priority", 1, "0.100 (0.100, 0.010)", after=clock), "FCFS (continuous)",
+                     1, "9.000 (9.000, 0.010)", after=clock)
+    assert decided(L10, fast)["urgent-sooner-s"].holds
+    slow = edit_cell(fast, "priority", 1, "8.999 (9.000, 0.010)", after=clock)
+    assert not decided(L10, slow)["urgent-sooner-s"].holds
