@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
@@ -130,8 +130,9 @@ def draw(path, runs, requests, max_num_seqs):
 def ready_engine(model, ids, decoding: int, slots: int, steps: int, prompt: int = 0) -> Engine:
     """An engine with `decoding` sequences of CONTEXT tokens already past their prefill and `steps` tokens left to
     decode, so each later step() decodes one token for each (their context grows by one per step)."""
-    engine = Engine(model, max_num_seqs=slots, enable_prefix_caching=False, max_num_batched_tokens=max(512, prompt
-                    + slots), max_model_len=CONTEXT + steps + max(prompt, 2) + 2)
+    engine = Engine(model, max_num_seqs=slots, enable_prefix_caching=False,
+                    max_num_batched_tokens=max(512, prompt + slots),           # a newcomer's prompt fits one step
+                    max_model_len=CONTEXT + steps + max(prompt, 2) + 2)
     params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
     for i in range(decoding):
         engine.add_request(ids[i:i + CONTEXT], params, request_id=f"d{i}")
@@ -149,8 +150,9 @@ def with_newcomer(engine: Engine, prompt_ids) -> None:
 
 def step_costs(model, sizes, slots, prompt, repeats):
     """Time one engine step per contender, in turns: a decode-only step of b sequences for each b in `sizes`, and a
-    step of slots - 1 decodes beside a newcomer's `prompt`-token prefill. Returns ({label: Timing}, shapes): shapes
-    counts the timed steps whose (prompt tokens, decode tokens) were what their label says, and all timed steps."""
+    step of slots - 1 decodes beside a newcomer's `prompt`-token prefill. Returns ({label: Timing}, the mixed row's
+    label, shapes): shapes = (timed steps whose prompt and decode tokens were what their label says, all timed
+    steps)."""
     ids = model.tokenizer.encode(TEXT)
     steps = STEP_WARMUP + repeats
     engines = {str(b): ready_engine(model, ids, b, b, steps) for b in sizes}
@@ -169,7 +171,8 @@ def step_costs(model, sizes, slots, prompt, repeats):
 def print_step_costs(model, timings, mixed, shapes, repeats):
     """The table of part 3 and its check line."""
     one = H200.seconds(H200.cost(model.config, 1, CONTEXT))
-    table = Table("sequences", "min ms", "median ms", "spread ms", "x one (min)", "tok/s (min)", "H200: x one")
+    table = Table(Column("sequences", no_wrap=True), "min ms", "median ms", "spread ms", "x one (min)",
+                  "tok/s (min)", "H200: x one")
     base = timings["1"].min
     for label, t in timings.items():
         b = int(label.split()[0]) + (label == mixed)                   # tokens out of the step: one per sequence
@@ -199,12 +202,12 @@ def column_name(policy, m) -> str:
 
 def print_clock_table(configs, sched, timed, repeats):
     """Part 4's table, one column per configuration: the schedule (the same every run), then the clock."""
-    table = Table(f"{repeats} runs each, in turns", *(column_name(p, m) for p, m in configs))
+    table = Table(Column(f"{repeats} runs each, in turns", no_wrap=True), *(column_name(p, m) for p, m in configs))
     for key, label, fmt in (("steps", "steps", "d"), ("util", "slot util", ".3f"), ("tok_step", "tok/step", ".2f"),
                             ("beside", "prefill beside decodes", "d")):
         table.add_row(label, *(f"{sched[c][key]:{fmt}}" for c in configs))
-    for key, label, scale, fmt in (("tok_s", "tok/s", 1, ".1f"), ("ttft50", "TTFT p50 s", 1, ".3f"),
-                                   ("ttft99", "TTFT p99 s", 1, ".3f"), ("itl50", "ITL p50 ms", 1e3, ".1f"),
+    for key, label, scale, fmt in (("tok_s", "tok/s", 1, ".1f"), ("ttft50", "TTFT p50 s", 1, ".2f"),
+                                   ("ttft99", "TTFT p99 s", 1, ".2f"), ("itl50", "ITL p50 ms", 1e3, ".1f"),
                                    ("itl99", "ITL p99 ms", 1e3, ".1f")):
         best = max if key == "tok_s" else min
         table.add_row(label, *(cell([r[key] * scale for r in timed[c]], best, fmt) for c in configs))
@@ -313,12 +316,12 @@ def read_claims(output: str) -> list[Claim]:
                   f"{span(rate_range(co['tok/s']), 'tok/s')} vs {span(rate_range(st['tok/s']), 'tok/s')}"),
             Claim("continuous-ttft", "continuous batching brings the median first token sooner than static",
                   below(time_range(co["TTFT p50 s"]), time_range(st["TTFT p50 s"])),
-                  f"TTFT p50 {span(time_range(co['TTFT p50 s']), 's', '.3f')} vs "
-                  f"{span(time_range(st['TTFT p50 s']), 's', '.3f')}"),
+                  f"TTFT p50 {span(time_range(co['TTFT p50 s']), 's', '.2f')} vs "
+                  f"{span(time_range(st['TTFT p50 s']), 's', '.2f')}"),
             Claim("continuous-ttft-tail", "continuous batching brings the p99 first token sooner than static",
                   below(time_range(co["TTFT p99 s"]), time_range(st["TTFT p99 s"])),
-                  f"TTFT p99 {span(time_range(co['TTFT p99 s']), 's', '.3f')} vs "
-                  f"{span(time_range(st['TTFT p99 s']), 's', '.3f')}")]
+                  f"TTFT p99 {span(time_range(co['TTFT p99 s']), 's', '.2f')} vs "
+                  f"{span(time_range(st['TTFT p99 s']), 's', '.2f')}")]
     if len(sizes) > 1:
         lo, hi = cols["continuous", sizes[0]], cols["continuous", sizes[-1]]
         a, b = sizes[0], sizes[-1]
@@ -335,8 +338,8 @@ def read_claims(output: str) -> list[Claim]:
                   f"{span(rate_range(hi['tok/s']), 'tok/s')} vs {span(rate_range(lo['tok/s']), 'tok/s')}"),
             Claim("bigger-ttft", f"{b} slots bring the median first token sooner than {a} (a shorter queue)",
                   below(time_range(hi["TTFT p50 s"]), time_range(lo["TTFT p50 s"])),
-                  f"TTFT p50 {span(time_range(hi['TTFT p50 s']), 's', '.3f')} vs "
-                  f"{span(time_range(lo['TTFT p50 s']), 's', '.3f')}"),
+                  f"TTFT p50 {span(time_range(hi['TTFT p50 s']), 's', '.2f')} vs "
+                  f"{span(time_range(lo['TTFT p50 s']), 's', '.2f')}"),
             Claim("bigger-itl", f"{b} slots make each running request's tokens come slower than {a} (ITL p50)",
                   below(time_range(lo["ITL p50 ms"]), time_range(hi["ITL p50 ms"])),
                   f"ITL p50 {span(time_range(hi['ITL p50 ms']), 'ms')} vs {span(time_range(lo['ITL p50 ms']), 'ms')}"),
@@ -481,7 +484,7 @@ def bigger_answer(shown, sched, best, sizes, repeats, timings, mixed, M) -> str:
     lo, hi = best["continuous", a], best["continuous", b]
     parts = [f"From max_num_seqs {a} to {b} (best of {repeats} runs each): throughput {lo['tok_s']:.1f} -> "
              f"{hi['tok_s']:.1f} tok/s, the p50 gap between a request's tokens (ITL) {lo['itl50'] * 1e3:.1f} -> "
-             f"{hi['itl50'] * 1e3:.1f} ms, TTFT p50 {lo['ttft50']:.3f} -> {hi['ttft50']:.3f} s, p99 ITL "
+             f"{hi['itl50'] * 1e3:.1f} ms, TTFT p50 {lo['ttft50']:.2f} -> {hi['ttft50']:.2f} s, p99 ITL "
              f"{lo['itl99'] * 1e3:.1f} -> {hi['itl99'] * 1e3:.1f} ms."]
     if shown["bigger-ttft"] and shown["bigger-itl"]:
         parts.append("So the small batch made requests wait in the queue (TTFT) and the large one made every running "

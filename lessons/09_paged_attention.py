@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
@@ -47,7 +47,7 @@ def memory_table(model, args):
     for i in range(args.requests):
         engine.add_request(QUESTIONS[i % len(QUESTIONS)], SamplingParams(max_tokens=args.max_tokens, temperature=0.0),
                            chat=True, request_id=f"q{i}")
-    table = Table("step", "running", "tokens held", "used", f"reserve {args.max_model_len} each",
+    table = Table(Column("step", no_wrap=True), "running", "tokens held", "used", f"reserve {args.max_model_len} each",
                   "reserve prompt+max", "paged: blocks", "paged", "paged waste")
     peak, results, total, most = None, {}, {"tokens": 0, "blocks": 0, "context": 0, "promised": 0}, {}
     while engine.has_unfinished_requests():
@@ -117,8 +117,8 @@ def prefix_caching(model, args):
     """A shared system prompt: the first request fills the cache, later ones find its full blocks."""
     B = args.block_size
     engine = Engine(model, max_num_seqs=4, block_size=B, enable_prefix_caching=True)
-    table = Table("request", "prompt tokens", "prefix_cache_queries", "prefix_cache_hits", "prompt tokens computed",
-                  "block table: shared with s0 + own")
+    table = Table(Column("request", no_wrap=True), "prompt tokens", "prefix_cache_queries", "prefix_cache_hits",
+                  "prompt tokens computed", "block table: shared with s0 + own")
     first, rows = None, []
     for i, q in enumerate(QUESTIONS[:args.shared]):
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
@@ -212,7 +212,7 @@ def part1(model, args):
     first, timed = in_turns({p: (lambda p=p: flood(model, args, p)) for p in ("continuous", "priority")},
                             args.repeats)
     name = {"continuous": "FCFS (continuous)", "priority": "priority"}
-    steps = Table("policy", "urgent: steps to first token", "low: mean steps to first token",
+    steps = Table(Column("policy", no_wrap=True), "urgent: steps to first token", "low: mean steps to first token",
                   "last first token: step, request", "engine steps", "preemptions")
     for policy, (runs, engine) in first.items():
         last = max(runs, key=lambda k: runs[k][1])
@@ -220,7 +220,7 @@ def part1(model, args):
                       f"{np.mean([f - a for a, f, _ in of(runs, 'low')]):.1f}", f"{runs[last][1]}, {last}",
                       str(len(engine.step_log)), str(sum(len(r.preempted) for r in engine.step_log)))
     console.print(steps, "steps are the same on any machine; engine steps: the whole run")
-    clock = Table("policy", "urgent TTFT max s", "low TTFT mean s")
+    clock = Table(Column("policy", no_wrap=True), "urgent TTFT max s", "low TTFT mean s")
     for policy, runs in timed.items():
         clock.add_row(name[policy], cell([max(r.metrics.ttft_s for *_, r in of(run, "URGENT")) for run, _ in runs]),
                       cell([np.mean([r.metrics.ttft_s for *_, r in of(run, "low")]) for run, _ in runs]))
@@ -234,8 +234,8 @@ def part2(model, args):
     """The patient request without and with aging, in turns; prints the table. Returns the first runs."""
     first, timed = in_turns({aging: (lambda a=aging: starvation(model, args, a)) for aging in (NO_AGING, args.aging)},
                             args.repeats)
-    table = Table("aging", "patient: arrived step", "first token step", "waited steps", "urgent served before it",
-                  "queue s")
+    table = Table(Column("aging", no_wrap=True), "patient: arrived step", "first token step", "waited steps",
+                  "urgent served before it", "queue s")
     for aging, runs in first.items():
         a, f, _ = runs["patient"]
         ahead = sum(1 for k, (_, uf, _) in runs.items() if k != "patient" and uf < f)

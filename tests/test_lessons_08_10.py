@@ -149,14 +149,14 @@ def test_08_clock_table_schedule_answer_and_figure(lesson_08, real_model):
         steps, util, tok_step = rows["steps"][0], rows["slot util"][0], rows["tok/step"][0]
         assert 0 < util <= 1
         # Prompts fit the token budget, so every scheduled sequence samples one token: util = tokens/step / slots
-        assert util == pytest.approx(tok_step / m, abs=2e-3)
+        assert util == pytest.approx(tok_step / m, abs=0.0051 / m + 0.0006)   # both rounded
         assert tok_step == pytest.approx(tokens / steps, abs=0.006)
         for label in ("tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 ms", "ITL p99 ms"):
             best, median, spread = rows[label]
             if label == "tok/s":                                     # best is the highest
                 assert best - spread - 0.11 <= median <= best + 0.051
             else:                                                    # best is the lowest
-                assert best - 0.0011 <= median <= best + spread + 0.11
+                assert best - 0.11 <= median <= best + spread + 0.11
         if m == SLOTS:
             printed = check(out, rf"{policy}: steps (\d+), slot utilization {NUMBER}")
             assert (steps, util) == printed
