@@ -99,8 +99,8 @@ def in_turns(contenders: dict, repeats: int) -> tuple[dict, dict]:
     return first, timed
 
 
-def cell(values, fmt=".3f") -> str:
-    """'4.743 (4.800, 0.120)': the fastest run (what a quiet machine gives), the median, the spread (max - min)."""
+def cell(values, fmt=".2f") -> str:
+    """'4.74 (4.80, 0.12)': the fastest run (what a quiet machine gives), the median, the spread (max - min)."""
     return f"{min(values):{fmt}} ({np.median(values):{fmt}}, {max(values) - min(values):{fmt}})"
 
 
@@ -122,7 +122,7 @@ def below(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 def span(r, unit="s") -> str:
-    return f"{r[0]:.3f}-{r[1]:.3f} {unit}"
+    return f"{r[0]:.2f}-{r[1]:.2f} {unit}"
 
 
 def order_claims(output: str) -> list[Claim]:
