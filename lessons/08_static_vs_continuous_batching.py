@@ -281,8 +281,8 @@ def step_claims(output: str) -> list[Claim]:
         if plain:
             mixed_r, plain_r = (rows[mixed][0], sum(rows[mixed])), (plain[0], sum(plain))
             found.append(Claim("prefill-stalls", "a step that prefills a newcomer's prompt beside the decodes takes "
-                               f"longer than a decode-only step of {slots} sequences", below(plain_r, mixed_r),
-                               f"{span(mixed_r, 'ms')} vs {span(plain_r, 'ms')}"))
+                               f"longer than a decode-only step of {slots} sequence{'s' if slots != 1 else ''}",
+                               below(plain_r, mixed_r), f"{span(mixed_r, 'ms')} vs {span(plain_r, 'ms')}"))
     return found
 
 
