@@ -401,8 +401,8 @@ def test_10_claims_follow_the_printed_numbers(lesson_10):
     assert not decided(L10, refused)["admission"].holds
     # seconds: far apart they hold; overlapping they do not
     clock = "urgent TTFT max s"                                   # the seconds table's header
-    fast = edit_cell(edit_cell(lesson_10, "priority", 1, "0.100 (0.100, 0.010)", after=clock), "FCFS (continuous)",
-                     1, "9.000 (9.000, 0.010)", after=clock)
+    fast = edit_cell(edit_cell(lesson_10, "priority", 1, "0.10 (0.10, 0.01)", after=clock), "FCFS (continuous)",
+                     1, "9.00 (9.00, 0.01)", after=clock)
     assert decided(L10, fast)["urgent-sooner-s"].holds
-    slow = edit_cell(fast, "priority", 1, "8.999 (9.000, 0.010)", after=clock)
+    slow = edit_cell(fast, "priority", 1, "8.99 (9.00, 0.02)", after=clock)
     assert not decided(L10, slow)["urgent-sooner-s"].holds
