@@ -179,6 +179,9 @@ def table_cell(output: str, column: str, row: int, value: str) -> str:
 # One edit per lesson that makes a printed number contradict what the lesson teaches, and the claim that must fail.
 EDITS = {
     "04": ("cache-faster", lambda out: table_cell(out, "cache ms", -1, "999.9")),
+    "08": ("fewer-steps", lambda out: table_cell(out, "static,", 0, "1")),
+    "09": ("prefix-hits", lambda out: table_cell(out, "prefix_cache_hits", 1, "0")),
+    "10": ("urgent-first", lambda out: table_cell(out, "urgent: steps", 1, "[99]")),
 }
 
 
