@@ -111,8 +111,8 @@ class PrintedTable:
 
 
 def tables(text: str) -> list[PrintedTable]:
-    """Every table rich printed with a header (┏ ... ┃ names ┃ ... ┡ rows │ ... └), in order. A row whose first
-    cell is blank continues the row above (rich wrapped it)."""
+    """Every table rich printed with a header (┏ ... ┃ names ┃ ... ┡ rows │ ... └), in order. A line whose first
+    cell is blank, or whose other cells all are, continues the row above (rich wrapped it)."""
     found, columns, rows = [], None, None
     for line in text.splitlines():
         line = line.rstrip()
@@ -125,7 +125,7 @@ def tables(text: str) -> list[PrintedTable]:
             rows = []
         elif line.startswith("│") and rows is not None:
             cells = [c.strip() for c in line.strip("│").split("│")]
-            if rows and not cells[0]:
+            if rows and (not cells[0] or not any(cells[1:])):        # a wrapped cell: the row above goes on
                 rows[-1] = [f"{a} {c}".strip() for a, c in zip(rows[-1], cells)]
             else:
                 rows.append(cells)
