@@ -3,11 +3,16 @@ their outputs.
 
     python scripts/make_notebooks.py              # all five, executed (about a minute each on 2 busy cores)
     python scripts/make_notebooks.py 02 04        # only these
-    python scripts/make_notebooks.py --no-execute # write the cells only
+    python scripts/make_notebooks.py --no-execute # write the cells only (the tests want committed outputs: run
+                                                  # it executed, on a quiet machine, before committing)
 
 Why a script: a notebook's JSON is hard to review in a diff; these cells are plain Python and Markdown strings.
 Edit here, rerun, commit both. The notebooks execute from a fresh kernel with cwd notebooks/ (as the tests run them)
 and read the model from $MINITRANSFORMER_MODEL or the default location.
+
+Notebooks that print times (TIMED) are executed under a measure.Probe: when another program shared the cores, the
+executed copy is not written (one line says which and why) unless --allow-busy, so committed timings come from a
+quiet machine.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ from nbclient import NotebookClient
 
 from notebook_07_cells import CELLS as CELLS_07          # scripts/ is on sys.path when this file runs
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minitransformer.measure import Probe  # noqa: E402
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+TIMED = ("01", "02", "04")          # they print how long something took: executed only on a quiet machine
 
 SETUP = r'''import json, sys
 from pathlib import Path
@@ -760,22 +769,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="*", help=f"notebook numbers among {', '.join(ALL)} (default: all)")
     parser.add_argument("--no-execute", action="store_true", help="write the cells without running them")
+    parser.add_argument("--allow-busy", action="store_true",
+                        help="write a timed notebook executed while the machine was busy (by default it is not)")
     args = parser.parse_args()
     unknown = [w for w in args.which if w not in ALL]
     if unknown:
         parser.error(f"unknown notebook {unknown[0]!r}; choose among {', '.join(ALL)}")
+    refused = []
     for key in args.which or ALL:
         name, cells = ALL[key]
         nb = build(cells)
         start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        probe = Probe() if key in TIMED and not args.no_execute else None
         if not args.no_execute:
             NotebookClient(nb, timeout=600, kernel_name="python3",
                            resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         path = NOTEBOOKS / f"{name}.ipynb"
+        if probe:
+            quiet = probe.finish()
+            print(f"{name}: {quiet.line()}", file=sys.stderr)
+            if not quiet.quiet and not args.allow_busy:
+                print(f"not written: {path.name}: the machine was busy while it ran ({quiet.why_busy()}); close "
+                      "other programs and rerun, or pass --allow-busy", file=sys.stderr)
+                refused.append(name)
+                continue
         nbformat.write(nb, path)
         print(f"wrote {path} ({path.stat().st_size / 1000:.0f} KB); executed in {time.perf_counter() - start:.0f} s, "
               f"kernel CPU {used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime:.0f} s", file=sys.stderr)
+    if refused:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
