@@ -14,10 +14,16 @@ Measurements (measure_*, in viz_measure.py) come apart from the drawings (plot_*
 without the other;
 --only draws the figures named and measures only what they need. Every figure names the machine it was measured on.
 --quick runs tiny sweeps (the test uses it): too few numbers to read much from, but all of them real measurements.
+
+A timed figure (TIMED) is drawn only from a quiet run: a measure.Probe watches every measurement, and when another
+program took the cores or the calibration drifted, the figure is not written and one line says which and why
+(Quietness.why_busy). --allow-busy draws it anyway, with the reason in its title. Figures that time nothing (byte
+counts, shapes, block tables) are drawn whatever the load.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +33,20 @@ from .errors import InputError
 from .generate import generate
 from .kv_cache import estimate_kv_bytes
 from .loading import load_model
+from .measure import Probe, Quietness
 from .sampling_params import SamplingParams
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
 from .viz_measure import (FULL, QUICK, _ids, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
                           measure_peaks, measure_ttft)
-from .viz_flow import draw_request_flow
+from .viz_flow import draw_request_flow, run_request_flow
 from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png")
 CONCEPT_FIGURES = ("request_flow.png", "kv_cache_growth.png", "prefill_vs_decode_shapes.png", "paged_attention.png",
                    "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
+TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
+         "request_flow.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
 DPI = 100
 
 
@@ -59,10 +68,20 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def _runs(n: int) -> str:
+    return f"{n} run{'s' * (n != 1)}"
+
+
+def _slowest_bars(ax, x, fastest, slowest) -> None:
+    """A thin bar from each plotted (fastest) point up to the slowest run: how much the repeats moved."""
+    ax.vlines(x, fastest, slowest, colors="grey", linewidth=1, alpha=0.7)
+
+
 def plot_ttft(data: dict, where: str, path: Path) -> None:
     fig, ax = _figure("Time to first token vs prompt length (batch 1)", where)
     tokens, ttft = data["tokens"], np.array(data["ttft_s"]) * 1e3
-    ax.plot(tokens, ttft, "o-", label=f"TTFT (median of {data['repeats']} runs)")
+    ax.plot(tokens, ttft, "o-", label=f"TTFT, fastest of {_runs(data['repeats'])} (bar: up to the slowest)")
+    _slowest_bars(ax, tokens, ttft, np.array(data["ttft_max_s"]) * 1e3)
     for n, t, p in zip(tokens, ttft, data["prefill_s"]):           # prefill throughput at each point
         ax.annotate(f"{n / p:.0f} tok/s", (n, t), textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_xlabel("prompt length (tokens)")
@@ -76,7 +95,9 @@ def plot_itl(data: dict, model, bandwidth: float, where: str, path: Path) -> Non
     fig, ax = _figure("Inter-token latency vs context length (batch 1)", where)
     tokens = np.array(data["tokens"])
     floor = [(model.weight_bytes + estimate_kv_bytes(model.config, int(n))) / bandwidth for n in tokens]
-    ax.plot(tokens, np.array(data["itl_s"]) * 1e3, "o-", label="decode step (median)")
+    ax.plot(tokens, np.array(data["itl_s"]) * 1e3, "o-",
+            label=f"decode step, fastest of {data['steps']} (bar: up to the slowest)")
+    _slowest_bars(ax, tokens, np.array(data["itl_s"]) * 1e3, np.array(data["itl_max_s"]) * 1e3)
     ax.plot(tokens, np.array(floor) * 1e3, "k:", label=f"floor: (weights + KV cache) / {bandwidth / 1e9:.1f} GB/s")
     ax.set_xlabel("context length (tokens already in the KV cache)")
     ax.set_ylabel("inter-token latency (ms)")
@@ -89,12 +110,13 @@ def plot_cache_vs_no_cache(data: dict, where: str, path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
     fig, ax = _figure(f"Step time with and without the KV cache ({data['prompt_tokens']}-token prompt, greedy)", where)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for key, label, style in (("with_cache_s", "with KV cache", "o-"), ("no_cache_s", "no cache (recompute all)", "s-")):
-        steps = np.array(data[key][1:]) * 1e3                     # decode steps; step 0 (prefill) is the same work
+    for key, label, style in (("with_cache", "with KV cache", "o-"), ("no_cache", "no cache (recompute all)", "s-")):
+        steps = np.array(data[f"{key}_s"][1:]) * 1e3              # decode steps; step 0 (prefill) is the same work
+        total = data[f"{key}_total"]
         ax.plot(np.arange(1, len(steps) + 1), steps, style, markersize=3,
-                label=f"{label}: total {sum(data[key]):.2f} s")
+                label=f"{label}: request {total.min:.2f} s (median {total.median:.2f}, spread {total.spread:.2f})")
     ax.set_xlabel("output token number (decode step)")
-    ax.set_ylabel("step time (ms)")
+    ax.set_ylabel(f"step time (ms), fastest of {_runs(data['runs'])} each")
     ax.set_ylim(bottom=0)
     ax.legend()
     _save(fig, path)
@@ -161,21 +183,33 @@ def select_figures(only: str | None) -> list[str]:
     return [name for name in everything if name in wanted]
 
 
+def busy_title(quiet: Quietness) -> str:
+    """The extra title line of a figure drawn from a busy run with --allow-busy: what disturbed it."""
+    return "\n".join(textwrap.wrap(f"BUSY machine, drawn with --allow-busy: {quiet.why_busy()}", 80))
+
+
+def refusal(name: str, quiet: Quietness) -> str:
+    """The one line that says a timed figure was not written, and why."""
+    return (f"not drawn: {name}: the machine was busy while it was measured ({quiet.why_busy()}); close other "
+            "programs and rerun, or pass --allow-busy to draw it with that in its title")
+
+
 def make_figures(out: str | Path = "figures", quick: bool = False, model_path=None, console=None,
-                 only: str | None = None) -> list[Path]:
-    """Measure what the chosen figures need, draw them into `out` (all of them unless `only`), return their paths.
-    Progress goes to `console`."""
+                 only: str | None = None, allow_busy: bool = False) -> list[Path]:
+    """Measure what the chosen figures need, draw them into `out` (all of them unless `only`), return the paths
+    written. Progress, the quietness line and any refusal go to `console`. A timed figure measured while the
+    machine was busy is not written (one line names it and why) unless allow_busy."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 
     names, sweep = select_figures(only), QUICK if quick else FULL
     needs = {need for name in names for need in NEEDS.get(name, ())}
     measures = {"ttft": ("TTFT over prompt lengths", measure_ttft, len(sweep.prompt_lengths)),
                 "itl": ("ITL over context lengths", measure_itl, len(sweep.context_lengths)),
-                "steps": ("cache vs no cache", measure_cache_vs_no_cache, 2),
+                "steps": ("cache vs no cache", measure_cache_vs_no_cache, 2 * sweep.step_runs),
                 "kv": ("KV cache bytes", measure_kv_bytes, len(sweep.kv_batches)),
                 "peaks": ("bandwidth and GEMM peaks", measure_peaks, 2)}      # (progress label, function, ticks)
+    timed = [name for name in names if name in TIMED]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -189,22 +223,36 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         model = load_model(model_path)
         progress.advance(task)
         generate(model, _ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
+        probe = Probe() if timed else None                          # watches every timed measurement below
         m = {key: run(model, sweep, stage(label)) for key, (label, run, _) in measures.items() if key in needs}
+        if "request_flow.png" in names:
+            stage("request flow (timed run)")
+            m["flow"] = run_request_flow(model, repeats=1 if quick else 3)
+        quiet = probe.finish() if probe else None
+        if quiet:
+            progress.console.print(quiet.line(), markup=False, highlight=False, soft_wrap=True)
+        busy = quiet is not None and not quiet.quiet
         tick, machine = stage("drawing"), machine_label()
-        where, c = f"{model.path.stem} | measured on {machine}", model.config
+        plain, c = f"{model.path.stem} | measured on {machine}", model.config
+        where = plain + ("\n" + busy_title(quiet) if busy and allow_busy else "")          # for the timed ones
+        flow_where = f"measured on {machine}" + ("\n" + busy_title(quiet) if busy and allow_busy else "")
         draw = {"ttft_vs_prompt_length.png": lambda p: plot_ttft(m["ttft"], where, p),
                 "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"]["bandwidth"], where, p),
                 "step_time_cache_vs_no_cache.png": lambda p: plot_cache_vs_no_cache(m["steps"], where, p),
-                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, where, p),
+                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, plain, p),
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
                                                         where, p),
-                "request_flow.png": lambda p: draw_request_flow(model, p, f"measured on {machine}",
-                                                                repeats=1 if quick else 3),
+                "request_flow.png": lambda p: draw_request_flow(model, p, flow_where, data=m["flow"]),
                 "kv_cache_growth.png": lambda p: draw_kv_cache_growth(model, p),
                 "prefill_vs_decode_shapes.png": lambda p: draw_prefill_vs_decode_shapes(model, p),
                 "paged_attention.png": lambda p: draw_paged_attention(model, p),
                 "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p)}
+        written = []
         for name in names:
-            draw[name](out / name)
+            if busy and name in TIMED and not allow_busy:
+                progress.console.print(refusal(name, quiet), markup=False, highlight=False, soft_wrap=True)
+            else:
+                draw[name](out / name)
+                written.append(out / name)
             tick()
-    return [out / name for name in names]
+    return written

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .generate import generate
+from .measure import Timing, time_calls
 from .metrics import now
 from .sampling_params import SamplingParams
 from .viz_concepts import _plt
@@ -118,13 +119,16 @@ def source_file(target: str) -> str:
 # ---------------------------------------------------------------------------------------------------- the run
 
 def run_request_flow(model, prompt=FLOW_PROMPT, chat: bool = True, repeats: int = FLOW_REPEATS) -> dict:
-    """One request through generate() with every stage timed, `repeats` times; returns the stage times and metrics
-    of the fastest run (the others were slowed by whatever else the machine was doing, as timeit's min assumes)."""
-    generate(model, prompt, SamplingParams(max_tokens=2, temperature=0.0), chat=chat)      # warm-up, not drawn
+    """One request through generate() with every stage timed, `repeats` times after a warm-up (measure.time_calls
+    makes the calls); returns the stage times and metrics of the fastest run (the others were slowed by whatever
+    else the machine was doing, as measure.py's minimum assumes) and the Timing of all of their e2e times."""
     runs = []
-    for _ in range(repeats):
+
+    def timed_request():
         with StageTimer() as timer:
             runs.append((generate(model, prompt, FLOW_PARAMS, chat=chat), timer))
+    time_calls(timed_request, repeats=repeats, warmup=1)
+    runs = runs[1:]                                             # the warm-up's run is not drawn
     result, timer = min(runs, key=lambda run: run[0].metrics.e2e_s)
     m = result.metrics
     timeline = {"queue": m.queue_s, "prefill + first sample": m.prefill_s,
@@ -135,7 +139,8 @@ def run_request_flow(model, prompt=FLOW_PROMPT, chat: bool = True, repeats: int 
     timed = sum(timer.seconds[stage] for stage in STAGES if stage not in NESTED)
     return {"stages": stages, "timeline": timeline, "e2e_s": m.e2e_s, "ttft_s": m.ttft_s,
             "untimed_s": m.e2e_s - timed, "metrics": m, "result": result,
-            "e2e_of_runs": [r.metrics.e2e_s for r, _ in runs]}
+            "e2e_of_runs": [r.metrics.e2e_s for r, _ in runs],
+            "e2e": Timing(tuple(r.metrics.e2e_s for r, _ in runs))}
 
 
 # ---------------------------------------------------------------------------------------------------- the drawing
@@ -168,11 +173,13 @@ def _box_text(stage: str, data: dict) -> str:
 
 
 def draw_request_flow(model, path, where: str = "", prompt=FLOW_PROMPT, chat: bool = True,
-                      repeats: int = FLOW_REPEATS) -> dict:
-    """Run one timed request and draw its stages as boxes and arrows with their measured times; return the data."""
+                      repeats: int = FLOW_REPEATS, data: dict | None = None) -> dict:
+    """Run one timed request (or take `data`, run_request_flow's, measured earlier) and draw its stages as boxes and
+    arrows with their measured times; return the data."""
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
     plt = _plt()
-    data = run_request_flow(model, prompt, chat, repeats)
+    data = data or run_request_flow(model, prompt, chat, repeats)
+    repeats = len(data["e2e_of_runs"])
     fig, ax = plt.subplots(figsize=(13, 6.6))
     centres = {}
     for stage, x, y, what in BOXES:
@@ -212,10 +219,12 @@ def draw_request_flow(model, path, where: str = "", prompt=FLOW_PROMPT, chat: bo
 
     _timeline(ax, data)
     result = data["result"]
+    runs = f"{repeats} run{'s' * (repeats != 1)}"
     ax.set_title(f"One request through the engine, each stage with the file that does it and its measured time\n"
                  f"generate() on {model.path.stem}: {result.usage.prompt_tokens}-token {'chat ' * chat}prompt, "
-                 f"{result.usage.completion_tokens} new tokens (greedy), the fastest of {repeats} runs: e2e "
-                 f"{_ms(data['e2e_s'])}, TTFT {_ms(data['ttft_s'])}" + (f"\n{where}" if where else ""), fontsize=10)
+                 f"{result.usage.completion_tokens} new tokens (greedy), the fastest of {runs}: e2e "
+                 f"{_ms(data['e2e_s'])} (median {_ms(data['e2e'].median)}, slowest {_ms(data['e2e'].max)}), "
+                 f"TTFT {_ms(data['ttft_s'])}" + (f"\n{where}" if where else ""), fontsize=10)
     ax.set_xlim(-0.3, 13.3)
     ax.set_ylim(-1.6, 4.0)
     ax.axis("off")

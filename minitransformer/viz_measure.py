@@ -1,13 +1,16 @@
 """The measurements behind figures/*.png (viz.py draws them): each a sweep of the engine itself on this machine.
 
 Kept apart from the drawings so a reader can rerun a measurement without matplotlib, and viz.py stays a short read.
+Every timing follows measure.py's rules: a warm-up call first, then repeats, and the fastest repeat is the figure
+drawn (noise on a shared machine only adds time), with the median and the slowest kept next to it; the two
+contenders of a comparison (with and without the KV cache) run in turns. `minitransformer figures` watches the
+whole sweep with a measure.Probe and refuses to draw a timed figure from a busy run (viz.make_figures).
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +19,7 @@ from .bench.machine import measure_copy_bandwidth, measure_gemm_flops
 from .decode import decode_step
 from .generate import generate
 from .kv_cache import KVCache
-from .metrics import now
+from .measure import Timing, interleaved, time_calls
 from .prefill import prefill
 from .sampling_params import SamplingParams
 
@@ -28,17 +31,18 @@ class Sweep:
     """What each figure measures; FULL fits in about 3 minutes on 2 cores, QUICK in seconds."""
     prompt_lengths: tuple[int, ...]
     context_lengths: tuple[int, ...]
-    decode_steps: int            # decode steps timed per context length (the median is plotted)
-    repeats: int                 # TTFT runs per prompt length (the median is plotted)
+    decode_steps: int            # decode steps timed per context length (the fastest is plotted)
+    repeats: int                 # TTFT runs per prompt length (the fastest is plotted)
     no_cache_tokens: int         # new tokens of the cache vs no-cache request
     kv_lengths: tuple[int, ...]  # prompt lengths whose cache bytes are measured, per batch size
     kv_batches: tuple[int, ...]
     copy_bytes: int
     gemm_n: int
+    step_runs: int = 1           # requests each way, in turns, of the cache vs no-cache figure (per step: fastest)
 
 
 FULL = Sweep((32, 64, 128, 256, 512, 1024), (32, 256, 512, 1024, 2048), 5, 3, 128, (16, 64, 128), (1, 4, 16),
-             256 * 2**20, 1024)
+             256 * 2**20, 1024, step_runs=3)
 QUICK = Sweep((8, 32), (8, 32), 2, 1, 6, (4, 8), (1, 4), 32 * 2**20, 256)
 
 
@@ -60,48 +64,73 @@ def _ids(model, n: int) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------------- measure
 
+def _repeat(run, repeats: int) -> list:
+    """What `repeats` calls of run() returned, after one warm-up call whose result is dropped (measure.time_calls
+    makes the calls: its warm-up first, then the repeats)."""
+    results = []
+    time_calls(lambda: results.append(run()), repeats=repeats, warmup=1)
+    return results[1:]
+
+
+def _spread(key: str, timing: Timing) -> dict:
+    """{key: fastest, key_median: median, key_max: slowest} in seconds: the figure and how far to trust it."""
+    stem = key.removesuffix("_s")
+    return {key: timing.min, f"{stem}_median_s": timing.median, f"{stem}_max_s": timing.max}
+
+
 def measure_ttft(model, sweep: Sweep, tick) -> dict:
-    """prompt tokens -> median TTFT and prefill seconds of a 1-token request (generate's own metrics)."""
-    ttft, prefill_s = [], []
+    """prompt tokens -> TTFT and prefill seconds of a 1-token request (generate's own metrics): fastest of
+    `repeats` runs after a warm-up at the same length, with the median and the slowest."""
+    columns: dict[str, list[float]] = {}
     params = SamplingParams(max_tokens=1, temperature=0.0)
     for n in sweep.prompt_lengths:
-        runs = [generate(model, _ids(model, n), params).metrics for _ in range(sweep.repeats)]
-        ttft.append(statistics.median(m.ttft_s for m in runs))
-        prefill_s.append(statistics.median(m.prefill_s for m in runs))
+        ids = _ids(model, n)
+        runs = [result.metrics for result in _repeat(lambda: generate(model, ids, params), sweep.repeats)]
+        for key, values in (_spread("ttft_s", Timing(tuple(m.ttft_s for m in runs))) | _spread(
+                "prefill_s", Timing(tuple(m.prefill_s for m in runs)))).items():
+            columns.setdefault(key, []).append(values)
         tick()
-    return {"tokens": list(sweep.prompt_lengths), "ttft_s": ttft, "prefill_s": prefill_s, "repeats": sweep.repeats}
+    return {"tokens": list(sweep.prompt_lengths), **columns, "repeats": sweep.repeats}
 
 
 def measure_itl(model, sweep: Sweep, tick) -> dict:
-    """context tokens -> median seconds of one decode_step with that many tokens already cached."""
-    itl = []
+    """context tokens -> seconds of one decode_step with that many tokens already cached: measure.time_calls, one
+    warm-up step then `decode_steps` timed ones (each adds a token, so the context grows by at most that many)."""
+    columns: dict[str, list[float]] = {}
     for n in sweep.context_lengths:
         cache = KVCache(model.config, n + sweep.decode_steps + 1, xp=model.xp)
         prefill(model, _ids(model, n), cache)
-        times = []
-        for _ in range(sweep.decode_steps + 1):                  # the first step is a warm-up
-            start = now()
-            decode_step(model, [42], cache)
-            times.append(now() - start)
-        itl.append(statistics.median(times[1:]))
+        timing = time_calls(lambda: decode_step(model, [42], cache), repeats=sweep.decode_steps, warmup=1)
+        for key, value in _spread("itl_s", timing).items():
+            columns.setdefault(key, []).append(value)
         tick()
-    return {"tokens": list(sweep.context_lengths), "itl_s": itl}
+    return {"tokens": list(sweep.context_lengths), **columns, "steps": sweep.decode_steps}
 
 
 def measure_cache_vs_no_cache(model, sweep: Sweep, tick) -> dict:
-    """Per-step seconds of one greedy request with the cache and without it (the same tokens, checked)."""
+    """Per-step seconds of one greedy request with the cache and without it (the same tokens, checked): `step_runs`
+    requests each way, in turns (measure.interleaved), each step the fastest of its runs; the requests' totals as
+    Timings. make_figures' warm-up comes before; a warm-up of its own would cost a whole no-cache request."""
     params = SamplingParams(max_tokens=sweep.no_cache_tokens, temperature=0.0, ignore_eos=True)
     prompt = _ids(model, 32)
-    runs = {}
-    for label, use_cache in (("with KV cache", True), ("no cache (recompute)", False)):
-        result = generate(model, prompt, params, use_cache=use_cache)
-        m = result.metrics
-        runs[label] = (result.token_ids, [m.prefill_s] + m.itl_s)    # step 0 = prefill + first sample
-        tick()
-    (a, with_cache), (b, without) = runs.values()
-    if a != b:
+    results: dict[str, list] = {"with_cache": [], "no_cache": []}
+
+    def request(key: str, use_cache: bool):
+        def run():
+            results[key].append(generate(model, prompt, params, use_cache=use_cache))
+            tick()
+        return run
+    totals = interleaved({"with_cache": request("with_cache", True), "no_cache": request("no_cache", False)},
+                         repeats=sweep.step_runs, warmup=0)
+    tokens = {tuple(r.token_ids) for runs in results.values() for r in runs}
+    if len(tokens) != 1:
         raise RuntimeError("cache and no-cache tokens differ: the comparison is void")
-    return {"prompt_tokens": len(prompt), "with_cache_s": with_cache, "no_cache_s": without}
+    out = {"prompt_tokens": len(prompt), "runs": sweep.step_runs}
+    for key, runs in results.items():
+        steps = [[r.metrics.prefill_s] + list(r.metrics.itl_s) for r in runs]   # step 0 = prefill + first sample
+        out[f"{key}_s"] = [min(column) for column in zip(*steps)]
+        out[f"{key}_total"] = totals[key]
+    return out
 
 
 def measure_kv_bytes(model, sweep: Sweep, tick) -> dict:

@@ -10,6 +10,8 @@ words):
 - the ratio of each time to the first one's, beside the ratio of the lengths (linear: the two are equal);
 - the time to refuse a prompt of the longest length that cannot fit the context (`make_request` stops tokenizing once
   the prompt has more tokens than the context leaves room for).
+Each time goes through measure.time_calls: a warm-up, then --repeats runs (the word cache emptied before each); the
+fastest is shown with the median and spread, and the ratios divide fastest by fastest.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import random
 import string
 import sys
-import time
 from types import SimpleNamespace
 
 from rich.console import Console
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams  # noqa: E402
 from minitransformer.errors import InputError  # noqa: E402
 from minitransformer.generate import make_request  # noqa: E402
+from minitransformer.measure import Timing, time_calls  # noqa: E402
 from minitransformer.tokenizer import load_tokenizer  # noqa: E402
 
 
@@ -36,24 +38,35 @@ def random_word(length: int, rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_lowercase) for _ in range(length))
 
 
-def time_encode(tokenizer, text: str) -> tuple[float, int]:
-    """Seconds to encode `text` from scratch (the word cache would otherwise answer a repeated word at once)."""
-    tokenizer._cache.clear()
-    start = time.perf_counter()
-    ids = tokenizer.encode(text)
-    return time.perf_counter() - start, len(ids)
+def time_encode(tokenizer, text: str, repeats: int = 3) -> tuple[Timing, int]:
+    """Seconds to encode `text` from scratch (the word cache would otherwise answer a repeated word at once; emptying
+    it is inside the timed call, and costs nothing next to the encoding)."""
+    ids = []
+
+    def encode():
+        tokenizer._cache.clear()
+        ids[:] = tokenizer.encode(text)
+    return time_calls(encode, repeats=repeats), len(ids)
 
 
-def time_refusal(tokenizer, text: str, context_length: int) -> tuple[float, str]:
+def time_refusal(tokenizer, text: str, context_length: int, repeats: int = 3) -> tuple[Timing, str]:
     """Seconds until make_request refuses `text` as too long for the context, and its message."""
-    tokenizer._cache.clear()
     model = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(context_length=context_length))
-    start = time.perf_counter()
-    try:
-        make_request(model, text, SamplingParams(max_tokens=16))
-    except InputError as e:
-        return time.perf_counter() - start, str(e)
-    raise SystemExit(f"a {len(text)}-letter prompt fit in a context of {context_length} tokens: nothing refused")
+    messages = []
+
+    def refuse():
+        tokenizer._cache.clear()
+        try:
+            make_request(model, text, SamplingParams(max_tokens=16))
+        except InputError as e:
+            messages.append(str(e))
+            return
+        raise SystemExit(f"a {len(text)}-letter prompt fit in a context of {context_length} tokens: nothing refused")
+    return time_calls(refuse, repeats=repeats), messages[-1]
+
+
+def seconds(t: Timing) -> str:
+    return f"{t.min:.3f} (median {t.median:.3f}, spread {t.spread:.3f})"
 
 
 def main() -> None:
@@ -62,27 +75,27 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4000, 16000, 32000], metavar="N")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context", type=int, default=8192, help="context length of the refusal test")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure after a warm-up")
     args = parser.parse_args()
 
     tokenizer = load_tokenizer(args.model)
     rng = random.Random(args.seed)
     words = [random_word(n, rng) for n in args.lengths]
-    time_encode(tokenizer, "warm up the regex and the dictionaries")
 
     table = Table(title=f"BPE on one random word per length (seed {args.seed})", title_justify="left")
-    for column in ("letters", "tokens", "seconds", "time ratio", "length ratio"):
+    for column in ("letters", "tokens", "seconds: fastest (median, spread)", "time ratio", "length ratio"):
         table.add_column(column, justify="right")
     first = None
     for word in words:
-        seconds, n_tokens = time_encode(tokenizer, word)
-        first = first or (seconds, len(word))
-        table.add_row(f"{len(word):,}", f"{n_tokens:,}", f"{seconds:.3f}", f"{seconds / first[0]:.1f}x",
+        timing, n_tokens = time_encode(tokenizer, word, args.repeats)
+        first = first or (timing.min, len(word))
+        table.add_row(f"{len(word):,}", f"{n_tokens:,}", seconds(timing), f"{timing.min / first[0]:.1f}x",
                       f"{len(word) / first[1]:.1f}x")
     console = Console()
     console.print(table)
-    seconds, message = time_refusal(tokenizer, words[-1], args.context)
+    timing, message = time_refusal(tokenizer, words[-1], args.context, args.repeats)
     console.print(f"refusing the {len(words[-1]):,}-letter prompt in a {args.context}-token context: "
-                  f"{seconds:.3f} s\n  {message}")
+                  f"{seconds(timing)} s\n  {message}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """What scripts/gpu_check.py measures, one function per number: greedy tokens and logits, decode and prefill
 tokens per second (generate()'s path and the serving Engine's, with and without CUDA graphs), and HF transformers'
 decode on the same GPU. Each takes a loaded model and works on either device (the --device cpu dry run uses them).
+Every timing goes through minitransformer/measure.py: a warm-up, then repeats (each after its own untimed setup where
+a run changes its cache), and the fastest run's rate is returned (noise only ever adds time).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,10 @@ import numpy as np
 from minitransformer.backend import synchronize, to_host
 from minitransformer.decode import decode_step
 from minitransformer.kv_cache import KVCache
+from minitransformer.measure import Timing, time_calls
 from minitransformer.prefill import prefill
+
+REPEATS = 3
 
 
 def greedy(model, ids: list[int], steps: int):
@@ -31,18 +35,21 @@ def greedy(model, ids: list[int], steps: int):
 
 def decode_speed(model, batch: int, prompt_len: int = 32, steps: int = 32) -> float:
     """generate()'s decode path (contiguous KVCache) in tokens per second after a `prompt_len` prefill, token choice
-    on the device."""
+    on the device: the fastest of REPEATS runs, each on a fresh cache after an untimed prefill and warm-up step."""
     xp = model.xp
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch, prompt_len))
-    cache = KVCache(model.config, max_len=prompt_len + steps + 1, batch=batch, xp=xp)
-    token = prefill(model, ids, cache).argmax(-1)                        # (B,)
-    token = decode_step(model, token, cache).argmax(-1)                  # warm-up step
-    synchronize(xp)
-    start = time.perf_counter()
-    for _ in range(steps - 1):
-        token = decode_step(model, token, cache).argmax(-1)
-    synchronize(xp)
-    return batch * (steps - 1) / (time.perf_counter() - start)
+    seconds = []
+    for _ in range(REPEATS):
+        cache = KVCache(model.config, max_len=prompt_len + steps + 1, batch=batch, xp=xp)
+        token = prefill(model, ids, cache).argmax(-1)                    # (B,)
+        token = decode_step(model, token, cache).argmax(-1)              # warm-up step
+        synchronize(xp)
+
+        def steps_run(token=token):
+            for _ in range(steps - 1):
+                token = decode_step(model, token, cache).argmax(-1)
+        seconds.append(time_calls(steps_run, repeats=1, warmup=0, sync=lambda: synchronize(xp)).min)
+    return batch * (steps - 1) / Timing(tuple(seconds)).min
 
 
 def engine_decode(model, batch: int, cuda_graphs: bool, prompt_len: int = 32, steps: int = 64) -> dict:
@@ -67,12 +74,9 @@ def engine_decode(model, batch: int, cuda_graphs: bool, prompt_len: int = 32, st
 def prefill_speed(model, tokens: int) -> float:
     xp = model.xp
     ids = np.random.default_rng(1).integers(0, model.config.vocab_size, tokens).tolist()
-    prefill(model, ids[:64], KVCache(model.config, max_len=64, xp=xp))   # warm-up
-    synchronize(xp)
-    start = time.perf_counter()
-    prefill(model, ids, KVCache(model.config, max_len=tokens, xp=xp))
-    synchronize(xp)
-    return tokens / (time.perf_counter() - start)
+    timing = time_calls(lambda: prefill(model, ids, KVCache(model.config, max_len=tokens, xp=xp)), repeats=REPEATS,
+                        sync=lambda: synchronize(xp))                    # a warm-up, then the fastest of REPEATS
+    return tokens / timing.min
 
 
 def hf_decode_speed(model_path: Path, steps: int = 64) -> dict:
@@ -89,8 +93,6 @@ def hf_decode_speed(model_path: Path, steps: int = 64) -> dict:
     ids = torch.randint(0, hf.config.vocab_size, (1, 32), device="cuda")
     with torch.no_grad():
         hf.generate(ids, max_new_tokens=4, do_sample=False)              # warm-up
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
-        torch.cuda.synchronize()
-    return {"tok_per_s": (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)}
+        timing = time_calls(lambda: hf.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False),
+                            repeats=REPEATS, warmup=0, sync=torch.cuda.synchronize)
+    return {"tok_per_s": steps / timing.min}

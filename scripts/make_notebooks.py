@@ -3,11 +3,16 @@ their outputs.
 
     python scripts/make_notebooks.py              # all five, executed (about a minute each on 2 busy cores)
     python scripts/make_notebooks.py 02 04        # only these
-    python scripts/make_notebooks.py --no-execute # write the cells only
+    python scripts/make_notebooks.py --no-execute # write the cells only (the tests want committed outputs: run
+                                                  # it executed, on a quiet machine, before committing)
 
 Why a script: a notebook's JSON is hard to review in a diff; these cells are plain Python and Markdown strings.
 Edit here, rerun, commit both. The notebooks execute from a fresh kernel with cwd notebooks/ (as the tests run them)
 and read the model from $MINITRANSFORMER_MODEL or the default location.
+
+Notebooks that print times (TIMED) are executed under a measure.Probe: when another program shared the cores, the
+executed copy is not written (one line says which and why) unless --allow-busy, so committed timings come from a
+quiet machine.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from nbclient import NotebookClient
 
 from notebook_07_cells import CELLS as CELLS_07          # scripts/ is on sys.path when this file runs
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minitransformer.measure import Probe  # noqa: E402
 
-SETUP = r'''import json, sys, time
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+TIMED = ("01", "02", "04")          # they print how long something took: executed only on a quiet machine
+
+SETUP = r'''import json, sys
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +226,7 @@ prefill agree; the residual stream of the last token grows over the layers (each
 final RMSNorm rescales it before `lm_head`.
 '''), code(r'''
 from minitransformer import KVCache
+from minitransformer.measure import time_calls
 from minitransformer.prefill import prefill
 
 h = h0
@@ -228,12 +238,15 @@ for i, L in enumerate(model.layers):
 by_hand = rms_norm(h[-1:], model.final_norm, cfg.norm_eps) @ model.lm_head           # (1, V)
 
 cache = KVCache(cfg, max_len=T + 1)
-t0 = time.perf_counter()
 logits = prefill(model, ids, cache)                                                  # (1, V)
-prefill_s = time.perf_counter() - t0
 hand_vs_prefill = float(np.abs(by_hand - logits).max())
-print(f"prefill of {T} tokens: {prefill_s * 1e3:.0f} ms, logits {logits.shape} {logits.dtype}; cache now holds "
-      f"{cache.length} tokens; max |hand - prefill| = {hand_vs_prefill:.1e}")
+print(f"prefill of {T} tokens: logits {logits.shape} {logits.dtype}; cache now holds {cache.length} tokens; "
+      f"max |hand - prefill| = {hand_vs_prefill:.1e}")
+
+# Its time: one warm-up call, then 5 prefills into fresh caches (measure.time_calls). The fastest is the figure a
+# quiet machine gives (noise only adds time); the median and the spread say how much this machine moved meanwhile.
+prefill_t = time_calls(lambda: prefill(model, ids, KVCache(cfg, max_len=T + 1)), repeats=5)
+print(f"prefill of {T} tokens took {prefill_t.ms()}")
 print(f"|h| of the last token: {residual_norms[0]:.1f} (embedding) -> {max(residual_norms):.1f} (largest, after "
       f"{int(np.argmax(residual_norms))} layers) -> {residual_norms[-1]:.1f} (after all {cfg.n_layers})")
 assert logits.dtype == np.float32 and cache.length == T and hand_vs_prefill < 1e-3
@@ -320,12 +333,10 @@ all stored rows. Greedy here: the next token is the argmax of the logits. Look a
 one token each step; the work per step is one token, while recomputing would be the whole sequence.
 '''), code(r'''
 tokens = [int(np.argmax(logits[0]))]                   # the first new token comes from prefill's logits
-lengths, bytes_used, step_logits, step_s = [cache.length], [cache.bytes_used], [logits[0].copy()], []
+lengths, bytes_used, step_logits = [cache.length], [cache.bytes_used], [logits[0].copy()]
 print("step  fed token        position  cache length  bytes used   next token")
 for step in range(N):
-    t0 = time.perf_counter()
     logits = decode_step(model, [tokens[-1]], cache)    # (1, V)
-    step_s.append(time.perf_counter() - t0)
     print(f"{step + 1:4d}  {tok.id_to_piece(tokens[-1])!r:14} {cache.length - 1:8d}  {cache.length:12d}  "
           f"{cache.bytes_used:10,}   {tok.id_to_piece(int(np.argmax(logits[0])))!r}")
     tokens.append(int(np.argmax(logits[0])))
@@ -365,9 +376,7 @@ class Recorder:
 
 sequence = ids + tokens[:-1]                            # everything the cache holds: T + N tokens
 rec = Recorder()
-t0 = time.perf_counter()
 full = model.forward(np.array([sequence]), np.arange(len(sequence))[None], rec)         # (1, T + N, V)
-full_s = time.perf_counter() - t0
 key_diff = max(float(np.abs(cache.k[l, 0] - rec.k[l][0]).max()) for l in range(cfg.n_layers))
 value_diff = max(float(np.abs(cache.v[l, 0] - rec.v[l][0]).max()) for l in range(cfg.n_layers))
 logits_diff = float(np.abs(np.stack(step_logits) - full[0, T - 1:]).max())
@@ -375,11 +384,44 @@ full_tokens = [int(t) for t in full[0, T - 1:].argmax(-1)]
 print(f"max |cached - recomputed| over 30 layers: keys {key_diff:.1e}, values {value_diff:.1e}; "
       f"logits of all {N + 1} steps {logits_diff:.1e}")
 print(f"greedy tokens from the full pass == decoded tokens: {full_tokens == tokens}")
-print(f"measured here: one decode step {np.median(step_s) * 1e3:.0f} ms (1 token through the model); "
-      f"the full pass over {len(sequence)} tokens {full_s * 1e3:.0f} ms")
 assert key_diff < 1e-4 and value_diff < 1e-4 and logits_diff < 1e-3 and full_tokens == tokens
 '''), md(r'''
-## 5. The same loop inside `generate`
+## 5. What the cache saves, in time
+
+The full pass did the work of all T + N tokens; a decode step does one token's, reading the rest from the cache.
+`measure.interleaved` times the two in turns (step, pass, step, pass, ...) after a warm-up of each, so a busy
+moment of the machine slows both alike. Each is reported as its fastest run (what a quiet machine gives), with the
+median and the spread (slowest - fastest) next to it. The step is always the same one: the last token at context
+T + N - 1, rolled back with `KVCache.truncate` after each run. Look at: whether the two ranges are apart; only then
+does this run show which is faster, and by how much.
+'''), code(r'''
+from minitransformer.measure import interleaved
+
+step_cache = KVCache(cfg, max_len=len(sequence))
+prefill(model, sequence[:-1], step_cache)               # the context before the last token
+
+def one_step():
+    decode_step(model, [sequence[-1]], step_cache)      # 1 token through the model, attending to the cache
+    step_cache.truncate(len(sequence) - 1)              # rolled back: every run times the same step
+
+def full_pass():
+    model.forward(np.array([sequence]), np.arange(len(sequence))[None])    # all T + N tokens, no cache
+
+t = interleaved({"one decode step": one_step, f"full pass over {len(sequence)} tokens": full_pass}, repeats=5)
+for name, timing in t.items():
+    print(f"{name}: {timing.ms()}")
+step, full_t = t.values()
+if full_t.min > step.max:
+    print(f"every full pass was slower than every decode step: the fastest pass took {full_t.min / step.min:.1f}x "
+          "the fastest step")
+elif step.min > full_t.max:
+    print("every decode step was slower than every full pass: this run contradicts what the cache is for; "
+          "rerun on a quiet machine")
+else:
+    print("the two ranges overlap: this run cannot tell which is faster (the machine was busy?); rerun on a "
+          "quiet machine")
+'''), md(r'''
+## 6. The same loop inside `generate`
 
 `generate` runs exactly these stages (`CachedRunner` in generate.py: prefill, then `decode_step` per token) plus
 the sampler, the stop checks and the detokenizer. Greedy, it gives the same tokens, and reports how much cache the
@@ -671,8 +713,9 @@ Every request records when it arrived, when it was scheduled, when each token wa
 all on one monotonic clock. The serving metrics are derived from those (vLLM's definitions):
 TTFT = first token - arrival (what the user waits for), ITL = the gaps between tokens, TPOT = (e2e - TTFT) /
 (n - 1), decode tokens/s = 1 / TPOT. Look at: the wait for the first token (the prompt's prefill) against the
-gaps after it (one decode step each). The times are what the machine that executed this copy measured; on a
-shared machine they vary from run to run, the relations between them do not.
+gaps after it (one decode step each). These are one request's times, as the machine that executed this copy
+measured them: the definitions hold for any run, the numbers only for this one (a busy machine moves them; lesson
+02 times each phase repeatedly and says when its numbers show a difference).
 '''), code(r'''
 chat_result = generate(model, "Write one sentence about the sea.", SamplingParams(temperature=0.0, max_tokens=16),
                        chat=True)
@@ -726,22 +769,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="*", help=f"notebook numbers among {', '.join(ALL)} (default: all)")
     parser.add_argument("--no-execute", action="store_true", help="write the cells without running them")
+    parser.add_argument("--allow-busy", action="store_true",
+                        help="write a timed notebook executed while the machine was busy (by default it is not)")
     args = parser.parse_args()
     unknown = [w for w in args.which if w not in ALL]
     if unknown:
         parser.error(f"unknown notebook {unknown[0]!r}; choose among {', '.join(ALL)}")
+    refused = []
     for key in args.which or ALL:
         name, cells = ALL[key]
         nb = build(cells)
         start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        probe = Probe() if key in TIMED and not args.no_execute else None
         if not args.no_execute:
             NotebookClient(nb, timeout=600, kernel_name="python3",
                            resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         path = NOTEBOOKS / f"{name}.ipynb"
+        if probe:
+            quiet = probe.finish()
+            print(f"{name}: {quiet.line()}", file=sys.stderr)
+            if not quiet.quiet and not args.allow_busy:
+                print(f"not written: {path.name}: the machine was busy while it ran ({quiet.why_busy()}); close "
+                      "other programs and rerun, or pass --allow-busy", file=sys.stderr)
+                refused.append(name)
+                continue
         nbformat.write(nb, path)
         print(f"wrote {path} ({path.stat().st_size / 1000:.0f} KB); executed in {time.perf_counter() - start:.0f} s, "
               f"kernel CPU {used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime:.0f} s", file=sys.stderr)
+    if refused:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

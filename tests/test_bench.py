@@ -1,6 +1,6 @@
-"""`minitransformer bench`: end to end on the tiny model, the JSON's ratios recomputed from its raw runs, the markdown
-agreeing with the JSON, medians and run order checked with a fake peer whose numbers we choose, missing peers and
-bad flags. Timings themselves are never asserted: these machines are noisy."""
+"""`minitransformer bench`: end to end on the tiny model, the JSON's figures and ratios recomputed from its raw runs,
+the markdown agreeing with the JSON, best runs, medians, noise marks and run order checked with a fake peer whose
+numbers we choose, missing peers and bad flags. Timings themselves are never asserted: these machines are noisy."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def test_cli_writes_json_markdown_and_png(bench_run):
     assert (out / "bench.md").read_text() == report.markdown(data)
     assert "### minitransformer bench" in stdout and "decode batch 1 (tok/s)" in stdout
     assert set(data) >= {"schema", "model", "weight_bytes", "machine", "peers", "systems", "settings", "rows",
-                         "ratios"}
+                         "ratios", "quietness"}
+    assert data["quietness"]["line"].startswith("quietness: load average") and data["quietness"]["line"] in stdout
+    assert data["quietness"]["quiet"] == data["quietness"]["line"].endswith(": quiet")
     assert data["systems"] == ["ours"] and data["peers"] == {}
     assert set(data["machine"]) >= {"cores", "numpy", "copy_bandwidth_bytes_s", "gemm_flops", "label"}
     expected_rows = {"prefill_8", "prefill_16", "decode_b1", "decode_b2", "generate_cache", "generate_no_cache",
@@ -67,9 +69,15 @@ def test_every_value_and_ratio_recomputes_from_raw_runs(bench_run):
     bw, peak = m["copy_bandwidth_bytes_s"], m["gemm_flops"]
     for key, row in data["rows"].items():
         for system, runs in row["runs"].items():
-            median = statistics.median(runs)
-            want = row["size"] / median if row["workload"] == "prefill" else median
-            assert row["values"][system] == pytest.approx(want, rel=1e-12), key
+            # the figure is the best run (least seconds, most tok/s); the median stands next to it
+            if row["workload"] == "prefill":
+                best, median = row["size"] / min(runs), row["size"] / statistics.median(runs)
+            elif row["runs_unit"] == "s":
+                best, median = min(runs), statistics.median(runs)
+            else:
+                best, median = max(runs), 1 / statistics.median([1 / r for r in runs])
+            assert row["values"][system] == pytest.approx(best, rel=1e-12), key
+            assert row["medians"][system] == pytest.approx(median, rel=1e-12), key
         if row["workload"] == "prefill":                             # P / max(compute time, memory time)
             assert row["values"]["roofline"] == pytest.approx(
                 row["size"] / max(row["flops"] / peak, row["bytes"] / bw), rel=1e-12)
@@ -78,6 +86,7 @@ def test_every_value_and_ratio_recomputes_from_raw_runs(bench_run):
     for r in data["ratios"]:
         (nr, ns), (dr, ds) = r["num"], r["den"]
         assert r["value"] == pytest.approx(values[nr][ns] / values[dr][ds], rel=1e-12), r["id"]
+        assert isinstance(r["beyond_noise"], bool)
         if r["id"] in TARGETS:
             assert r["target"] == TARGETS[r["id"]] and r["meets"] == (r["value"] >= r["target"])
         ids.add(r["id"])
@@ -102,7 +111,13 @@ def test_decode_roofline_at_batch_1_is_bandwidth_over_weights_and_cache(bench_ru
 def test_markdown_numbers_equal_the_json(bench_run):
     _, _, data, out = bench_run
     text = (out / "bench.md").read_text()
-    lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    results, runs_table = text.split("The runs behind each figure")
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in results.splitlines() if line.startswith("| ")}
+    runs_lines = [line for line in runs_table.splitlines() if line.startswith("| ") and "median" in line]
+    assert len(runs_lines) == len(data["rows"])
+    for line, row in zip(runs_lines, data["rows"].values()):
+        digits = 1 if row["unit"] == "tok/s" else 3
+        assert f"median {row['medians']['ours']:.{digits}f}, spread {(row['spread']['ours'] - 1) * 100:.0f}%" in line
     ratio = {r["id"]: r["value"] for r in data["ratios"]}
     for key, row in data["rows"].items():
         line = next(l for label, l in lines.items() if label.startswith(
@@ -114,9 +129,10 @@ def test_markdown_numbers_equal_the_json(bench_run):
         assert cells[1] == f"{row['values']['ours']:.{digits}f}"
         if "roofline" in row["values"]:
             assert cells[2] == f"{row['values']['roofline']:.{digits}f}"
-            assert cells[3] == f"{ratio[key + '/roofline']:.2f}x"
+            assert cells[3].startswith(f"{ratio[key + '/roofline']:.2f}x")
     target = next(l for label, l in lines.items() if label.startswith("decode batch 1: ours / float32 roofline"))
     assert f"{ratio['decode_b1/roofline']:.2f}x" in target
+    assert data["quietness"]["line"] in text
     assert re.search(r"copy bandwidth ([\d.]+) GB/s", text).group(1) == \
         f"{data['machine']['copy_bandwidth_bytes_s'] / 1e9:.1f}"
 
@@ -182,18 +198,48 @@ def test_alternation_warmup_dropped_and_medians(tiny_model):
     assert [who for who, what in log if what == "continuous"] == ["ours", "fake"] * 4
     rows = data["rows"]
     assert rows["prefill_8"]["runs"]["llama.cpp"] == [0.5, 0.1, 0.2]
-    assert rows["prefill_8"]["values"]["llama.cpp"] == pytest.approx(8 / 0.2)     # P / median seconds
-    assert rows["prefill_16"]["values"]["llama.cpp"] == pytest.approx(16 / 0.4)
-    assert rows["decode_b1"]["values"]["llama.cpp"] == 20.0
+    assert rows["prefill_8"]["values"]["llama.cpp"] == pytest.approx(8 / 0.1)     # P / fastest seconds
+    assert rows["prefill_8"]["medians"]["llama.cpp"] == pytest.approx(8 / 0.2)    # P / median seconds
+    assert rows["prefill_16"]["values"]["llama.cpp"] == pytest.approx(16 / 0.1)
+    assert rows["decode_b1"]["values"]["llama.cpp"] == pytest.approx(30.0)         # the fastest run
+    assert rows["decode_b1"]["medians"]["llama.cpp"] == pytest.approx(20.0)
     assert rows["continuous"]["runs"]["llama.cpp"] == [7.0, 5.0, 6.0]
     r = {x["id"]: x for x in data["ratios"]}
-    assert r["decode_b1/llama.cpp"]["value"] == pytest.approx(rows["decode_b1"]["values"]["ours"] / 20.0)
-    # the continuous-batching target divides by the single-stream figure measured in the same rounds (6.0)
+    assert r["decode_b1/llama.cpp"]["value"] == pytest.approx(rows["decode_b1"]["values"]["ours"] / 30.0)
+    # the continuous-batching target divides by the single-stream figure measured in the same rounds (best: 7.0)
     target = r["continuous/llama.cpp_decode_b1"]
     assert target["den"] == ["continuous", "llama.cpp"]
-    assert target["value"] == pytest.approx(rows["continuous"]["values"]["ours"] / 6.0)
+    assert target["value"] == pytest.approx(rows["continuous"]["values"]["ours"] / 7.0)
     cells = report.table_rows(data)
-    assert data["systems"] == ["ours", "llama.cpp"] and cells[0][2] == f"{8 / 0.2:.1f}"
+    assert data["systems"] == ["ours", "llama.cpp"] and cells[0][2] == f"{8 / 0.1:.1f}"
+    assert report.runs_rows(data)[0][2] == f"median {8 / 0.2:.1f}, spread 400%"     # 0.5 s / 0.1 s - 1
+
+
+def _row(runs, runs_unit="s", unit="tok/s", size=8):
+    from minitransformer.bench.run import summarize
+    return summarize(dict(workload="prefill" if unit == "tok/s" and runs_unit == "s" else "decode", size=size,
+                          unit=unit, runs_unit=runs_unit, runs=runs))
+
+
+def test_a_ratio_is_beyond_noise_only_when_the_runs_do_not_overlap():
+    from minitransformer.bench.run import ratios
+    rows = {"prefill_8": _row({"ours": [0.10, 0.11, 0.12], "llama.cpp": [0.20, 0.25, 0.30]}),
+            "prefill_16": _row({"ours": [0.10, 0.20, 0.30], "llama.cpp": [0.15, 0.16, 0.17]}, size=16),
+            "decode_b1": _row({"ours": [30.0, 31.0], "llama.cpp": [29.0, 30.5]}, runs_unit="tok/s")}
+    got = {r["id"]: r for r in ratios(rows, ["ours", "llama.cpp"])}
+    assert got["prefill_8/llama.cpp"]["beyond_noise"] and got["prefill_8/llama.cpp"]["value"] == pytest.approx(2.0)
+    assert not got["prefill_16/llama.cpp"]["beyond_noise"]             # ours' runs straddle the peer's
+    assert not got["decode_b1/llama.cpp"]["beyond_noise"]              # best 31 vs 30.5, but 30.0 < 30.5
+    cell = report.ratio_cell(got["decode_b1/llama.cpp"])
+    assert cell == f"{31 / 30.5:.2f}x (within noise)" and report.ratio_cell(got["prefill_8/llama.cpp"]) == "2.00x"
+
+
+def test_a_busy_run_says_its_figures_are_not_a_quiet_machines():
+    data = {"quietness": {"line": "quietness: ... busy", "quiet": False, "why_busy": "other programs used 80%"}}
+    note = report.quietness_note(data)
+    assert note.startswith("quietness: ... busy") and "other programs used 80%" in note and "rerun" in note
+    assert report.quietness_note({"quietness": {"line": "quietness: ... quiet", "quiet": True,
+                                                "why_busy": ""}}) == "quietness: ... quiet"
 
 
 def test_a_missing_peer_is_reported_with_its_reason(tiny_model_path, tmp_path, capsys, monkeypatch):

@@ -32,12 +32,31 @@ def test_peaks_are_positive_rates():
 
 def test_gemm_counts_2n3_flops(monkeypatch):
     """With a clock that advances exactly 1 s per timed call, the rate is the FLOP count itself."""
-    import minitransformer.bench.machine as machine
+    import minitransformer.measure as measure
     ticks = iter(range(100))
-    monkeypatch.setattr(machine.time, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: float(next(ticks)))
     assert measure_gemm_flops(n=64, repeats=3) == 2 * 64**3
     ticks = iter(range(100))
     assert measure_copy_bandwidth(nbytes=4096, repeats=3) == 2 * 4096
+
+
+def test_a_peak_is_the_fastest_repeat_after_a_warm_up(monkeypatch):
+    """The peaks go through measure.time_calls: the warm-up call is not timed, and the rate is work / the fastest
+    repeat (a slow repeat is the machine doing something else), not the median."""
+    import minitransformer.bench.machine as machine
+    import minitransformer.measure as measure
+    calls = []
+    clock = iter([0.0, 4.0, 10.0, 11.0, 20.0, 22.0, 30.0, 31.0])     # repeats of 4 s, 1 s and 2 s; then 1 s
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    real = machine.time_calls
+
+    def counting(run, repeats, **kw):
+        return real(lambda: calls.append(1) or run(), repeats, **kw)
+    monkeypatch.setattr(machine, "time_calls", counting)
+    assert measure_gemm_flops(n=16, repeats=3) == 2 * 16**3 / 1.0
+    assert len(calls) == 4                                              # one warm-up + 3 timed
+    flops, timing = machine.gemm_timing(n=16, repeats=1)
+    assert flops == 2 * 16**3 and len(timing.samples) == 1
 
 
 def record_attention_shapes(model, run):
@@ -121,8 +140,18 @@ def test_published_peaks_roofline_time_is_the_slower_of_arithmetic_and_memory():
     assert H200.cost(config, 8).bytes == forward_cost(config, 8, dtype_bytes=2).bytes       # bf16 arrays
 
 
-def test_matmul_rows_times_every_row_count():
-    from minitransformer.bench.machine import measure_matmul_rows
+def test_matmul_rows_times_every_row_count_in_turns(monkeypatch):
+    from minitransformer.bench import machine
+    from minitransformer.bench.machine import measure_matmul_rows, time_matmul_rows
     w = np.ones((64, 96), dtype=np.float32)
     costs = measure_matmul_rows(np, w, (1, 4), repeats=2)
     assert sorted(costs) == [1, 4] and all(math.isfinite(t) and t > 0 for t in costs.values())
+    timings = time_matmul_rows(np, w, (1, 4), repeats=3)
+    assert [len(t.samples) for t in timings.values()] == [3, 3]
+    # the row counts take turns (T=1, T=4, T=1, ...), so a busy moment slows both alike
+    order = []
+    real = machine.interleaved
+    monkeypatch.setattr(machine, "interleaved", lambda runs, repeats, **kw: real(
+        {T: (lambda T=T, run=run: order.append(T) or run()) for T, run in runs.items()}, repeats, **kw))
+    measure_matmul_rows(np, w, (1, 4), repeats=2)
+    assert order == [1, 4] * 3                                          # warm-up round, then 2 rounds

@@ -157,13 +157,65 @@ def test_result_json_and_figure(tmp_path):
     s = ServeSettings(rates=(1.0, float("inf")), num_prompts=2)
     runs = [{"rate": rate, "wall_s": 1.0, "records": [_record(0.1, 0.5, 5), _record(None, None, 0, error="x")]}
             for rate in s.rates]
-    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs} for name in ("ours", "llama.cpp")}
+    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs} for name in ("ours", "llama-cpp-python")}
     result = serve_report.build_result(sweeps, s)
     assert result["settings"]["rates"] == [1.0, "inf"]
     assert [r["output_throughput"] for r in result["ratios"]] == [1.0, 1.0]
     paths = serve_report.write_outputs(result, tmp_path)
     assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(result))
     assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_servers_take_turns_at_each_rate_the_order_flipping(monkeypatch):
+    """run_sweeps: at each rate each server runs once, A B then B A, so a slow spell falls on both servers."""
+    import asyncio
+    from contextlib import asynccontextmanager
+
+    from minitransformer.bench import serve
+    order, sleeps = [], []
+
+    @asynccontextmanager
+    async def client(base, s):
+        yield base
+
+    async def prepare(client, url, s, prompts):
+        return {"url": url, "model": "m", "endpoint": url, "runs": []}
+
+    async def run_rate(client, url, model, prompts, rate, s, on_done=None):
+        order.append((client, rate))
+        return [], 1.0
+
+    async def sleep(seconds):
+        sleeps.append(seconds)
+    monkeypatch.setattr(serve, "_client", client)
+    monkeypatch.setattr(serve, "_prepare", prepare)
+    monkeypatch.setattr(serve, "run_rate", run_rate)
+    monkeypatch.setattr(serve.asyncio, "sleep", sleep)
+    s = ServeSettings(rates=(1.0, 2.0, 4.0), num_prompts=2)
+    rates = []
+    sweeps = asyncio.run(serve.run_sweeps({"ours": "A", "peer": "B"}, s, on_rate=lambda r, n: rates.append((n, r))))
+    assert order == [("A", 1.0), ("B", 1.0), ("B", 2.0), ("A", 2.0), ("A", 4.0), ("B", 4.0)]
+    assert [run["rate"] for run in sweeps["peer"]["runs"]] == [1.0, 2.0, 4.0]          # each in rate order
+    assert rates[:2] == [("ours", 1.0), ("peer", 1.0)] and len(sleeps) == 6          # a settle before each run
+    order.clear()
+    alone = asyncio.run(serve.run_sweep("A", s))
+    assert [run["rate"] for run in alone["runs"]] == [1.0, 2.0, 4.0] and len(sleeps) == 6   # one server: no settle
+
+
+def test_result_says_how_quiet_the_machine_was():
+    from minitransformer.measure import Quietness
+    s = ServeSettings(rates=(1.0,), num_prompts=1)
+    runs = [{"rate": 1.0, "wall_s": 1.0, "records": [_record(0.1, 0.5, 5)]}]
+    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs} for name in ("ours", "llama-cpp-python")}
+    busy = Quietness(load=1.9, others=0.6, cores=2, calibration_before=1e-3, calibration_after=1.3e-3)
+    result = serve_report.build_result(sweeps, s, quiet=busy)
+    assert result["quietness"] == {"line": busy.line(), "quiet": False, "why_busy": busy.why_busy()}
+    from rich.console import Console
+    console = Console(record=True, width=220)
+    serve_report.print_tables(result, console)
+    text = " ".join(console.export_text().split())
+    assert "ours / llama-cpp-python" in text and "no spread of its own" in text
+    assert busy.line() in text and "The machine was busy (other programs used 60%" in text
 
 
 @pytest.mark.parametrize("argv", [["--url", "http://x", "--request-rate", "1,abc"], ["--url", "http://x", "--compare"],

@@ -9,9 +9,13 @@ The machine's ridge point, peak FLOP/s / peak bytes/s, separates the two regimes
     measure_copy_bandwidth  bytes read + written per second by a large array copy (the STREAM "copy" convention)
     measure_gemm_flops      float32 n x n matmul FLOP/s (2 n^3 FLOPs per product)
     measure_matmul_rows     one weight matrix times T rows, for small T: what a batch or a verify pass costs here
+                            (copy_timing, gemm_timing and time_matmul_rows give the Timing behind each number)
     forward_cost            FLOPs and bytes of one forward pass (prefill: new_tokens = P; decode: 1 at context S)
     roofline_tokens_per_s   the decode upper bound: bandwidth / bytes read per token
     H200                    a GPU's two peaks from its datasheet, for the same arithmetic on a machine we lack
+
+Every timing goes through minitransformer/measure.py: a warm-up call, then repeats; a peak is the fastest repeat
+(noise on a shared machine only adds time, so the fastest is the nearest to what the hardware does).
 
 Lesson 02_prefill_vs_decode, scripts/bench_loop.py and the roofline figure use these; lessons 02, 08, 12 and 13 put
 the H200's numbers next to this machine's measured ones.
@@ -20,8 +24,6 @@ the H200's numbers next to this machine's measured ones.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -30,23 +32,16 @@ import numpy
 from ..backend import synchronize
 from ..config import ModelConfig
 from ..layers import causal_pairs
+from ..measure import Timing, interleaved, time_calls
 
 
-def _median_time(xp, run, repeats: int) -> float:
-    """Median seconds of `repeats` calls of run() after one warm-up call (page faults, BLAS thread start-up)."""
-    run()
-    synchronize(xp)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize(xp)                    # a GPU call returns before the work is done
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _sync(xp):
+    """measure.time_calls' `sync` for this array module: a GPU call returns before its work is done."""
+    return None if xp is numpy else (lambda: synchronize(xp))
 
 
-def measure_copy_bandwidth(xp=numpy, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second of copying an `nbytes` float32 array, counting the read and the write (2 x nbytes per copy).
+def copy_timing(xp=numpy, nbytes: int = 256 * 2**20, repeats: int = 5) -> tuple[int, Timing]:
+    """(bytes moved per copy, the copies' Timing) of copying an `nbytes` float32 array: read + write, 2 x nbytes.
 
     On the CPU one thread cannot saturate memory, so the copy is split across all cores (numpy releases the GIL);
     the array is much larger than any cache so the number is DRAM bandwidth, the resource a decode step is bound by.
@@ -58,35 +53,51 @@ def measure_copy_bandwidth(xp=numpy, nbytes: int = 256 * 2**20, repeats: int = 5
         bounds = numpy.linspace(0, src.size, threads + 1).astype(int)
         slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
         with ThreadPoolExecutor(threads) as pool:
-            seconds = _median_time(xp, lambda: list(pool.map(lambda s: numpy.copyto(dst[s], src[s]), slices)),
-                                   repeats)
+            timing = time_calls(lambda: list(pool.map(lambda s: numpy.copyto(dst[s], src[s]), slices)), repeats)
     else:
-        seconds = _median_time(xp, lambda: xp.copyto(dst, src), repeats)
-    return 2 * src.nbytes / seconds
+        timing = time_calls(lambda: xp.copyto(dst, src), repeats, sync=_sync(xp))
+    return 2 * src.nbytes, timing
 
 
-def measure_gemm_flops(xp=numpy, n: int = 1024, repeats: int = 3) -> float:
-    """FLOP/s of a float32 (n, n) @ (n, n) product: 2 n^3 FLOPs (a multiply and an add per term) over its time.
+def measure_copy_bandwidth(xp=numpy, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of the fastest of `repeats` copies (copy_timing): the peak, as STREAM reports its best
+    rate. A slower repeat is this machine doing something else, not a lower peak."""
+    moved, timing = copy_timing(xp, nbytes, repeats)
+    return moved / timing.min
 
-    This is the compute peak a prefill can approach: its matmuls are (P, D) @ (D, O), large in all three sizes.
-    """
+
+def gemm_timing(xp=numpy, n: int = 1024, repeats: int = 3) -> tuple[float, Timing]:
+    """(FLOPs per product, the products' Timing) of a float32 (n, n) @ (n, n): 2 n^3 FLOPs (a multiply and an add
+    per term). This is the compute peak a prefill can approach: its matmuls are large in all three sizes."""
     rng = numpy.random.default_rng(0)
     a = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
     b = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
-    return 2 * n**3 / _median_time(xp, lambda: a @ b, repeats)
+    return 2.0 * n**3, time_calls(lambda: a @ b, repeats, sync=_sync(xp))
 
 
-def measure_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, float]:
-    """Median seconds of x (T, D) @ w (D, O) for each T in rows: the same weights read, T times the arithmetic.
+def measure_gemm_flops(xp=numpy, n: int = 1024, repeats: int = 3) -> float:
+    """FLOP/s of the fastest of `repeats` (n, n) @ (n, n) products (gemm_timing): the machine's compute peak."""
+    flops, timing = gemm_timing(xp, n, repeats)
+    return flops / timing.min
+
+
+def time_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, Timing]:
+    """The Timing of x (T, D) @ w (D, O) for each T in rows, timed in turns (measure.interleaved): the same weights
+    read, T times the arithmetic.
 
     Were the product bound by reading w, T = 4 would cost what T = 1 costs; on a CPU it costs more, because BLAS
     multiplies one row with a matrix-vector routine and several with a matrix-matrix one built for large blocks.
+    In turns, a busy moment of the machine slows every T alike instead of one of them.
     """
-    costs = {}
-    for T in rows:
-        x = xp.ones((T, w.shape[0]), dtype=w.dtype)                                 # (T, D)
-        costs[T] = _median_time(xp, lambda: x @ w, repeats)
-    return costs
+    inputs = {T: xp.ones((T, w.shape[0]), dtype=w.dtype) for T in rows}             # (T, D) each
+    runs = {T: (lambda x=x: x @ w) for T, x in inputs.items()}
+    return interleaved(runs, repeats, sync=_sync(xp))
+
+
+def measure_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, float]:
+    """Seconds of the fastest x (T, D) @ w (D, O) for each T in rows (time_matmul_rows has the medians and spreads).
+    """
+    return {T: timing.min for T, timing in time_matmul_rows(xp, w, rows, repeats).items()}
 
 
 @dataclass

@@ -22,10 +22,11 @@ import error, a missing file). Nothing is ever downloaded. Definitions, matching
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
+
+from .workloads import timed
 
 
 class HF:
@@ -68,20 +69,16 @@ class HF:
         torch = self.torch
         inp = torch.tensor([ids])                                              # (1, P)
         with torch.no_grad():
-            start = time.perf_counter()
-            self.model(inp, use_cache=True)
-            return time.perf_counter() - start
+            return timed(lambda: self.model(inp, use_cache=True))[0]
 
     def _generate(self, inp, new_tokens: int, use_cache: bool = True):
         """-> (seconds, output ids (B, T + n)) of a greedy, fixed-length generate."""
         torch = self.torch
         mask = torch.ones_like(inp)
         with torch.no_grad():
-            start = time.perf_counter()
-            out = self.model.generate(inp, attention_mask=mask, max_new_tokens=new_tokens,
-                                      min_new_tokens=new_tokens, do_sample=False, use_cache=use_cache,
-                                      pad_token_id=0)
-            return time.perf_counter() - start, out
+            return timed(lambda: self.model.generate(inp, attention_mask=mask, max_new_tokens=new_tokens,
+                                                     min_new_tokens=new_tokens, do_sample=False,
+                                                     use_cache=use_cache, pad_token_id=0))
 
     def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
         inp = self.torch.tensor([list(ids)] * batch)                           # (B, T)
@@ -128,9 +125,7 @@ class LlamaCpp:
 
     def prefill_seconds(self, ids: list[int]) -> float:
         self.llm.reset()
-        start = time.perf_counter()
-        self.llm.eval(ids)
-        return time.perf_counter() - start
+        return timed(lambda: self.llm.eval(ids))[0]
 
     def _next_token(self) -> int:
         """Argmax of the last evaluated position's logits (without logits_all llama.cpp keeps only that row)."""
@@ -142,11 +137,12 @@ class LlamaCpp:
         self.llm.reset()
         self.llm.eval(ids)
         token = self._next_token()
-        start = time.perf_counter()
-        for _ in range(steps):
-            self.llm.eval([token])
-            token = self._next_token()
-        return time.perf_counter() - start
+
+        def run(token=token):
+            for _ in range(steps):
+                self.llm.eval([token])
+                token = self._next_token()
+        return timed(run)[0]
 
     def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
         if batch != 1:

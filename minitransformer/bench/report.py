@@ -1,6 +1,7 @@
 """What `minitransformer bench` prints and writes, from run_bench's dict only (so it can be redrawn from a JSON):
 
     table_rows      the cells shared by the rich table and the markdown block (one formatting, so they agree)
+    runs_rows       the median and spread behind each figure, the same way
     markdown        the block for the README: results, the issue's target ratios, definitions as footnotes
     print_table     the rich table on stdout
     plot_roofline   roofline.png: the measured roof (bandwidth slope, GEMM ceiling) and every system's points
@@ -18,7 +19,9 @@ TARGET_NAMES = {"prefill_512/llama.cpp": "prefill 512: ours / llama.cpp",
                 "continuous/llama.cpp_decode_b1": "continuous batching (16 req.): ours / llama.cpp single stream"}
 
 FOOTNOTES = """\
-Definitions (each figure: the median of the kept runs after one warm-up per system; systems alternate run by run):
+Definitions (each figure: the best of the kept runs after one warm-up per system, the one nearest to a quiet machine;
+the runs table gives the median and the spread; systems alternate run by run; a ratio marked "(within noise)" divides
+two figures whose runs overlap, so this run does not show which system is faster):
 - prefill P: P / seconds of one prefill of a P-token slice of a real text (ours: prefill.prefill on a fresh KVCache;
   HF: one model(ids, use_cache=True) under no_grad; llama.cpp: reset() + eval(ids)).
 - decode batch B: B * N / seconds of N greedy steps after a prefill that is not timed (ours: decode_step with the
@@ -48,6 +51,16 @@ def _label(row: dict, settings: dict) -> str:
     return f"continuous, {n} requests x {settings['continuous_tokens']} tokens (tok/s)"
 
 
+NOISE = " (within noise)"
+
+
+def ratio_cell(entry: dict | None) -> str:
+    """'1.23x', or '1.05x (within noise)' when the two systems' runs overlap; 'n/a' without the ratio."""
+    if entry is None:
+        return "n/a"
+    return fmt(entry["value"], "x") + ("" if entry.get("beyond_noise", True) else NOISE)
+
+
 def fmt(value, unit: str) -> str:
     """The one number format of the table and the markdown: tok/s 1 decimal, seconds 3, ratios 2 and an x."""
     if value is None:
@@ -64,15 +77,41 @@ def columns(data: dict) -> tuple[list[str], list[str]]:
 def table_rows(data: dict) -> list[list[str]]:
     """One list of cells per result row, plus the cache speed-up row: workload, values..., ours / x..."""
     values, others = columns(data)
-    ratio = {r["id"]: r["value"] for r in data["ratios"]}
+    ratio = {r["id"]: r for r in data["ratios"]}
     out = []
     for key, row in data["rows"].items():
         cells = [_label(row, data["settings"])] + [fmt(row["values"].get(v), row["unit"]) for v in values]
-        cells += [fmt(ratio.get(f"{key}/{o}"), "x") for o in others]
+        cells += [ratio_cell(ratio.get(f"{key}/{o}")) for o in others]
         out.append(cells)
-    speedups = [fmt(ratio.get(f"cache_speedup/{v}"), "x") for v in values]
+    speedups = [ratio_cell(ratio.get(f"cache_speedup/{v}")) for v in values]
     out.append(["cache speed-up: no cache / cache seconds"] + speedups + ["n/a"] * len(others))
     return out
+
+
+def runs_rows(data: dict) -> list[list[str]]:
+    """Per result row and system: 'median M, spread S%' of its kept runs (spread = max / min - 1)."""
+    out = []
+    for row in data["rows"].values():
+        cells = [_label(row, data["settings"])]
+        for system in data["systems"]:
+            if system in row.get("medians", {}):
+                cells.append(f"median {fmt(row['medians'][system], row['unit'])}, "
+                             f"spread {(row['spread'][system] - 1) * 100:.0f}%")
+            else:
+                cells.append("n/a")
+        out.append(cells)
+    return out
+
+
+def quietness_note(data: dict) -> str:
+    """The probe's line, and on a busy run what that means for the figures."""
+    q = data.get("quietness")
+    if not q:
+        return "quietness: not probed"
+    if q["quiet"]:
+        return q["line"]
+    return (f"{q['line']}. The machine was busy ({q['why_busy']}): these figures are not a quiet machine's and "
+            "their ratios may not hold there; close other programs and rerun.")
 
 
 def target_rows(data: dict) -> list[list[str]]:
@@ -82,9 +121,8 @@ def target_rows(data: dict) -> list[list[str]]:
         r = ratio.get(rid)
         target = f">= {fmt(r['target'], 'x')}" if r else "n/a"
         met = ("yes" if r["meets"] else "no") if r else "n/a (peer missing)"
-        out.append([name, fmt(r["value"], "x") if r else "n/a", target, met])
-    continuous = ratio.get("continuous/ours_decode_b1")
-    out.append(["continuous batching: ours / our batch-1 decode", fmt(continuous and continuous["value"], "x"),
+        out.append([name, ratio_cell(r), target, met])
+    out.append(["continuous batching: ours / our batch-1 decode", ratio_cell(ratio.get("continuous/ours_decode_b1")),
                 "", ""])
     return out
 
@@ -95,14 +133,17 @@ def markdown(data: dict) -> str:
     lines = [f"### minitransformer bench: {Path(data['model']).name}", "",
              f"Measured on {m['label']}: copy bandwidth {m['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write), "
              f"float32 GEMM {m['gemm_flops'] / 1e9:.1f} GFLOP/s; numpy {m['numpy']}, torch {m['torch']}, "
-             f"transformers {m['transformers']}, llama_cpp {m['llama_cpp']}; {data['settings']['repeats']} runs "
-             "per figure.", ""]
+             f"transformers {m['transformers']}, llama_cpp {m['llama_cpp']}; the best of "
+             f"{data['settings']['repeats']} runs per figure.", "", quietness_note(data), ""]
     header = ["workload"] + values + [f"ours / {o}" for o in others]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(data)]
     lines += ["", "Targets the project set itself (measured, not tuned for):", "", "| ratio | value | target | met |",
               "|---|---:|---:|---|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in target_rows(data)]
+    lines += ["", "The runs behind each figure (median, and spread = slowest / fastest - 1):", "",
+              "| workload | " + " | ".join(data["systems"]) + " |", "|---|" + "---:|" * len(data["systems"])]
+    lines += ["| " + " | ".join(cells) + " |" for cells in runs_rows(data)]
     missing = [f"{name}: {p['reason']}" for name, p in data["peers"].items() if not p["available"]]
     if missing:
         lines += ["", "Peers not measured: " + "; ".join(missing) + "."]
@@ -138,6 +179,13 @@ def print_table(data: dict, console) -> None:
     for cells in target_rows(data):
         targets.add_row(*cells)
     console.print(targets)
+    runs = Table(title="the runs behind each figure: median, spread (slowest / fastest - 1)", title_justify="left")
+    for name in ["workload"] + list(data["systems"]):
+        runs.add_column(name, justify="left" if name == "workload" else "right")
+    for cells in runs_rows(data):
+        runs.add_row(*cells)
+    console.print(runs)
+    console.print(quietness_note(data), markup=False, highlight=False)
     for name, p in data["peers"].items():
         if not p["available"]:
             console.print(f"peer {name} not measured: {p['reason']}")

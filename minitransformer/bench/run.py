@@ -2,21 +2,27 @@
 
 Order of work: copy bandwidth and GEMM FLOP/s first (machine.py), then each workload. Inside a workload the systems
 alternate, so a slow spell of this shared machine hits all of them alike: one warm-up call per system (dropped),
-then for repeat r = 1..R: ours, hf, llama.cpp. Each figure is the median of the R kept runs:
+then for repeat r = 1..R: ours, hf, llama.cpp. The R kept runs of a system are a measure.Timing (a rate r counts as
+1/r seconds per unit of work); its figure is the best run, the one nearest to a quiet machine (noise only ever adds
+time), with the median and the spread kept next to it:
 
-    prefill P       runs are seconds; tok/s = P / median(seconds)
-    decode B        runs are tok/s (B * N / decode seconds); the median of them
-    generate        runs are seconds of generate() with / without the cache; the median of them
-    continuous      runs are tok/s (all generated tokens / wall time); the median of them
+    prefill P       runs are seconds; tok/s = P / min(seconds)      (median: P / median(seconds))
+    decode B        runs are tok/s (B * N / decode seconds); the highest of them
+    generate        runs are seconds of generate() with / without the cache; the lowest of them
+    continuous      runs are tok/s (all generated tokens / wall time); the highest of them
+
+A ratio of two systems is "beyond noise" only when their runs do not overlap (every run of one beats every run of
+the other); otherwise this run cannot say which is faster, and report.py says so next to the ratio. A measure.Probe
+watches the whole run: other programs' CPU share and a calibration matmul at both ends (measure.py).
 
 Rooflines (the best this machine allows, from its measured peaks):
     prefill P       P / max(flops / peak FLOP/s, bytes / bandwidth), flops and bytes from forward_cost(cfg, P)
     decode B        B / max(flops / peak FLOP/s, (weight bytes + KV bytes of B sequences at context S) / bandwidth),
                     S = prompt + N/2 (the mean context of the timed steps); at B = 1 this is roofline_tokens_per_s
 
-run_bench returns one dict (the JSON of bench.json): machine, peers, settings, rows (raw runs and medians) and
-ratios (each naming the two numbers it divides, so a reader, and the test, can recompute it). Each row also has
-"spread" per system, max / min of its kept runs: report.py flags rows above NOISY, where the machine was busy.
+run_bench returns one dict (the JSON of bench.json): machine, peers, settings, quietness, rows (raw runs, figures,
+medians) and ratios (each naming the two numbers it divides, so a reader, and the test, can recompute it). Each row
+also has "spread" per system, max / min of its kept runs: report.py flags rows above NOISY, where the machine was busy.
 """
 
 from __future__ import annotations
@@ -24,16 +30,16 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 
 from ..errors import InputError
 from ..kv_cache import estimate_kv_bytes
+from ..measure import Probe, Timing
 from .machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops
 from .workloads import Ours, prompt_ids, serving_prompts
 
-SCHEMA = 1
+SCHEMA = 2                                # 2: figures are the best run, with "medians" and ratios' "beyond_noise"
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,38 @@ def alternate(systems, call, repeats: int, tick, settle_s: float = 0.0) -> dict[
     return runs
 
 
+def as_timing(runs: list[float], runs_unit: str) -> Timing:
+    """A system's kept runs as a measure.Timing in seconds: a rate of r tok/s is 1/r seconds per token."""
+    return Timing(tuple(runs) if runs_unit == "s" else tuple(1 / r for r in runs))
+
+
+def figure(seconds: float, row: dict) -> float:
+    """The row's figure for a run of `seconds` (as_timing's units): P / seconds for prefill, the rate for tok/s
+    runs, the seconds themselves for generate."""
+    if row["runs_unit"] == "tok/s":
+        return 1 / seconds
+    return row["size"] / seconds if row["unit"] == "tok/s" else seconds
+
+
+def summarize(row: dict) -> dict:
+    """Fill a row's figures from its raw runs: values (the best run), medians and spread (max / min) per system."""
+    for name, runs in row["runs"].items():
+        timing = as_timing(runs, row["runs_unit"])
+        row.setdefault("values", {})[name] = figure(timing.min, row)
+        row.setdefault("medians", {})[name] = figure(timing.median, row)
+        row.setdefault("spread", {})[name] = max(runs) / min(runs)
+    return row
+
+
+def figure_range(row: dict, system: str) -> tuple[float, float]:
+    """(lowest, highest) figure over a system's kept runs; a computed figure (the roofline) is a single point."""
+    if system not in row.get("runs", {}):
+        value = row["values"][system]
+        return value, value
+    figures = [figure(t, row) for t in as_timing(row["runs"][system], row["runs_unit"]).samples]
+    return min(figures), max(figures)
+
+
 def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None = None, progress=None,
               peaks: dict | None = None) -> dict:
     """Measure everything; `systems` is [Ours(model), *available peers]; progress: a rich Progress or None.
@@ -143,6 +181,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
             progress.update(task, description=text)
         return (lambda: progress.advance(task)) if progress else (lambda: None)
 
+    probe = Probe()                           # is the machine quiet? (~0.2 s here and at the end)
     tick = stage("machine peaks (copy, GEMM)")
     if peaks is None:
         peaks = {"copy_bandwidth_bytes_s": measure_copy_bandwidth(nbytes=s.copy_bytes),
@@ -157,10 +196,10 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         live = [x for x in systems if x.supports("prefill")]
         runs = alternate(live, lambda x: x.prefill_seconds(ids), s.repeats, tick, s.settle_s)
         cost = forward_cost(cfg, p, weight_bytes=wb)
-        values = {name: p / statistics.median(r) for name, r in runs.items()}
-        values["roofline"] = p / max(cost.flops / peak, cost.bytes / bw)
-        rows[f"prefill_{p}"] = dict(workload="prefill", size=p, unit="tok/s", runs_unit="s", runs=runs,
-                                    values=values, flops=cost.flops, bytes=cost.bytes, intensity=cost.intensity)
+        row = summarize(dict(workload="prefill", size=p, unit="tok/s", runs_unit="s", runs=runs,
+                             flops=cost.flops, bytes=cost.bytes, intensity=cost.intensity))
+        row["values"]["roofline"] = p / max(cost.flops / peak, cost.bytes / bw)
+        rows[f"prefill_{p}"] = row
 
     ids = prompt_ids(tokenizer, s.decode_prompt_tokens)
     context = s.decode_prompt_tokens + s.decode_tokens // 2                # mean context of the timed steps
@@ -169,10 +208,10 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         live = [x for x in systems if x.supports("decode", b)]
         runs = alternate(live, lambda x: x.decode_tok_s(b, ids, s.decode_tokens), s.repeats, tick, s.settle_s)
         cost = forward_cost(cfg, 1, context, batch=b, weight_bytes=wb)
-        values = {name: statistics.median(r) for name, r in runs.items()}
-        values["roofline"] = b / max(cost.flops / peak, (wb + estimate_kv_bytes(cfg, context, b)) / bw)
-        rows[f"decode_b{b}"] = dict(workload="decode", size=b, unit="tok/s", runs_unit="tok/s", runs=runs,
-                                    values=values, flops=cost.flops, bytes=cost.bytes, intensity=cost.intensity)
+        row = summarize(dict(workload="decode", size=b, unit="tok/s", runs_unit="tok/s", runs=runs,
+                             flops=cost.flops, bytes=cost.bytes, intensity=cost.intensity))
+        row["values"]["roofline"] = b / max(cost.flops / peak, (wb + estimate_kv_bytes(cfg, context, b)) / bw)
+        rows[f"decode_b{b}"] = row
 
     ids = prompt_ids(tokenizer, s.cache_prompt_tokens)
     tokens: dict[tuple[str, bool], list] = {}
@@ -185,8 +224,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         tick = stage("generate " + ("with" if use_cache else "without") + " the cache")
         live = [x for x in systems if x.supports("generate")]
         runs = alternate(live, lambda x: timed(x, use_cache), s.repeats, tick, s.settle_s)
-        rows[row] = dict(workload=row, size=s.cache_new_tokens, unit="s", runs_unit="s", runs=runs,
-                         values={name: statistics.median(r) for name, r in runs.items()})
+        rows[row] = summarize(dict(workload=row, size=s.cache_new_tokens, unit="s", runs_unit="s", runs=runs))
     equal = {name: tokens.get((name, True)) == tokens.get((name, False)) for name in rows["generate_cache"]["runs"]}
     if not equal.get("ours", True):
         raise RuntimeError("our tokens with and without the KV cache differ: the benchmark is void")
@@ -197,29 +235,32 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     tick = stage(f"continuous batching, {s.continuous_requests} requests")
     live = [x for x in systems if x.supports("continuous")]
     runs = alternate(live, lambda x: x.continuous_tok_s(prompts, s.continuous_tokens), s.repeats, tick, s.settle_s)
-    rows["continuous"] = dict(workload="continuous", size=s.continuous_requests, unit="tok/s", runs_unit="tok/s",
-                              runs=runs, values={name: statistics.median(r) for name, r in runs.items()})
+    rows["continuous"] = summarize(dict(workload="continuous", size=s.continuous_requests, unit="tok/s",
+                                        runs_unit="tok/s", runs=runs))
     stage("done")
-
-    for row in rows.values():                 # max / min of the kept runs: a wide spread means a noisy machine
-        row["spread"] = {name: max(r) / min(r) for name, r in row["runs"].items()}
+    quiet = probe.finish()
     return {"schema": SCHEMA, "model": str(model.path), "weight_bytes": wb,
             "machine": machine_info(peaks, systems), "peers": peers or {}, "systems": names,
-            "settings": asdict(s), "rows": rows, "ratios": ratios(rows, names)}
+            "settings": asdict(s),
+            "quietness": {"line": quiet.line(), "quiet": quiet.quiet, "why_busy": quiet.why_busy()},
+            "rows": rows, "ratios": ratios(rows, names)}
 
 
 def ratios(rows: dict, names: list[str]) -> list[dict]:
     """Every ours / peer and ours / roofline, the cache speed-up, and the issue's continuous-batching ratios.
 
-    Each entry: id, num [row, system], den [row, system], value = num / den, target and meets when the issue sets
-    one. For rows in seconds (generate) the ratio is peer-style "no cache / cache" seconds: how much the cache saves."""
+    Each entry: id, num [row, system], den [row, system], value = num / den, beyond_noise (the two figures' runs do
+    not overlap), and target and meets when the issue sets one. For rows in seconds (generate) the ratio is
+    peer-style "no cache / cache" seconds: how much the cache saves."""
     out = []
 
     def add(rid, num, den):
         a, b = rows.get(num[0], {}).get("values", {}), rows.get(den[0], {}).get("values", {})
         if num[1] not in a or den[1] not in b:
             return
-        entry = {"id": rid, "num": list(num), "den": list(den), "value": a[num[1]] / b[den[1]]}
+        (a_low, a_high), (b_low, b_high) = figure_range(rows[num[0]], num[1]), figure_range(rows[den[0]], den[1])
+        entry = {"id": rid, "num": list(num), "den": list(den), "value": a[num[1]] / b[den[1]],
+                 "beyond_noise": a_low > b_high or a_high < b_low}
         if rid in TARGETS:
             entry["target"] = TARGETS[rid]
             entry["meets"] = entry["value"] >= TARGETS[rid]

@@ -1,14 +1,15 @@
 """`minitransformer bench serve`: a load generator that speaks only the OpenAI streaming API.
 
-Because it knows nothing about the server but its HTTP API, the same command measures ours, llama.cpp's or a vLLM
-deployment, with the same prompts at the same arrival times. Reading order:
+Because it knows nothing about the server but its HTTP API, the same command measures ours, llama-cpp-python's,
+llama.cpp's own `llama-server` or a vLLM deployment, with the same prompts at the same arrival times. Reading order:
 
     ServeSettings, make_prompts, arrival_times   what is asked and when (serve_workload.py): mixed-length slices of
                       a real text, sent at Poisson arrival times (exponential gaps at rate R; all at once for R = inf)
     SSEParser         server-sent events -> the `data:` payloads, whatever the network's read boundaries
     send_request      one streamed request -> a RequestRecord (timings, tokens, or the error that ended it)
     run_rate          every prompt at its arrival time -> the records and the wall time of the run
-    run_sweep         one server: its model name, a warm-up request, then run_rate for each request rate
+    run_sweeps        several servers: each one's model name and a warm-up request, then run_rate for each
+                      request rate, the servers in turns (run_sweep: one server)
 
 The metrics follow vLLM's benchmark (vllm/benchmarks/serve.py and lib/endpoint_request_func.py in
 github.com/vllm-project/vllm): TTFT from sending to the first content, ITL the gaps between content chunks, E2EL
@@ -230,30 +231,58 @@ async def run_rate(client, url: str, model: str, prompts: list[str], rate: float
     return list(records), time.perf_counter() - start
 
 
-async def run_sweep(url: str, s: ServeSettings, on_done=None, on_rate=None) -> dict:
-    """One server through every rate: {"url", "model", "endpoint", "warmup", "runs": [{"rate", "wall_s", records}]}."""
+def _client(base: str, s: ServeSettings):
+    """An httpx client for one server: keep-alive up to the concurrency cap, no proxy for a loopback address."""
     import httpx
 
-    base = api_base(url)
-    endpoint_url = f"{base}/v1/chat/completions" if s.endpoint == "chat" else f"{base}/v1/completions"
-    prompts = make_prompts(s.num_prompts, s.seed, s.prompt_words)
     limits = httpx.Limits(max_connections=s.max_concurrency, max_keepalive_connections=s.max_concurrency)
     timeout = httpx.Timeout(s.timeout_s, connect=10.0)
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     # A proxy from the environment must not sit between us and a server on this machine.
     loopback = httpx.URL(base).host in ("127.0.0.1", "localhost", "::1")
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers, trust_env=not loopback) as client:
-        model = s.model or await first_model(client, base)
-        # One request first, not counted: lazy start-up work in the server must not land in the first rate's p99.
-        warm = await send_request(client, endpoint_url, build_payload(prompts[0], model, s), s.endpoint,
-                                  RequestRecord(prompt_words=len(prompts[0].split())))
-        if not warm.ok:
-            raise BenchServeError(f"the warm-up request to {endpoint_url} failed: {warm.error}")
-        runs = []
-        for rate in s.rates:
-            if on_rate:
-                on_rate(rate)
-            records, wall = await run_rate(client, endpoint_url, model, prompts, rate, s, on_done)
-            runs.append({"rate": rate, "wall_s": wall, "records": records})
-    return {"url": base, "model": model, "endpoint": endpoint_url, "runs": runs}
+    return httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers, trust_env=not loopback)
+
+
+async def _prepare(client, url: str, s: ServeSettings, prompts: list[str]) -> dict:
+    """A server's sweep before its first rate: base URL, model, endpoint, after one warm-up request."""
+    base = api_base(url)
+    endpoint_url = f"{base}/v1/chat/completions" if s.endpoint == "chat" else f"{base}/v1/completions"
+    model = s.model or await first_model(client, base)
+    # One request first, not counted: lazy start-up work in the server must not land in the first rate's p99.
+    warm = await send_request(client, endpoint_url, build_payload(prompts[0], model, s), s.endpoint,
+                              RequestRecord(prompt_words=len(prompts[0].split())))
+    if not warm.ok:
+        raise BenchServeError(f"the warm-up request to {endpoint_url} failed: {warm.error}")
+    return {"url": base, "model": model, "endpoint": endpoint_url, "runs": []}
+
+
+async def run_sweeps(urls: dict[str, str], s: ServeSettings, on_done=None, on_rate=None,
+                     settle_s: float = 1.0) -> dict[str, dict]:
+    """Several servers through every rate, in turns: at each rate every server runs once, and the order flips from
+    one rate to the next (A B, B A, ...), so a slow spell of the machine falls on both rather than on one server's
+    whole sweep. settle_s of idle before each run when there are several: a server's thread pools spin for a while
+    after its burst ends. -> {name: {"url", "model", "endpoint", "runs": [{"rate", "wall_s", "records"}]}}."""
+    import contextlib
+
+    prompts = make_prompts(s.num_prompts, s.seed, s.prompt_words)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {name: await stack.enter_async_context(_client(api_base(url), s)) for name, url in urls.items()}
+        sweeps = {name: await _prepare(clients[name], url, s, prompts) for name, url in urls.items()}
+        names = list(urls)
+        for i, rate in enumerate(s.rates):
+            for name in (names if i % 2 == 0 else names[::-1]):
+                if len(names) > 1:
+                    await asyncio.sleep(settle_s)
+                if on_rate:
+                    on_rate(rate, name)
+                records, wall = await run_rate(clients[name], sweeps[name]["endpoint"], sweeps[name]["model"],
+                                               prompts, rate, s, on_done)
+                sweeps[name]["runs"].append({"rate": rate, "wall_s": wall, "records": records})
+    return sweeps
+
+
+async def run_sweep(url: str, s: ServeSettings, on_done=None, on_rate=None) -> dict:
+    """One server through every rate: {"url", "model", "endpoint", "runs": [{"rate", "wall_s", records}]}."""
+    sweeps = await run_sweeps({"server": url}, s, on_done, on_rate and (lambda rate, name: on_rate(rate)))
+    return sweeps["server"]

@@ -1,9 +1,12 @@
-"""`minitransformer bench serve --compare`: our server and llama.cpp's, side by side on this machine.
+"""`minitransformer bench serve --compare`: our server and llama-cpp-python's, side by side on this machine.
 
-Both load the same GGUF, listen on free loopback ports, and get the same prompts at the same arrival times. They run
-one after the other, never together: on a small machine two servers would steal each other's cores and both numbers
-would be wrong. Every server started here is stopped here (terminate, wait, kill), on success, error, Ctrl-C or
-SIGTERM alike.
+The peer is llama-cpp-python's own server (`python -m llama_cpp.server`, FastAPI over the llama.cpp library), which
+serves one request at a time; llama.cpp's own `llama-server` (C++) is a different server that batches parallel slots
+(`-np N -cb`), and is not what this measures. Both load the same GGUF, listen on free loopback ports, and get the
+same prompts at the same arrival times. Both are started first; then at each rate one runs and then the other, never
+together (on a small machine two servers would steal each other's cores and both numbers would be wrong), in turns
+(serve.run_sweeps), so a slow spell of the machine falls on both. A measure.Probe watches the whole comparison.
+Every server started here is stopped here (terminate, wait, kill), on success, error, Ctrl-C or SIGTERM alike.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from .serve import BenchServeError, ServeSettings, run_sweep
+from ..measure import Probe
+from .serve import BenchServeError, ServeSettings, run_sweeps
+from .serve_report import PEER           # the peer's name in serve.json and the tables: its server, not llama-server
 
 
 def free_port() -> int:
@@ -110,7 +116,7 @@ def llama_cpp_argv(model_path: str, port: int, n_threads: int) -> list[str]:
 
 
 def llama_cpp_missing() -> str | None:
-    """Why llama.cpp's server cannot run here, in one line, or None when it can."""
+    """Why llama-cpp-python's server cannot run here, in one line, or None when it can."""
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama_cpp is not importable (pip install 'llama-cpp-python[server]'): running ours alone"
     if importlib.util.find_spec("sse_starlette") is None or importlib.util.find_spec("pydantic_settings") is None:
@@ -133,8 +139,10 @@ class _TerminateAsInterrupt:
 
 
 def run_compare(model_path: str, s: ServeSettings, log_dir: Path, max_num_seqs: int = 8,
-                n_threads: int | None = None, on_server=None, on_done=None, on_rate=None) -> tuple[dict, str | None]:
-    """Start, measure and stop each server in turn -> ({name: sweep}, a note when llama.cpp could not run)."""
+                n_threads: int | None = None, on_server=None, on_done=None,
+                on_rate=None) -> tuple[dict, str | None, object]:
+    """Start both servers, measure them in turns, stop them -> ({name: sweep}, a note when llama-cpp-python could not
+    run, the run's measure.Quietness)."""
     import asyncio
 
     n_threads = n_threads or os.cpu_count() or 1
@@ -142,17 +150,22 @@ def run_compare(model_path: str, s: ServeSettings, log_dir: Path, max_num_seqs: 
     note = llama_cpp_missing()
     if note is None:
         # llama-cpp-python's server has no /health; /v1/models answers once the model is loaded.
-        servers.append(("llama.cpp", lambda port: llama_cpp_argv(model_path, port, n_threads), "/v1/models"))
-    sweeps = {}
-    with _TerminateAsInterrupt():
+        servers.append((PEER, lambda port: llama_cpp_argv(model_path, port, n_threads), "/v1/models"))
+    with _TerminateAsInterrupt(), ExitStack() as stack:
+        started = {}
         for name, argv, ready_path in servers:
             port = free_port()
             if on_server:
                 on_server(name, port)
-            with ManagedServer(name, argv(port), port, ready_path, log_dir / f"server-{name}.log") as server:
-                sweeps[name] = asyncio.run(run_sweep(server.url, s, on_done=on_done, on_rate=on_rate))
-                if server.process.poll() is not None:
-                    # Its requests are already counted as failed; this says why they failed.
-                    sweeps[name]["exited"] = (f"exited with code {server.process.returncode} during the run: "
-                                              f"{server.log_tail()}")
-    return sweeps, note
+            started[name] = stack.enter_context(ManagedServer(name, argv(port), port, ready_path,
+                                                              log_dir / f"server-{name}.log"))
+        probe = Probe()
+        sweeps = asyncio.run(run_sweeps({name: server.url for name, server in started.items()}, s,
+                                        on_done=on_done, on_rate=on_rate))
+        quiet = probe.finish()
+        for name, server in started.items():
+            if server.process.poll() is not None:
+                # Its requests are already counted as failed; this says why they failed.
+                sweeps[name]["exited"] = (f"exited with code {server.process.returncode} during the run: "
+                                          f"{server.log_tail()}")
+    return sweeps, note, quiet

@@ -3,7 +3,7 @@
     percentile      linear interpolation between closest ranks (numpy's default, as vLLM's benchmark uses)
     is_good         one request within the SLO: TTFT, TPOT (and E2EL if set) each at most its bound
     summarize       one rate's records -> counts, throughputs, goodput, p50/p90/p99 of TTFT, TPOT, ITL, E2EL
-    ratios          ours / llama.cpp at each rate, when both ran
+    ratios          ours / llama-cpp-python at each rate, when both ran (one run each per rate, in turns)
     print_tables    the rich tables: one row per (server, rate), then the ratios
     plot            TTFT p50/p99 and output tokens/s against request rate, one line per server
     write_outputs   serve.json (settings, summaries, every request) and serve.png
@@ -67,8 +67,9 @@ def summarize(records, wall_s: float, s) -> dict:
     }
 
 
-def build_result(sweeps: dict, s, note: str | None = None) -> dict:
-    """The JSON document: settings, and per server its model and, per rate, the summary and every request."""
+def build_result(sweeps: dict, s, note: str | None = None, quiet=None) -> dict:
+    """The JSON document: settings, the run's quietness (a measure.Quietness, or None when not probed), and per
+    server its model and, per rate, the summary and every request."""
     from dataclasses import asdict
 
     servers = {}
@@ -80,6 +81,8 @@ def build_result(sweeps: dict, s, note: str | None = None) -> dict:
     settings = asdict(s) | {"rates": [_rate_json(r) for r in s.rates]}
     result = {"schema": "minitransformer-bench-serve/1", "settings": settings, "servers": servers,
               "ratios": ratios(servers)}
+    if quiet is not None:
+        result["quietness"] = {"line": quiet.line(), "quiet": quiet.quiet, "why_busy": quiet.why_busy()}
     if note:
         result["note"] = note
     return result
@@ -89,12 +92,16 @@ def _rate_json(rate: float):
     return "inf" if math.isinf(rate) else rate
 
 
+PEER = "llama-cpp-python"                # the peer server of `--compare` (serve_compare.py starts it)
+
+
 def ratios(servers: dict) -> list[dict]:
-    """Per rate, ours / llama.cpp: output tokens/s (above 1: we are faster) and TTFT p99 (below 1: we are faster)."""
-    if not {"ours", "llama.cpp"} <= set(servers):
+    """Per rate, ours / llama-cpp-python: output tokens/s (above 1: ours higher) and TTFT p99 (below 1: ours lower).
+    One run of each per rate: a ratio has no spread of its own, so it says what this run measured, not a margin."""
+    if not {"ours", PEER} <= set(servers):
         return []
     out = []
-    for a, b in zip(servers["ours"]["runs"], servers["llama.cpp"]["runs"]):
+    for a, b in zip(servers["ours"]["runs"], servers[PEER]["runs"]):
         sa, sb = a["summary"], b["summary"]
         ttft_a, ttft_b = sa["ttft_ms"]["p99"], sb["ttft_ms"]["p99"]
         out.append({"request_rate": a["request_rate"],
@@ -148,13 +155,20 @@ def print_tables(result: dict, console) -> None:
                 console.print(f"[red]{server} at rate {_rate_label(run['request_rate'])}: {count} failed: "
                               f"{error}[/red]")
     if result["ratios"]:
-        ratio_table = Table(title="ours / llama.cpp", title_justify="left")
-        for name in ("rate (req/s)", "out tok/s (above 1: ours faster)", "TTFT p99 (below 1: ours faster)"):
+        ratio_table = Table(title=f"ours / {PEER} (its server: one request at a time)", title_justify="left")
+        for name in ("rate (req/s)", "out tok/s (above 1: ours higher)", "TTFT p99 (below 1: ours lower)"):
             ratio_table.add_column(name, justify="right")
         for row in result["ratios"]:
             ratio_table.add_row(_rate_label(row["request_rate"]), _ratio(row["output_throughput"]),
                                 _ratio(row["ttft_p99"]))
         console.print(ratio_table)
+        console.print("one run of each server per rate, the servers in turns: a ratio has no spread of its own; run "
+                      "the comparison again to see how much it moves")
+    q = result.get("quietness")
+    if q:
+        console.print(q["line"] + ("" if q["quiet"] else f". The machine was busy ({q['why_busy']}): these "
+                                   "numbers are not a quiet machine's; close other programs and rerun."),
+                      markup=False, highlight=False)
 
 
 def plot(result: dict, path: Path) -> Path:

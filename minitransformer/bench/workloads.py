@@ -11,11 +11,12 @@ Definitions (the markdown footnotes of bench.md repeat them; peers.py measures t
                                  every generated token over the wall time, prefill included (scripts/bench_serving.py)
 
 `Ours` wraps a loaded model behind the same method names as the peers (peers.py) so run.py treats all alike.
+Each method times one call of its workload (`timed`, on measure.py's clock), leaving out what it must set up first (a
+fresh cache, the prefill before decode). The warm-up and the repeats are run.py's: its rounds call ours and the peers
+in turns, so one slow spell of the machine hits every system alike.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from ..backend import synchronize, to_host
 from ..decode import decode_step
 from ..generate import generate
 from ..kv_cache import KVCache
+from ..measure import time_calls
 from ..prefill import prefill
 from ..sampling_params import SamplingParams
 
@@ -37,6 +39,14 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
 TOPICS = ["the printing press", "volcanoes", "the history of tea", "how bridges stay up", "honey bees",
           "the moon landing", "bread baking", "ocean tides", "the Roman roads", "electric motors", "chess openings",
           "coral reefs", "the first computers", "glaciers", "paper money", "migrating birds"]
+
+
+def timed(run) -> tuple[float, object]:
+    """(seconds, what run() returned) of one call, timed by measure.time_calls with no warm-up of its own: the
+    caller's rounds (run.alternate) make the warm-up call and the repeats, interleaved with the other systems."""
+    out = []
+    timing = time_calls(lambda: out.append(run()), repeats=1, warmup=0)
+    return timing.min, out[0]
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:
@@ -69,10 +79,13 @@ def run_engine(model, prompts: list, params: SamplingParams, policy: str = "cont
     from ..serving import Engine
 
     engine = Engine(model, max_num_seqs=len(prompts), policy=policy)
-    start = time.perf_counter()
-    rids = [engine.add_request(p, params) for p in prompts]
-    results = engine.run()
-    return time.perf_counter() - start, [results[rid] for rid in rids], engine
+
+    def serve_all():
+        rids = [engine.add_request(p, params) for p in prompts]
+        results = engine.run()
+        return [results[rid] for rid in rids]
+    seconds, results = timed(serve_all)
+    return seconds, results, engine
 
 
 class Ours:
@@ -91,28 +104,28 @@ class Ours:
     def prefill_seconds(self, ids: list[int]) -> float:
         model = self.model
         cache = KVCache(model.config, len(ids), xp=model.xp)
-        start = time.perf_counter()
-        logits = prefill(model, ids, cache)                                   # (1, V)
-        to_host(logits)
-        synchronize(model.xp)
-        return time.perf_counter() - start
+
+        def run():
+            to_host(prefill(model, ids, cache))                               # (1, V) logits, on the host
+            synchronize(model.xp)
+        return timed(run)[0]
 
     def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
         model = self.model
         cache = KVCache(model.config, len(ids) + new_tokens, batch=batch, xp=model.xp)
         logits = prefill(model, [list(ids)] * batch, cache)                   # (B, V), not timed
         tokens = np.argmax(to_host(logits), axis=-1)                          # (B,)
-        start = time.perf_counter()
-        for _ in range(new_tokens):
-            logits = decode_step(model, tokens, cache)                        # (B, V)
-            tokens = np.argmax(to_host(logits), axis=-1)                      # (B,) greedy, on the host
-        seconds = time.perf_counter() - start
+
+        def run(tokens=tokens):
+            for _ in range(new_tokens):
+                logits = decode_step(model, tokens, cache)                    # (B, V)
+                tokens = np.argmax(to_host(logits), axis=-1)                  # (B,) greedy, on the host
+        seconds, _ = timed(run)
         return batch * new_tokens / seconds
 
     def generate_seconds(self, ids: list[int], new_tokens: int, use_cache: bool) -> tuple[float, list[int]]:
-        start = time.perf_counter()
-        out = generate(self.model, ids, greedy(new_tokens), use_cache=use_cache)
-        return time.perf_counter() - start, list(out.token_ids)
+        seconds, out = timed(lambda: generate(self.model, ids, greedy(new_tokens), use_cache=use_cache))
+        return seconds, list(out.token_ids)
 
     def continuous_tok_s(self, prompts: list, new_tokens: int) -> float:
         seconds, results, _ = run_engine(self.model, prompts, greedy(new_tokens))

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     fig.add_argument("--only", metavar="NAME,...", help="draw only these figures (e.g. request_flow.png,roofline), "
                      "measuring only what they need")
+    fig.add_argument("--allow-busy", action="store_true", help="draw the timed figures even when the machine was busy "
+                     "while they were measured (their titles say so); by default they are not written")
 
     bench = commands.add_parser("bench", help="benchmark us against the installed peers and this machine's roofline")
     bench.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")

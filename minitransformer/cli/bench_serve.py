@@ -16,11 +16,13 @@ def add_bench_serve_parser(bench, parser_class) -> None:
     """`bench serve ...` as an optional sub-command of the `bench` parser."""
     modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve",
                                  help="optional: load-test an HTTP server instead (bench serve --help)")
-    p = modes.add_parser("serve", help="load-test an OpenAI-compatible server (ours, llama.cpp's, vLLM) over HTTP")
+    p = modes.add_parser("serve", help="load-test an OpenAI-compatible server (ours, llama-cpp-python's, "
+                          "llama.cpp's llama-server, vLLM) over HTTP")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="the server to measure, e.g. http://127.0.0.1:8000")
     target.add_argument("--compare", action="store_true",
-                        help="start our server and llama.cpp's on free loopback ports, measure each in turn, stop them")
+                        help="start our server and llama-cpp-python's on free loopback ports, measure them in "
+                        "turns at each rate, stop them")
     p.add_argument("--model", metavar="NAME|PATH",
                    help="the model name to ask for (default: the first one GET /v1/models lists); with --compare: "
                         "the GGUF both servers load (default: SmolLM2-135M-Instruct)")
@@ -46,7 +48,8 @@ def add_bench_serve_parser(bench, parser_class) -> None:
     p.add_argument("--slo-e2el-ms", type=float, metavar="MS", help="goodput SLO: end-to-end latency (default: none)")
     p.add_argument("--max-num-seqs", type=int, default=8, metavar="N",
                    help="with --compare: our server's batch size (default 8)")
-    p.add_argument("--n-threads", type=int, metavar="N", help="with --compare: llama.cpp's threads (default: cores)")
+    p.add_argument("--n-threads", type=int, metavar="N",
+                   help="with --compare: llama-cpp-python's threads (default: cores)")
     p.add_argument("--out", default="bench_results", metavar="DIR",
                    help="folder for serve.json, serve.png and the servers' logs (default: bench_results)")
     p.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/serve.json")
@@ -114,8 +117,8 @@ def cmd_bench_serve(args) -> int:
                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
         state = {"server": "server", "task": None}
 
-        def on_rate(rate):
-            state["task"] = progress.add_task(f"{state['server']} at {rate:g} req/s", total=s.num_prompts)
+        def on_rate(rate, server=None):
+            state["task"] = progress.add_task(f"{server or state['server']} at {rate:g} req/s", total=s.num_prompts)
 
         def on_done(record):
             progress.advance(state["task"])
@@ -133,11 +136,15 @@ def cmd_bench_serve(args) -> int:
                 state["server"] = name
                 progress.console.print(f"starting {name} on 127.0.0.1:{port} (log: {out}/server-{name}.log)")
 
-            sweeps, note = run_compare(model_path, s, out, args.max_num_seqs, args.n_threads, on_server=on_server,
-                                       on_done=on_done, on_rate=on_rate)
+            sweeps, note, quiet = run_compare(model_path, s, out, args.max_num_seqs, args.n_threads,
+                                              on_server=on_server, on_done=on_done, on_rate=on_rate)
         else:
+            from ..measure import Probe
+
+            probe = Probe()                     # this machine's quietness: the client's, and a local server's
             sweeps, note = {"server": asyncio.run(run_sweep(args.url, s, on_done=on_done, on_rate=on_rate))}, None
-    result = build_result(sweeps, s, note)
+            quiet = probe.finish()
+    result = build_result(sweeps, s, note, quiet)
     print_tables(result, Console(width=220))
     paths = write_outputs(result, out, Path(args.json) if args.json else None)
     for path in paths.values():

@@ -45,12 +45,15 @@ def cmd_download(args) -> int:
 
 
 def cmd_figures(args) -> int:
-    """Measure, draw, and print the path of each figure (progress on stderr)."""
-    from ..viz import make_figures
+    """Measure, draw, and print the path of each figure written (progress on stderr). Exit 1 when a timed figure
+    was refused because the machine was busy (stderr names it and why), so a script notices."""
+    from ..viz import make_figures, select_figures
 
-    for path in make_figures(args.out, quick=args.quick, model_path=args.model, only=args.only):
+    written = make_figures(args.out, quick=args.quick, model_path=args.model, only=args.only,
+                           allow_busy=args.allow_busy)
+    for path in written:
         print(path)
-    return 0
+    return 0 if len(written) == len(select_figures(args.only)) else 1
 
 
 def cmd_bench(args) -> int:

@@ -28,14 +28,14 @@ extern "C" __global__ void nothing() {}
 def measure_overheads(mode: str = "fibers", threads: int = 128, repeats: int = 200,
                       order: str = DEFAULT_ORDER) -> dict[str, float]:
     """Milliseconds per __syncthreads, per warp shuffle (all lanes of every warp) and per block launch, for a block
-    of `threads`: what a kernel's running time on the CPU is made of besides its own arithmetic."""
-    import time
+    of `threads`: what a kernel's running time on the CPU is made of besides its own arithmetic. Each launch is
+    timed by measure.time_calls (a warm-up, then the fastest of 3: the cost without the machine's other work)."""
+    from ..measure import time_calls
     module = CpuModule(_OVERHEAD_SOURCE, mode=mode, order=order, source_name="overheads.cu")
 
     def timed(name: str, grid: int, args: tuple) -> float:
-        start = time.perf_counter()
-        module.get_function(name)((grid,), (threads,), args)
-        return (time.perf_counter() - start) * 1e3
+        kernel = module.get_function(name)
+        return time_calls(lambda: kernel((grid,), (threads,), args), repeats=3).min * 1e3
 
     out = np.zeros(threads, np.float32)
     block = timed("nothing", repeats, ()) / repeats
