@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from minitransformer.claims import printed_verdicts, verdict_line  # noqa: E402
-from minitransformer.measure import PEAKS_ENV, Quietness  # noqa: E402
+from minitransformer.measure import PEAKS_ENV, QUIET_LINE, Quietness  # noqa: E402
 
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"
@@ -96,9 +96,10 @@ def command(lesson: Path, args: list[str] = ()) -> str:
     return " ".join(["python", lesson.relative_to(ROOT).as_posix(), *args])
 
 
-def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime, quiet: Quietness) -> str:
+def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime) -> str:
     number = lesson.stem[:2]
-    others = "unknown" if quiet.others is None else f"{quiet.others:.1%}"
+    quiet = QUIET_LINE.search(flat(output))            # the probe's line as the lesson printed it
+    others = "an unknown share" if quiet["others"] == "?" else f"{quiet['others']}%"
     return "\n".join([
         f"# Lesson {number} transcript: {title(lesson)}",
         "",
@@ -111,8 +112,8 @@ def render(lesson: Path, output: str, seconds: float, where: str, when: datetime
         f"- machine: {where}",
         f"- command: `{command(lesson)}`",
         f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model",
-        f"- quietness: load average {quiet.load:.2f} at the start, other programs used {others} of the cores, "
-        f"calibration drift {quiet.drift:+.1%}",
+        f"- quietness: load average {quiet['load']} at the start, other programs used {others} of the "
+        f"{quiet['cores']} cores, calibration drift {quiet['drift']}%",
         f"- regenerate: `python scripts/make_transcripts.py --only {number}`; check: "
         "`python scripts/make_transcripts.py --verify`",
         "",
@@ -404,7 +405,7 @@ def main() -> int:
             problems = claim_problems(lesson, out)
             quiet = Quietness.parse(out)
             if not problems:
-                transcript_for(lesson).write_text(render(lesson, out, seconds, where, when, quiet))
+                transcript_for(lesson).write_text(render(lesson, out, seconds, where, when))
                 say(f"{lesson.name} done in {seconds:.0f} s -> {transcript_for(lesson).relative_to(ROOT)}")
                 break
             say(f"{lesson.name}: not written after {seconds:.0f} s: " + "; ".join(problems))
