@@ -179,6 +179,7 @@ def test_claims_and_verdicts_follow_the_printed_numbers(lesson):
                                                                and verdicts["verify-costs-more"])
     assert ("explains it without looking at section 2's clock" in answer) == verdicts["model-explains"]
     assert "every run above produced plain greedy's tokens" in answer
+    assert ("redrawn from max(p - q, 0)" in answer) == verdicts["sampled-matches"]
     assert figure.stat().st_size > 5000 and figure.read_bytes()[:4] == b"\x89PNG"
     assert "figures/draft_and_verify.png draws" not in out           # 16 tokens: not the figure's run
 
