@@ -1,16 +1,19 @@
 """Lesson 11: the FlashAttention kernel, read and run on the CPU: the real CUDA source, one tile at a time.
 
     python lessons/11_flash_attention_kernel.py [--prompt TEXT] [--layers N] [--head H] [--block-size 16]
-                                                [--partition-size 32] [--sizes 1024,4096,32768]
+                                                [--partition-size 32] [--sizes 1024,4096,32768] [--repeats 5]
 
 minitransformer/kernels/*.cu are compiled by g++ with a header that plays the GPU (kernels/cpu_runner.py), so the
 exact source CuPy would build runs here on the real model's q, k, v next to layers.attention. No GPU needed.
+The lesson's claims (claims() below) are decided from the numbers it prints: the correctness ones (differences below
+the kernel tests' float32 tolerance) hold whatever the machine is doing; the one about time (the runner vs NumPy,
+timed in turns) is stated only when the run was quiet (minitransformer/measure.py).
 """
 
 import argparse
 import math
+import re
 import sys
-import time
 import unittest.mock
 from pathlib import Path
 
@@ -19,15 +22,17 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import MiniTransformerError  # noqa: E402
+from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
 import minitransformer.attention_backend  # noqa: E402
 from minitransformer import KVCache, load_model  # noqa: E402
+from minitransformer.claims import NUMBER, Claim, find_numbers, report, table_with  # noqa: E402
 from minitransformer.kernels import flash_prefill, paged_decode  # noqa: E402
 from minitransformer.kernels.attention import (PREFILL_FILE, plan_flash_prefill, plan_paged_decode,  # noqa: E402
                                               prefill_shared_bytes)
 from minitransformer.kernels.loader import source_constant  # noqa: E402
 from minitransformer.kernels.prefill_wmma import WMMA_FILE, wmma_shared_bytes  # noqa: E402
 from minitransformer.layers import attention  # noqa: E402
+from minitransformer.measure import Probe, interleaved  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 
 PROMPT = ("Attention lets every token look back at the tokens before it. A GPU kernel computes it in tiles: a block of "
@@ -35,7 +40,63 @@ PROMPT = ("Attention lets every token look back at the tokens before it. A GPU k
           "and keeps only a running maximum, a running sum and a partial output for each query row, so the full "
           "table of scores never has to exist in memory.")
 BQ, BK = source_constant(PREFILL_FILE, "PREFILL_BLOCK_Q"), source_constant(PREFILL_FILE, "PREFILL_BLOCK_K")
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut titles at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
+TOL = 1e-5                  # the kernel tests' float32 tolerance: a kernel that differs by more is wrong
+GPU_CALLS = 20              # launches per timed sample on a GPU: one launch is a few microseconds, below the clock's
+
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). Every claim but one is about correctness and holds on any machine; the
+    one about time compares two contenders timed in turns and holds only when their ranges do not overlap."""
+    n = f"({NUMBER})"
+    T, = find_numbers(output, r"flash_prefill on (\d+) tokens")
+    visited, total, skipped = find_numbers(output, r"check tiles: visited (\d+) of (\d+), skipped (\d+)")
+    tiles_q, tiles_k = -(-int(T) // BQ), -(-int(T) // BK)
+    needed = sum(-(-min(int(T), BQ * (i + 1)) // BK) for i in range(tiles_q))   # query tile i: keys 0..its last row
+    prefill_diff, layers = find_numbers(output, rf"check prefill: max \|kernel - array\| = {n} over (\d+) layers")
+    runner, runner_median, runner_spread, array, array_median, array_spread = find_numbers(
+        output, rf"CPU runner {n} ms \(median {n}, spread {n}\), NumPy {n} ms \(median {n}, spread {n}\)")
+    mirror_out, mirror_lse = find_numbers(output, rf"check mirror: \|acc/l - kernel out\| = {n}, "
+                                                  rf"\|m \+ log l - kernel lse\| = {n}")
+    merge_out, merge_lse = find_numbers(output, rf"check merge: \|mirror - kernel out\| = {n}, "
+                                                rf"\|M \+ log sum w - kernel lse\| = {n}")
+    decode, = find_numbers(output, rf"check decode: max \|paged kernel - array\| = {n}")
+    baseline, = find_numbers(output, rf"check decode baseline: max \|paged_decode_simple.cu - paged_decode.cu\| = {n}")
+    wmma, ratio = find_numbers(output, rf"check wmma: max \|wmma - float32 array\| = {n} over \d+ layers, max "
+                                       rf"\|wmma - array on float16 inputs\| / bound = {n}")
+    memory = table_with(output, "T = S")
+    largest = memory.numbers("T = S")[-1]
+    narrow, wide = memory.numbers("kernel")[-1], memory.numbers("with 128-row")[-1]
+    found = [
+        Claim("tiles-causal", "the grid visits the tiles causal attention needs and skips those wholly in the future",
+              (visited, total, skipped) == (needed, tiles_q * tiles_k, tiles_q * tiles_k - needed),
+              f"visited {visited:.0f} of {total:.0f}; query tile i needs keys up to its last row: {needed} of "
+              f"{tiles_q * tiles_k} for T = {T:.0f}", timed=False),
+        Claim("prefill-exact", "the CUDA prefill kernel computes the same attention as layers.attention",
+              prefill_diff < TOL, f"max difference {prefill_diff:.2e} over {layers:.0f} layers, tolerance {TOL:.0e}",
+              timed=False),
+        Claim("mirror-exact", "the online-softmax recurrence, tile by tile, ends at the kernel's output and LSE",
+              max(mirror_out, mirror_lse) < TOL, f"{mirror_out:.2e} and {mirror_lse:.2e}", timed=False),
+        Claim("decode-exact", "paged decode's partitions merged by log-sum-exp give the array's answer",
+              max(merge_out, merge_lse, decode, baseline) < TOL,
+              f"merge {max(merge_out, merge_lse):.2e}, kernel vs array {decode:.2e}, two kernels {baseline:.2e}",
+              timed=False),
+        Claim("wmma-bound", "the tensor-core kernel's own error stays under its float16 bound", ratio <= 1,
+              f"largest error / bound {ratio:.2f}; against the float32 array {wmma:.2e}", timed=False),
+        Claim("wide-tiles-move-less", "wider query tiles move fewer bytes (fewer re-reads of K and V)",
+              wide < narrow, f"T = {largest:.0f}: {wide:.2f} GiB with 128-row tiles vs {narrow:.2f} GiB with 16-row "
+              "tiles (formulas, not timings)", timed=False),
+        Claim("runner-slower", "the CPU runner is slower than NumPy's attention", runner > array + array_spread,
+              f"runner fastest {runner:.1f} ms vs NumPy slowest {array + array_spread:.1f} ms (fastest {array:.1f}, "
+              f"spread {array_spread:.1f})"),
+    ]
+    gpu = re.search(rf"check gpu: prefill max diff {n}, decode {n}", " ".join(output.split()))
+    if gpu:
+        worst = max(float(gpu.group(1)), float(gpu.group(2)))
+        found.append(Claim("gpu-exact", "on the GPU the kernels give the array's answer", worst < TOL,
+                           f"largest difference {worst:.2e}", timed=False))
+    return found
 
 
 def record_attention(model, ids):
@@ -112,8 +173,12 @@ def main():
     ap.add_argument("--partition-size", type=int, default=32,
                     help="keys per partition of the paged-decode kernel (a multiple of --block-size)")
     ap.add_argument("--sizes", default="1024,4096,32768", help="sequence lengths for the memory-traffic table")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs of each contender in section 2 (at least 2)")
     args = ap.parse_args()
+    if args.repeats < 2:
+        raise InputError(f"--repeats must be at least 2 (one run has no spread), got {args.repeats}")
     model = load_model()
+    probe = Probe()                                                      # is the machine quiet during this run?
     cfg, ids = model.config, model.tokenizer.encode(args.prompt)
     T, H, K, d, G = len(ids), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
     calls, cache = record_attention(model, ids)
@@ -134,12 +199,16 @@ def main():
 
     console.rule("[bold]2. The real kernel (CPU runner) vs layers.attention (NumPy), the model's own q, k, v")
     out, lse = flash_prefill(q, k, v, return_lse=True)                     # the first call compiles (cached on disk)
-    t0 = time.perf_counter(); flash_prefill(q, k, v); t_kernel = time.perf_counter() - t0
-    t0 = time.perf_counter(); attention(q, k, v, q_pos, k_pos); t_array = time.perf_counter() - t0
     diffs = [float(np.abs(flash_prefill(*c[:3]) - c[-1]).max()) for c in calls[:args.layers]]
     console.print(f"check prefill: max |kernel - array| = {max(diffs):.2e} over {len(diffs)} layers "
-                  f"(layer 0: {diffs[0]:.2e}). Per layer: CPU runner {t_kernel * 1e3:.0f} ms, NumPy "
-                  f"{t_array * 1e3:.1f} ms: the runner proves correctness, not speed")
+                  f"(layer 0: {diffs[0]:.2e}); the float32 tolerance is {TOL:.0e}")
+    timed = interleaved({"runner": lambda: flash_prefill(q, k, v),            # in turns: a busy moment hits both
+                         "numpy": lambda: attention(q, k, v, q_pos, k_pos)}, repeats=args.repeats)
+    console.print(f"check time per layer (layer 0, {args.repeats} runs each in turns after a warm-up; the fastest "
+                  f"run is the figure a quiet machine gives): CPU runner {timed['runner'].ms()}, NumPy "
+                  f"{timed['numpy'].ms()}. The runner plays the GPU's blocks one after another and their threads as "
+                  "fibers on one core: it is here to prove the CUDA source right, and its time says nothing about a "
+                  "GPU's.")
 
     console.rule("[bold]3. One query row, one key tile at a time, in the kernel's order: the array mirror")
     row = T - 1
@@ -231,8 +300,9 @@ def main():
     console.print(f"check wmma layer 0: CUDA-core kernel in float16 {cuda_core16:.2e}, tensor-core kernel "
                   f"{errors[0, 3]:.2e} (max |kernel - float32 array|)")
     console.print("Column 2 is what rounding the inputs to float16 costs any float16 kernel; column 3 is the "
-                  "tensor-core kernel's own share (P and the output rounded to float16), under its bound; column 5 "
-                  "is what a user of the float16 kernel sees against the float32 model.")
+                  "tensor-core kernel's own share (P and the output rounded to float16), which column 4 bounds "
+                  "(claim wmma-bound, section 8); column 5 is what a user of the float16 kernel sees against the "
+                  "float32 model.")
 
     console.rule("[bold]7. On a GPU")
     try:
@@ -242,41 +312,69 @@ def main():
     except Exception as exc:   # no CuPy, or no CUDA driver
         console.print(f"No GPU through CuPy here ({type(exc).__name__}): the kernels ran on the CPU runner only.")
     else:
-        def gpu_us(fn, n=20):                                              # mean time per call, CUDA events
-            fn()
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            end.synchronize()
-            return cp.cuda.get_elapsed_time(start, end) / n * 1e3
-        qg, kg, vg, qpg, kpg = (cp.asarray(a) for a in (q, k, v, q_pos, k_pos))
-        plan_g = plan_flash_prefill(qg, kg, vg)                            # checked once; run() only launches
-        t_kernel, t_array = gpu_us(plan_g.run), gpu_us(lambda: attention(qg, kg, vg, qpg, kpg))
-        out_g = paged_decode(*(cp.asarray(a) for a in (q_dec, pool[0], pool[1], tables, seq_lens)), partition_size=P)
-        console.print(f"check gpu: prefill max diff {float(np.abs(plan_g.out.get() - ref).max()):.2e}, decode "
-                      f"{float(np.abs(out_g.get() - ref_d).max()):.2e}; flash_prefill {t_kernel:.1f} us vs "
-                      f"layers.attention on CuPy {t_array:.1f} us per layer")
-        q16g, k16g, v16g = (cp.asarray(a.astype(np.float16)) for a in (q, k, v))
-        t_f16, t_wmma = (gpu_us(plan_flash_prefill(q16g, k16g, v16g, variant=name).run)
-                         for name in ("cuda_cores", "wmma"))
-        console.print(f"float16: CUDA-core kernel {t_f16:.1f} us, tensor-core kernel {t_wmma:.1f} us per layer")
+        gpu_section(cp, q, k, v, q_pos, k_pos, ref, (q_dec, pool[0], pool[1], tables, seq_lens), ref_d, P,
+                    args.repeats)
+
+    console.rule("[bold]8. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
 
     console.rule("[bold]Interview question: how does FlashAttention compute exact attention without the T x S matrix?")
     naive, tiled = traffic(sizes[-1], H, K, d, BQ)
-    console.print(
-        f"By tiling with an online softmax. A block owns {BQ} query rows and streams the keys through shared memory "
-        f"{BK} at a time, keeping per row only a running max m, a running sum l and an unnormalised output; when a "
-        f"tile raises m, both are rescaled by e^(m_old - m). On the real model (layer 0, head {h}, row {row}) that "
-        f"recurrence over {len(mirror[h])} tiles matched the kernel to {np.abs(acc / l - out[0, h, row]).max():.1e}, "
-        f"and the kernel matched layers.attention to {max(diffs):.1e} on {len(diffs)} layers, visiting "
-        f"{(grid > 0).sum()} of {grid.size} tile pairs (causal skipping). Paged decode splits the keys into partitions "
-        f"and merges them by log-sum-exp, here to {np.abs(out_d - ref_d).max():.1e}. What it saves: at T = {sizes[-1]} "
-        f"the naive version writes a {gib(4 * H * sizes[-1] ** 2)} score buffer per layer, the kernel "
-        f"{prefill_shared_bytes(d) / 1024:.1f} KiB of tiles per block. Bytes moved are another matter: with {BQ}-row "
-        f"tiles the K/V re-reads cost {gib(tiled)} vs {gib(naive)} naive (a GPU's L2 cache absorbs part of that); "
-        f"FlashAttention-2's 64-128 rows would need {gib(traffic(sizes[-1], H, K, d, 128)[1])}.")
+    answer = [f"By tiling with an online softmax. A block owns {BQ} query rows and streams the keys through shared "
+              f"memory {BK} at a time, keeping per row only a running max m, a running sum l and an unnormalised "
+              "output; when a tile raises m, both are rescaled by e^(m_old - m)."]
+    if shown["mirror-exact"] and shown["prefill-exact"]:
+        answer.append(f"On the real model (layer 0, head {h}, row {row}) that recurrence over {len(mirror[h])} tiles "
+                      f"matched the kernel to {np.abs(acc / l - out[0, h, row]).max():.1e}, and the kernel matched "
+                      f"layers.attention to {max(diffs):.1e} on {len(diffs)} layers, visiting {(grid > 0).sum()} of "
+                      f"{grid.size} tile pairs (causal skipping).")
+    else:
+        answer.append("This run's kernel did not match the array version within the float32 tolerance (see the "
+                      "claims above): a kernel that differs is wrong, whatever it saves.")
+    if shown["decode-exact"]:
+        answer.append(f"Paged decode splits the keys into partitions and merges them by log-sum-exp, here to "
+                      f"{np.abs(out_d - ref_d).max():.1e}.")
+    answer.append(f"What it saves: at T = {sizes[-1]} the naive version writes a {gib(4 * H * sizes[-1] ** 2)} score "
+                  f"buffer per layer, the kernel {prefill_shared_bytes(d) / 1024:.1f} KiB of tiles per block. Bytes "
+                  f"moved are another matter: with {BQ}-row tiles the K/V re-reads cost {gib(tiled)} vs {gib(naive)} "
+                  f"naive (a GPU's L2 cache absorbs part of that); FlashAttention-2's 64-128 rows would need "
+                  f"{gib(traffic(sizes[-1], H, K, d, 128)[1])}.")
+    if shown["runner-slower"]:
+        answer.append(f"Speed is a GPU's business: on this CPU the runner took {timed['runner'].min * 1e3:.0f} ms per "
+                      f"layer against NumPy's {timed['numpy'].min * 1e3:.1f} ms (fastest of {args.repeats}), because "
+                      "it plays the GPU's threads one after another.")
+    console.print(" ".join(answer))
+
+
+def gpu_section(cp, q, k, v, q_pos, k_pos, ref, paged_args, ref_d, P, repeats) -> None:
+    """Section 7 where CuPy sees a GPU: the same kernels on it, their answers against the array version, and their
+    times against layers.attention on CuPy, in turns. One sample is GPU_CALLS launches (one launch takes a few
+    microseconds, too short for the host clock), and the device is synchronised before the clock stops."""
+    sync = cp.cuda.Device().synchronize
+
+    def batch(fn):
+        return lambda: [fn() for _ in range(GPU_CALLS)]
+
+    def us(t) -> str:                                                    # Timing of GPU_CALLS launches -> per launch
+        per = 1e6 / GPU_CALLS
+        return f"{t.min * per:.1f} us (median {t.median * per:.1f}, spread {t.spread * per:.1f})"
+
+    qg, kg, vg, qpg, kpg = (cp.asarray(a) for a in (q, k, v, q_pos, k_pos))
+    plan_g = plan_flash_prefill(qg, kg, vg)                              # checked once; run() only launches
+    out_g = paged_decode(*(cp.asarray(a) for a in paged_args), partition_size=P)
+    t = interleaved({"kernel": batch(plan_g.run), "array": batch(lambda: attention(qg, kg, vg, qpg, kpg))},
+                    repeats=repeats, sync=sync)
+    console.print(f"check gpu: prefill max diff {float(np.abs(plan_g.out.get() - ref).max()):.2e}, decode "
+                  f"{float(np.abs(out_g.get() - ref_d).max()):.2e}; per layer ({repeats} samples of {GPU_CALLS} "
+                  f"launches, in turns): flash_prefill {us(t['kernel'])} vs layers.attention on CuPy "
+                  f"{us(t['array'])}")
+    q16g, k16g, v16g = (cp.asarray(a.astype(np.float16)) for a in (q, k, v))
+    t16 = interleaved({name: batch(plan_flash_prefill(q16g, k16g, v16g, variant=name).run)
+                       for name in ("cuda_cores", "wmma")}, repeats=repeats, sync=sync)
+    console.print(f"check gpu float16: CUDA-core kernel {us(t16['cuda_cores'])}, tensor-core kernel "
+                  f"{us(t16['wmma'])} per layer")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Lesson 14: serving under load: requests arrive over time, and a bigger batch trades one latency for another.
 
     python lessons/14_serving_under_load.py [--requests 16] [--rates 2,8] [--max-num-seqs 1,4,16]
-                                           [--max-tokens 24] [--max-prompt 160] [--num-blocks N] [--repeats 2]
+                                           [--max-tokens 24] [--max-prompt 160] [--num-blocks N] [--repeats 3]
                                            [--figure PATH]
 
 Lesson 08 gave the engine all its requests at once. A real server gets them one at a time, at random moments (a
@@ -12,13 +12,19 @@ Poisson process: independent arrivals at an average rate), and each request's la
     decode  = last token - first token       its other tokens, one per engine step
 
 The common mistake is "a bigger batch always helps". It raises throughput only while requests are waiting for slots;
-each step also gets slower as the batch grows (every running request's next token waits for the whole step), and the
-KV cache must hold every running request's keys and values. This lesson drives the real Engine with timed arrivals, the
-loop `minitransformer serve` runs (that server's engine thread does exactly this between HTTP requests; `minitransformer
-bench serve` measures the same quantities over HTTP), and sweeps the arrival rate and max_num_seqs.
+each step may also get slower as the batch grows (every running request's next token waits for the whole step), and
+the KV cache must hold every running request's keys and values. This lesson drives the real Engine with timed
+arrivals, the loop `minitransformer serve` runs (that server's engine thread does exactly this between HTTP requests;
+`minitransformer bench serve` measures the same quantities over HTTP), and sweeps the arrival rate and max_num_seqs.
+
+Every configuration runs --repeats times, in turns (round 1 runs each once, then round 2, ...), so a busy moment hits
+them alike; each run's throughput is checked against what its own requests' times imply (a run that stalled is
+flagged), and a change between configurations is called a change only when the ranges of their runs do not overlap.
+The lesson's claims (claims() below) are decided from the numbers it prints (minitransformer/claims.py).
 """
 
 import argparse
+import heapq
 import sys
 import time
 from pathlib import Path
@@ -30,7 +36,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import SamplingParams, load_model  # noqa: E402
 from minitransformer.bench.machine import H200  # noqa: E402
+from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
 from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
+from minitransformer.measure import Probe, interleaved  # noqa: E402
 from minitransformer.metrics import now  # noqa: E402
 from minitransformer.serving import Engine  # noqa: E402
 
@@ -38,8 +46,71 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the
         "their crews trusting a light they never saw being lit. One winter a storm cut the island off for a month, "
         "and the keeper wrote down everything he remembered about the sea, the birds and the people who had lived "
         "there before him. ") * 6
-console = Console(width=None if sys.stdout.isatty() else 120)     # piped: don't cut titles at 80 columns
+console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
+AGREE = 1.5           # a run's tok/s within this factor of what its requests' median service time implies
+AT_BOUND = 0.80       # "limited by the arrivals": at least 80% of the most the arrivals allow (that bound serves the
+                      # last request alone at the fastest service any request got: no run can quite reach it)
+QUEUEING = 0.8        # "almost all of it queueing": the queue p99 drop is at least 80% of the TTFT p99 drop
 
+
+# ------------------------------------------------------------------------------------------------ the claims
+
+def claims(output: str) -> list[Claim]:
+    """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
+    scripts/make_transcripts.py --verify). Table 1 has every run; table 2 each configuration's best / median /
+    spread over its runs. Compared at the heavier load: the fewest slots (S) and the most (B)."""
+    n_runs, = find_numbers(output, r"each configuration run (\d+) times in turns")
+    runs = table_with(output, "run")
+    per_run = [dict(zip(runs.columns, row)) for row in runs.rows]
+    ratios = [(float(r["out tok/s"]) / float(r["implied tok/s"]), r) for r in per_run]
+    off = [(x, r) for x, r in ratios if not 1 / AGREE <= x <= AGREE]
+    worst = max(ratios, key=lambda xr: max(xr[0], 1 / xr[0]))
+    summary = table_with(output, "tok/s best")
+    conf = {}                                            # (rate, slots) as printed -> {column: number}
+    for row in summary.rows:
+        cell = dict(zip(summary.columns, row))
+        conf[cell["rate /s"], cell["slots"]] = {name: float(cell[name]) for name in summary.columns[2:]}
+    rates = sorted({rate for rate, _ in conf}, key=float)
+    slots = sorted({m for _, m in conf}, key=int)
+    heavy, light, S, B = rates[-1], rates[0], slots[0], slots[-1]
+    a, b, c = conf[heavy, S], conf[heavy, B], conf[light, B]
+    kv = {m: [float(r["KV MiB"]) for r in per_run if (r["rate /s"], r["slots"]) == (heavy, m)] for m in (S, B)}
+    bound, = find_numbers(output, rf"check arrivals at {light} requests/s: .*? at most ([\d.]+) tok/s")
+    several = n_runs >= 2
+    needs = "" if several else "; one run has no spread to judge by"
+    at = f"at {heavy} requests/s, {S} -> {B} slots"
+    ttft_drop, queue_drop = a["TTFT p99 median"] - b["TTFT p99 median"], a["queue p99 median"] - b["queue p99 median"]
+    ttft_down = several and b["TTFT p99 best"] + b["TTFT p99 spread"] < a["TTFT p99 best"]
+    return [
+        Claim("rows-agree", f"every run's throughput is what its own requests' times imply (within a factor {AGREE})",
+              not off, f"{len(per_run) - len(off)} of {len(per_run)} runs agree; furthest: {worst[1]['rate /s']}/s, "
+              f"{worst[1]['slots']} slots, run {worst[1]['run']}: {worst[1]['out tok/s']} vs "
+              f"{worst[1]['implied tok/s']} tok/s"),
+        Claim("throughput-up", f"more slots raise throughput under the heavier load ({at})",
+              several and b["tok/s best"] - b["tok/s spread"] > a["tok/s best"],
+              f"the {B}-slot runs' slowest {b['tok/s best'] - b['tok/s spread']:.1f} tok/s vs the {S}-slot runs' "
+              f"fastest {a['tok/s best']:.1f}{needs}"),
+        Claim("queueing-down", f"more slots cut TTFT p99 under the heavier load ({at})",
+              ttft_down, f"the {B}-slot runs' worst {b['TTFT p99 best'] + b['TTFT p99 spread']:.2f} s vs the "
+              f"{S}-slot runs' best {a['TTFT p99 best']:.2f} s{needs}"),
+        Claim("ttft-is-queueing", f"almost all of that cut in TTFT p99 is queueing ({at}, medians)",
+              ttft_down and queue_drop >= QUEUEING * ttft_drop,
+              f"queue p99 fell {queue_drop:.2f} s of TTFT p99's {ttft_drop:.2f} s (at least {QUEUEING:.0%} needed"
+              + ("" if ttft_down else "; and TTFT p99 must first fall beyond the spread") + ")"),
+        Claim("itl-up", f"more slots make every token slower: ITL p50 grows ({at})",
+              several and b["ITL p50 best"] > a["ITL p50 best"] + a["ITL p50 spread"],
+              f"the {B}-slot runs' best {b['ITL p50 best']:.1f} ms vs the {S}-slot runs' worst "
+              f"{a['ITL p50 best'] + a['ITL p50 spread']:.1f} ms{needs}"),
+        Claim("kv-up", f"more slots hold more KV cache at once ({at})", min(kv[B]) > max(kv[S]),
+              f"{B} slots at least {min(kv[B]):.1f} MiB in every run, {S} at most {max(kv[S]):.1f} MiB",
+              timed=False),
+        Claim("light-at-bound", f"at {light} requests/s, {B} slots deliver what the arrivals allow "
+              f"(at least {AT_BOUND:.0%} of it)", c["tok/s best"] >= AT_BOUND * bound,
+              f"{c['tok/s best']:.1f} of at most {bound:.1f} tok/s ({c['tok/s best'] / bound:.0%})"),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ the runs
 
 def workload(tokenizer, n: int, max_prompt: int, max_tokens: int, seed: int):
     """n requests: (prompt ids of 16..max_prompt tokens, max_tokens), the same for every configuration."""
@@ -77,33 +148,59 @@ def serve(model, requests, offsets, max_num_seqs: int, num_blocks):
     return results, engine, now() - start, peak_blocks
 
 
-def summarize(results, engine, wall: float, peak_blocks: int) -> dict:
-    """Throughput and the three waits (p50 / p99) over all requests of one run."""
+def replay_wall(offsets, service: float, slots: int) -> float:
+    """When the last request would finish if every request took `service` seconds once it had a slot: first come,
+    first served on `slots` slots, the arrivals as they were. What the run's own typical request implies."""
+    free = [0.0] * slots                                               # when each slot is next free
+    finish = 0.0
+    for arrival in sorted(offsets):
+        start = max(arrival, heapq.heappop(free))
+        heapq.heappush(free, start + service)
+        finish = max(finish, start + service)
+    return finish
+
+
+def summarize(results, engine, wall: float, peak_blocks: int, offsets, slots: int) -> dict:
+    """Throughput, the three waits (p50 / p99 over the requests) and the throughput the run's median service time
+    (first scheduled -> finished) implies when replayed on the same arrivals."""
     rs = list(results.values())
     pct = lambda xs, q: float(np.percentile(xs, q))                                     # noqa: E731
     queue = [r.metrics.queue_s for r in rs]
-    prefill = [r.metrics.prefill_s for r in rs]
-    decode = [r.metrics.e2e_s - r.metrics.ttft_s for r in rs]
-    ttft = [r.metrics.ttft_s for r in rs]
+    service = [r.metrics.e2e_s - r.metrics.queue_s for r in rs]
     itl = np.concatenate([r.metrics.itl_s for r in rs])
     tokens = sum(len(r.token_ids) for r in rs)
-    return {"tok_s": tokens / wall, "wall": wall,
-            "queue50": pct(queue, 50), "queue99": pct(queue, 99), "prefill50": pct(prefill, 50),
-            "decode50": pct(decode, 50), "ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99),
-            "itl50": pct(itl, 50), "itl99": pct(itl, 99), "preemptions": engine.stats.num_preemptions,
+    return {"tok_s": tokens / wall, "implied": tokens / replay_wall(offsets, float(np.median(service)), slots),
+            "queue50": pct(queue, 50), "queue99": pct(queue, 99),
+            "prefill50": pct([r.metrics.prefill_s for r in rs], 50),
+            "decode50": pct([r.metrics.e2e_s - r.metrics.ttft_s for r in rs], 50),
+            "ttft99": pct([r.metrics.ttft_s for r in rs], 99), "itl50": pct(itl, 50), "itl99": pct(itl, 99),
+            "preemptions": engine.stats.num_preemptions, "fastest_service": min(service), "tokens": tokens,
             "kv_mib": engine.kv_bytes(peak_blocks * engine.block_manager.block_size) / 2**20}
 
 
+def spread_of(runs: list[dict], key: str, higher_is_better: bool = False) -> tuple[float, float, float]:
+    """(best, median, spread) of one number over a configuration's runs: the best run is the one a quiet machine
+    gives (noise only slows a run down), the spread (max - min) says how far to trust a difference."""
+    values = [r[key] for r in runs]
+    best = max(values) if higher_is_better else min(values)
+    return best, float(np.median(values)), max(values) - min(values)
+
+
 def draw(path: Path, runs: dict, rates, sizes) -> None:
-    """TTFT p99, ITL p50 and throughput against max_num_seqs, one line per arrival rate."""
+    """TTFT p99, ITL p50 and throughput against max_num_seqs, one line per arrival rate: each configuration's best
+    run, with a bar over the range of its runs."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for rate in rates:
-        for ax, key, scale in zip(axes, ("ttft99", "itl50", "tok_s"), (1, 1e3, 1)):
-            ax.plot(sizes, [runs[rate, m][key] * scale for m in sizes], "o-", label=load_label(rate))
-    for ax, title in zip(axes, ("TTFT p99 (s): queueing", "ITL p50 (ms): every step slower",
+        for ax, key, scale, up in zip(axes, ("ttft99", "itl50", "tok_s"), (1, 1e3, 1), (False, False, True)):
+            values = [[r[key] * scale for r in runs[rate, m]] for m in sizes]
+            best = [max(v) if up else min(v) for v in values]
+            ax.errorbar(sizes, best, yerr=[[b - min(v) for b, v in zip(best, values)],
+                                           [max(v) - b for b, v in zip(best, values)]],
+                        fmt="o-", capsize=3, label=load_label(rate))
+    for ax, title in zip(axes, ("TTFT p99 (s): queueing", "ITL p50 (ms): the step time",
                                 "output tokens/s: throughput")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(m) for m in sizes])
@@ -111,7 +208,7 @@ def draw(path: Path, runs: dict, rates, sizes) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Serving under load: a bigger batch trades queueing for slower tokens (minitransformer lesson 14)")
+    fig.suptitle("Serving under load: best run per configuration, bars over all its runs (minitransformer lesson 14)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
@@ -126,6 +223,18 @@ def parse_list(text: str, name: str, kind=float) -> list:
     return values
 
 
+def headers(*names: str) -> list[str]:
+    """Column names broken into lines of a word or two: a table this wide fits 120 columns only when no header is
+    wider than its numbers (claims.tables() joins the lines again)."""
+    split = {"rate /s": "rate\n/s", "ITL p50 ms": "ITL\np50 ms", "ITL p99 ms": "ITL\np99 ms", "KV MiB": "KV\nMiB",
+             "queue p99 median": "queue\np99\nmedian"}
+    return [split.get(name, name.replace(" ", "\n")) for name in names]
+
+
+def load_label(rate: float) -> str:
+    return "all requests at once" if np.isinf(rate) else f"{rate:g} requests/s"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=16, help="requests per run (at least 2)")
@@ -135,9 +244,9 @@ def main():
     ap.add_argument("--max-prompt", type=int, default=160, help="longest prompt in tokens (16 to 400; default 160)")
     ap.add_argument("--num-blocks", type=int, help="KV pool blocks of 16 tokens (default: room for every slot)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrival times")
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs of the two configurations the answer compares (at least 2): a change is a finding "
-                         "only beyond their spread")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of every configuration, in turns (at least 2): a change is a finding only beyond "
+                         "their spread")
     ap.add_argument("--figure", type=Path, help="write the sweep figure here (PNG)")
     args = ap.parse_args()
     if args.repeats < 2:
@@ -149,91 +258,138 @@ def main():
                          f"{args.max_tokens}")
     if not 16 <= args.max_prompt <= 400:
         raise InputError(f"--max-prompt must be in [16, 400], got {args.max_prompt}")
-    rates = parse_list(args.rates, "--rates")
+    rates = sorted(parse_list(args.rates, "--rates"))
     sizes = sorted(parse_list(args.max_num_seqs, "--max-num-seqs", int))
+    if len(sizes) < 2 or len(rates) < 2:
+        raise InputError("give at least two --rates and two --max-num-seqs: the lesson compares them")
     model = load_model()
+    probe = Probe()                                                      # is the machine quiet during this run?
     requests = workload(model.tokenizer, args.requests, args.max_prompt, args.max_tokens, args.seed)
-    console.rule(f"[bold]{args.requests} requests (prompts 16-{args.max_prompt} tokens, {args.max_tokens} new tokens "
-                 "each, greedy), Poisson arrivals")
-    table = Table("rate /s", "slots", "out tok/s", "queue p50", "queue p99", "prefill p50", "decode p50",
-                  "TTFT p99", "ITL p50 ms", "ITL p99 ms", "preempt", "KV MiB")
-    runs = {}
-    for rate in rates:
-        offsets = arrival_offsets(args.requests, rate, args.seed)
-        for m in sizes:
-            results, engine, wall, peak = serve(model, requests, offsets, m, args.num_blocks)
-            s = runs[rate, m] = summarize(results, engine, wall, peak)
-            table.add_row(f"{rate:g}", str(m), f"{s['tok_s']:.1f}", f"{s['queue50']:.2f}", f"{s['queue99']:.2f}",
-                          f"{s['prefill50']:.2f}", f"{s['decode50']:.2f}", f"{s['ttft99']:.2f}",
-                          f"{s['itl50'] * 1e3:.1f}", f"{s['itl99'] * 1e3:.1f}", str(s["preemptions"]),
-                          f"{s['kv_mib']:.1f}")
+    offsets = {rate: arrival_offsets(args.requests, rate, args.seed) for rate in rates}
+    serve(model, requests[:2], np.zeros(2), sizes[-1], args.num_blocks)     # warm-up: first-call costs, untimed
+
+    console.rule(f"[bold]1. {args.requests} requests (prompts 16-{args.max_prompt} tokens, {args.max_tokens} new "
+                 "tokens each, greedy), Poisson arrivals")
+    runs = {(rate, m): [] for rate in rates for m in sizes}
+
+    def configuration(rate, m):
+        def run():
+            result = serve(model, requests, offsets[rate], m, args.num_blocks)
+            runs[rate, m].append(summarize(*result, offsets[rate], m))
+        return run
+
+    interleaved({f"{rate:g}/{m}": configuration(rate, m) for rate, m in runs}, repeats=args.repeats, warmup=0)
+    table = Table(*headers("rate /s", "slots", "run", "out tok/s", "implied tok/s", "queue p50", "queue p99",
+                           "prefill p50", "decode p50", "TTFT p99", "ITL p50 ms", "ITL p99 ms", "KV MiB"))
+    for (rate, m), done in runs.items():
+        for i, s in enumerate(done):
+            table.add_row(f"{rate:g}", str(m), str(i + 1), f"{s['tok_s']:.1f}", f"{s['implied']:.1f}",
+                          f"{s['queue50']:.2f}", f"{s['queue99']:.2f}", f"{s['prefill50']:.2f}",
+                          f"{s['decode50']:.2f}", f"{s['ttft99']:.2f}", f"{s['itl50'] * 1e3:.1f}",
+                          f"{s['itl99'] * 1e3:.1f}", f"{s['kv_mib']:.1f}")
+    console.print(f"Every run: each configuration run {args.repeats} times in turns (run r of every configuration "
+                  "before run r + 1 of any), after an untimed warm-up.", table)
+    console.print("rate: arrivals per second; slots: max_num_seqs. Per request, queue + prefill = TTFT and decode = "
+                  "the rest of its reply, in seconds (p50 / p99 over the requests); ITL = gaps between its tokens; "
+                  "out tok/s = all generated tokens / wall time of the run; implied tok/s = the same tokens / the "
+                  "wall time the run's median request implies (its first-scheduled-to-finished time, replayed on the "
+                  "same arrivals with the same slots): a run far from it stalled somewhere its typical request did "
+                  "not; KV MiB = the most cache held at once.", highlight=False)
+    off = [(rate, m, i + 1, s) for (rate, m), done in runs.items() for i, s in enumerate(done)
+           if not 1 / AGREE <= s["tok_s"] / s["implied"] <= AGREE]
+    preempted = sum(s["preemptions"] for done in runs.values() for s in done)
+    console.print(f"check preemptions: {preempted} in all runs (a preempted request is recomputed: its times grow)")
+    console.print(f"check runs: {sum(map(len, runs.values())) - len(off)} of {sum(map(len, runs.values()))} within "
+                  f"a factor {AGREE} of their implied tok/s"
+                  + "".join(f"; {rate:g}/s, {m} slots, run {i}: {s['tok_s']:.1f} vs {s['implied']:.1f} tok/s"
+                            for rate, m, i, s in off), highlight=False)
+
+    console.rule("[bold]2. Each configuration over its runs: best (the quiet-machine figure), median, spread")
+    table = Table(*headers("rate /s", "slots", "tok/s best", "tok/s median", "tok/s spread", "TTFT p99 best",
+                           "TTFT p99 median", "TTFT p99 spread", "queue p99 median", "ITL p50 best", "ITL p50 median",
+                           "ITL p50 spread"))
+    for (rate, m), done in runs.items():
+        cells = [*spread_of(done, "tok_s", True), *spread_of(done, "ttft99"), spread_of(done, "queue99")[1]]
+        itl = [x * 1e3 for x in spread_of(done, "itl50")]
+        table.add_row(f"{rate:g}", str(m), *(f"{x:.1f}" for x in cells[:3]), *(f"{x:.2f}" for x in cells[3:]),
+                      *(f"{x:.1f}" for x in itl))
     console.print(table)
-    console.print("rate: arrivals per second (inf: all at once); slots: max_num_seqs. Per request, queue + prefill = "
-                  "TTFT and decode = the rest of its reply, in seconds (p50 / p99 over the requests); ITL = gaps "
-                  "between its tokens; out tok/s = all generated tokens / wall time of the run; KV MiB = the most "
-                  "cache held at once. Timings are wall-clock on a shared machine: compare rows of one run.",
-                  highlight=False)
+    console.print("best: the highest tok/s and the lowest latencies of the runs (noise only ever slows a run down); "
+                  "spread: highest - lowest. TTFT and queue in seconds, ITL in ms.", highlight=False)
+    for rate in rates:
+        last = float(offsets[rate][-1])
+        fastest = min(s["fastest_service"] for m in sizes for s in runs[rate, m])
+        tokens = runs[rate, sizes[0]][0]["tokens"]
+        console.print(f"check arrivals at {rate:g} requests/s: the last request arrives at {last:.2f} s and needs at "
+                      f"least {fastest:.2f} s of service (the fastest any request got), so the {tokens} tokens take "
+                      f"{last + fastest:.2f} s at the least: at most {tokens / (last + fastest):.1f} tok/s",
+                      highlight=False)
     if args.figure:
         draw(args.figure, runs, rates, sizes)
         console.print(f"figure written: {args.figure}")
-    spread, offsets = {}, arrival_offsets(args.requests, max(rates), args.seed)
-    for m in dict.fromkeys((sizes[0], sizes[-1])):       # the answer's two configurations, run again
-        every = [runs[max(rates), m]] + [summarize(*serve(model, requests, offsets, m, args.num_blocks))
-                                         for _ in range(args.repeats - 1)]
-        spread[m] = {k: max(r[k] for r in every) - min(r[k] for r in every) for k in SPREAD}
-        console.print(f"spread over {args.repeats} runs ({load_label(max(rates))}, max_num_seqs {m}), max - min: "
-                      f"tok/s {spread[m]['tok_s']:.1f}, TTFT p99 {spread[m]['ttft99']:.2f} s, ITL p50 "
-                      f"{spread[m]['itl50'] * 1e3:.1f} ms, ITL p99 {spread[m]['itl99'] * 1e3:.1f} ms", highlight=False)
-    answer(runs, rates, sizes, args, spread, model.config)
+
+    console.rule("[bold]3. What this run shows")
+    quiet = probe.finish()
+    console.print(quiet.line())
+    shown = report(console, claims(console.export_text(clear=False)), quiet)
+    answer(shown, runs, rates, sizes, model.config, offsets, args.repeats, stalled=bool(off))
 
 
-SPREAD = ("tok_s", "ttft99", "itl50", "itl99")          # the numbers the answer compares
-
-
-def beyond(a: dict, b: dict, key: str, spread: dict) -> bool:
-    """True when b differs from a by more than the larger run-to-run spread of the two configurations."""
-    return abs(b[key] - a[key]) > max(spread[0][key], spread[1][key])
-
-
-def load_label(rate: float) -> str:
-    return "all requests at once" if np.isinf(rate) else f"{rate:g} requests/s"
-
-
-def answer(runs, rates, sizes, args, spread, config) -> None:
-    """The interview answer, with this run's numbers; a change is called a change only beyond the run-to-run spread
-    measured by running the two compared configurations again."""
-    hi, lo, small, big = max(rates), min(rates), sizes[0], sizes[-1]
-    a, b, c = runs[hi, small], runs[hi, big], runs[lo, big]
-    pair = (spread[small], spread[big])
-    noise = lambda key: "" if beyond(a, b, key, pair) else " (within noise)"                # noqa: E731
-    if beyond(a, b, "itl50", pair) and b["itl50"] > a["itl50"]:
-        itl = "But the same change made every token slower: ITL p50 "
-    else:
-        itl = ("The usual cost, every token slower, did not show beyond the run-to-run spread: ITL p50 "
-               if not beyond(a, b, "itl50", pair) else "And every token came sooner: ITL p50 ")
-    opposite = (beyond(a, b, "tok_s", pair) and beyond(a, b, "ttft99", pair)
-                and (b["tok_s"] > a["tok_s"]) == (b["ttft99"] > a["ttft99"]))
+def answer(shown, runs, rates, sizes, config, offsets, repeats, stalled: bool) -> None:
+    """The interview answer, with this run's numbers; every direction it states is a claim this run showed."""
+    heavy, light, small, big = rates[-1], rates[0], sizes[0], sizes[-1]
+    a, b, c = runs[heavy, small], runs[heavy, big], runs[light, big]
+    best = lambda done, key, up=False: spread_of(done, key, up)[0]                        # noqa: E731
+    median = lambda done, key: spread_of(done, key)[1]                                    # noqa: E731
     gpu = H200.seconds(H200.cost(config, 1, 64, batch=big)) / H200.seconds(H200.cost(config, 1, 64, batch=small))
     console.rule("[bold]Interview question: how would you improve throughput for a high-traffic chat API?")
-    console.print(
-        f"Under the heavier load ({load_label(hi)}), going from max_num_seqs {small} to {big} changed output "
-        f"throughput {a['tok_s']:.1f} -> {b['tok_s']:.1f} tok/s{noise('tok_s')} and TTFT p99 {a['ttft99']:.2f} -> "
-        f"{b['ttft99']:.2f} s{noise('ttft99')}, almost all of it queueing (queue p99 {a['queue99']:.2f} -> "
-        f"{b['queue99']:.2f} s): continuous batching with enough slots is the first lever, because a request that "
-        f"waits for a slot waits for someone else's whole reply. {itl}{a['itl50'] * 1e3:.1f} -> "
-        f"{b['itl50'] * 1e3:.1f} ms (p99 {a['itl99'] * 1e3:.1f} -> {b['itl99'] * 1e3:.1f} ms{noise('itl99')}, when a "
-        f"newcomer's prompt is prefilled in the same step), and the KV cache held up to {b['kv_mib']:.1f} MiB instead "
-        f"of {a['kv_mib']:.1f} MiB. On this CPU a step of several sequences costs several one-sequence steps (NumPy's "
-        f"BLAS, lesson 02 part 4); on an {H200.name} a bf16 decode step of {big} sequences would cost {gpu:.2f}x one "
-        f"of {small} at its roofline (reading the weights dominates), so there the ITL price of more slots stays "
-        f"small until the batch nears {H200.ridge:.0f} sequences. At the lighter load ({load_label(lo)}) {big} slots "
-        f"delivered {c['tok_s']:.1f} tok/s: throughput cannot exceed what arrives, so extra slots there buy nothing "
-        f"but memory. So: batch continuously and size max_num_seqs from the latency target (TTFT from queueing, ITL "
-        f"from the step time) and the KV memory, not from throughput alone; cap max_tokens and use stop sequences so "
-        f"slots free early; keep the KV cache compact (paged blocks, prefix caching: lesson 09; an int8 cache: lesson "
-        f"13); and pick the smallest model (or quantized weights) that meets quality, since every decode step "
-        f"streams all the weights. Watch TTFT and tokens/s separately"
-        + (": this sweep moved them in opposite directions." if opposite else "."))
+    text = [f"Under the heavier load ({load_label(heavy)}), going from max_num_seqs {small} to {big}"]
+    tput = f"{best(a, 'tok_s', True):.1f} -> {best(b, 'tok_s', True):.1f} tok/s"
+    ttft = f"{best(a, 'ttft99'):.2f} -> {best(b, 'ttft99'):.2f} s"
+    if shown["throughput-up"] and shown["queueing-down"]:
+        text[0] += (f" raised output throughput {tput} and cut TTFT p99 {ttft} (best of {repeats} runs each, their "
+                    "ranges apart)")
+        if shown["ttft-is-queueing"]:
+            text[0] += (f", almost all of it queueing (queue p99 medians {median(a, 'queue99'):.2f} -> "
+                        f"{median(b, 'queue99'):.2f} s)")
+        text[0] += (": continuous batching with enough slots is the first lever, because a request that waits for "
+                    "a slot waits for someone else's whole reply.")
+    else:
+        text[0] += (f" moved output throughput {tput} and TTFT p99 {ttft} (best of {repeats} runs each), but this run "
+                    "could not show both changes beyond the spread of its runs (see the claims above), so it does "
+                    "not say here what more slots buy.")
+    itl = f"{best(a, 'itl50') * 1e3:.1f} -> {best(b, 'itl50') * 1e3:.1f} ms"
+    if shown["itl-up"]:
+        text.append(f"The price: every token came slower, ITL p50 {itl}: on this CPU a step of {big} sequences cost "
+                    f"more than a step of {small} (NumPy's BLAS, lesson 02 part 4).")
+    else:
+        text.append(f"ITL p50 {itl}: this run could not show a change in the step time beyond its spread.")
+    if shown["kv-up"]:
+        text.append(f"And the KV cache held up to {max(s['kv_mib'] for s in b):.1f} MiB instead of "
+                    f"{max(s['kv_mib'] for s in a):.1f} MiB.")
+    text.append(f"On an {H200.name} a bf16 decode step of {big} sequences would cost {gpu:.2f}x one of {small} at "
+                f"its roofline (reading the weights dominates), so there the ITL price of more slots stays small "
+                f"until the batch nears {H200.ridge:.0f} sequences.")
+    got = best(c, "tok_s", True)
+    tokens, last = c[0]["tokens"], float(offsets[light][-1])
+    bound = tokens / (last + min(s["fastest_service"] for m in sizes for s in runs[light, m]))
+    if shown["light-at-bound"]:
+        text.append(f"At the lighter load ({load_label(light)}) {big} slots delivered {got:.1f} tok/s, "
+                    f"{got / bound:.0%} of the {bound:.1f} tok/s the arrivals allow: throughput cannot exceed what "
+                    "arrives, so slots beyond those that keep up buy nothing there but memory.")
+    else:
+        text.append(f"At the lighter load ({load_label(light)}) {big} slots delivered {got:.1f} tok/s against the "
+                    f"{bound:.1f} tok/s the arrivals allow; this run cannot say what held them back.")
+    if stalled:
+        text.append("Some runs' throughput is not what their own requests' times imply (check runs, above): they "
+                    "stalled, and their rows describe the stall, not the engine.")
+    text.append("So: batch continuously and size max_num_seqs from the latency target (TTFT from queueing, ITL from "
+                "the step time) and the KV memory, not from throughput alone; cap max_tokens and use stop sequences "
+                "so slots free early; keep the KV cache compact (paged blocks, prefix caching: lesson 09; an int8 "
+                "cache: lesson 13); and pick the smallest model (or quantized weights) that meets quality, since "
+                "every decode step streams all the weights. Watch TTFT and tokens/s separately.")
+    console.print(" ".join(text))
+
 
 if __name__ == "__main__":
     try:

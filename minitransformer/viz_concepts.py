@@ -27,10 +27,12 @@ PAGED_PROMPTS = {"A": SHARED + " Question: how do I boil an egg?",
                  "C": "The history of the printing press begins in the fifteenth century."}
 PAGED_PARAMS = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
-# Draft and verify: lesson 12's "repeat" prompt, where the n-gram drafter finds the list it is asked to repeat.
+# Draft and verify: lesson 12's "repeat" prompt, where the n-gram drafter finds the list it is asked to repeat, at
+# lesson 12's default length and one of its k, so the picture is one row of that lesson's table 2 (lesson 12 imports
+# these three: one run, one set of counts).
 SPEC_PROMPT = ("Here is a list of fruits: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum.\n"
                "The same list again, comma-separated: apple, banana,")
-SPEC_PARAMS, SPEC_K = SamplingParams(max_tokens=24, temperature=0.0), 4
+SPEC_PARAMS, SPEC_K = SamplingParams(max_tokens=32, temperature=0.0), 4
 
 SEQ_COLOURS = ("tab:blue", "tab:purple", "tab:olive")
 FREE, USED, SHARED_COLOUR = "#f2f2f2", "#bcd8f0", "#f5a623"
@@ -162,7 +164,8 @@ def draw_draft_and_verify(model, path) -> dict:
               ncol=4, fontsize=8, frameon=False)
     ax.set_title(f"Draft and verify: greedy n-gram speculation, k={SPEC_K}, on {model.path.stem}\n"
                  f"{len(result.token_ids)} tokens in {spec['target_passes']} target passes; "
-                 f"{spec['accepted_tokens']}/{spec['draft_tokens']} drafts accepted", fontsize=10, pad=22)
+                 f"{spec['accepted_tokens']}/{spec['draft_tokens']} checked drafts accepted (grey ones are never "
+                 "checked)", fontsize=10, pad=22)
     ax.set_xlim(-1.6, SPEC_K * width + 0.4 + width + 4.2)
     ax.set_ylim(-0.2, len(passes))
     ax.axis("off")

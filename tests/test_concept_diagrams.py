@@ -66,9 +66,8 @@ def test_draft_and_verify_diagram_adds_up_to_the_run(real_model, tmp_path):
     path = tmp_path / "draft_and_verify.png"
     data = vc.draw_draft_and_verify(real_model, path)
     assert min(png_size(path)) > 300
-    run = generate(real_model, vc.SPEC_PROMPT, SamplingParams(max_tokens=24, temperature=0),
-                   speculative="ngram", num_speculative_tokens=4)
-    plain = generate(real_model, vc.SPEC_PROMPT, SamplingParams(max_tokens=24, temperature=0))
+    run = generate(real_model, vc.SPEC_PROMPT, vc.SPEC_PARAMS, speculative="ngram", num_speculative_tokens=vc.SPEC_K)
+    plain = generate(real_model, vc.SPEC_PROMPT, vc.SPEC_PARAMS)
     passes, spec = data["passes"], run.speculative
     assert data["token_ids"] == run.token_ids == plain.token_ids             # speculative greedy == plain greedy
     assert sum(p["accepted"] for p in passes) == spec["accepted_tokens"] == data["speculative"]["accepted_tokens"]

@@ -101,3 +101,70 @@ def test_memory_table_and_answer_use_this_runs_numbers(lesson_output):
     answered, = check(flat, rf"matched layers.attention to {NUMBER} on 3 layers")
     assert answered == pytest.approx(diff, rel=0.02)
     assert "No GPU through CuPy here" in out or "check gpu:" in out
+
+
+# ---------------------------------------------------------------------------------------------------- the claims
+
+def load_lesson():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lesson11", LESSON)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def decided(output: str) -> dict:
+    return {c.key: c for c in load_lesson().claims(output)}
+
+
+def test_claims_are_decided_from_the_printed_numbers(lesson_output):
+    """claims() reads this run's output: every correctness claim holds (they need no quiet machine), the lesson
+    printed one verdict line per claim, and a claim about time is printed as shown only on a quiet run."""
+    from minitransformer.claims import printed_verdicts
+    from minitransformer.measure import Quietness
+    out, _ = lesson_output
+    found = decided(out)
+    assert set(found) == {"tiles-causal", "prefill-exact", "mirror-exact", "decode-exact", "wmma-bound",
+                          "wide-tiles-move-less", "runner-slower"}
+    assert all(c.holds and not c.timed for key, c in found.items() if key != "runner-slower")
+    assert found["runner-slower"].timed
+    verdicts, quiet = printed_verdicts(out), Quietness.parse(out)
+    assert set(verdicts) == set(found)
+    for key, claim in found.items():
+        assert verdicts[key] == (claim.holds and (not claim.timed or quiet.quiet)), key
+
+
+def test_the_timing_line_reports_min_median_spread_of_turns(lesson_output):
+    out, _ = lesson_output
+    flat = " ".join(out.split())
+    runner, r_median, r_spread, array, a_median, a_spread = check(
+        flat, rf"CPU runner {NUMBER} ms \(median {NUMBER}, spread {NUMBER}\), NumPy {NUMBER} ms \(median {NUMBER}, "
+              rf"spread {NUMBER}\)")
+    assert "5 runs each in turns after a warm-up" in flat
+    assert runner <= r_median <= runner + r_spread + 0.1 and array <= a_median <= array + a_spread + 0.1
+
+
+def edited(out: str, pattern: str, replacement: str) -> str:
+    changed, n = re.subn(pattern, replacement, out, count=1)
+    assert n == 1, pattern
+    return changed
+
+
+@pytest.mark.parametrize("key, pattern, replacement, holds", [
+    ("prefill-exact", r"(check prefill: max \|kernel - array\| = )[0-9.e+-]+", r"\g<1>3.00e-05", False),
+    ("decode-exact", r"(check decode: max \|paged kernel - array\| = )[0-9.e+-]+", r"\g<1>2.00e-04", False),
+    ("mirror-exact", r"(check mirror: \|acc/l - kernel out\| = )[0-9.e+-]+", r"\g<1>1.00e-03", False),
+    ("tiles-causal", r"(check tiles: visited )\d+", r"\g<1>1", False),
+    ("wmma-bound", r"(/ bound = )[0-9.]+", r"\g<1>1.50", False),
+    ("runner-slower", r"CPU runner [0-9.]+ ms \(median [0-9.]+, spread [0-9.]+\), NumPy [0-9.]+ ms \(median "
+                      r"[0-9.]+, spread [0-9.]+\)",
+     "CPU runner 5.0 ms (median 6.0, spread 2.0), NumPy 4.0 ms (median 4.5, spread 1.5)", False),
+    ("runner-slower", r"CPU runner [0-9.]+ ms \(median [0-9.]+, spread [0-9.]+\), NumPy [0-9.]+ ms \(median "
+                      r"[0-9.]+, spread [0-9.]+\)",
+     "CPU runner 90.0 ms (median 91.0, spread 2.0), NumPy 4.0 ms (median 4.5, spread 1.5)", True),
+])
+def test_an_edited_number_flips_its_claim(lesson_output, key, pattern, replacement, holds):
+    """A number changed to contradict (or support) a claim decides it the other way: the verdicts follow the
+    printed numbers, not the lesson's memory of them."""
+    out, _ = lesson_output
+    assert decided(edited(out, pattern, replacement))[key].holds is holds

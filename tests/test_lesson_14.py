@@ -1,6 +1,8 @@
 """Lesson 14 runs as a learner runs it (a subprocess on the real model, small settings) and its numbers hold together:
-one row per (rate, max_num_seqs), queueing where slots are few, more KV memory where they are many, the answer
-quoting the table."""
+every configuration run --repeats times, each run checked against what its own requests' times imply, each
+configuration's best / median / spread over its runs, queueing where slots are few, more KV memory where they are
+many, claims decided from the printed numbers (and flipped by an edited one), the answer quoting only what they
+showed."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ import re
 import numpy as np
 import pytest
 
+from minitransformer.claims import printed_verdicts, table_with, tables
+from minitransformer.measure import Quietness
 from test_lessons_08_10 import load_lesson, run_lesson
 
 L14 = "14_serving_under_load.py"
-ARGS = ["--requests", "4", "--rates", "inf,4", "--max-num-seqs", "1,4", "--max-tokens", "4", "--max-prompt", "32"]
-ROW = r"^\s*(inf|4)\s+([14])" + r"\s+([0-9.]+)" * 8 + r"\s+(\d+)\s+([0-9.]+)\s*$"
-COLUMNS = ["tok_s", "queue50", "queue99", "prefill50", "decode50", "ttft99", "itl50", "itl99", "preempt", "kv_mib"]
+REPEATS = 2
+ARGS = ["--requests", "4", "--rates", "inf,4", "--max-num-seqs", "1,4", "--max-tokens", "4", "--max-prompt", "32",
+        "--repeats", str(REPEATS)]
+CONFIGS = {("inf", "1"), ("inf", "4"), ("4", "1"), ("4", "4")}
 
 
 @pytest.fixture(scope="module")
@@ -23,64 +28,140 @@ def lesson_14(real_model_path, tmp_path_factory):
     return run_lesson(L14, real_model_path, *ARGS, "--figure", str(figure)), figure
 
 
-def rows(output: str) -> dict:
-    table = {}
-    for line in output.splitlines():
-        match = re.match(ROW, line.replace("│", " ").replace("┃", " "))
-        if match:
-            rate, slots, *values = match.groups()
-            table[rate, int(slots)] = dict(zip(COLUMNS, map(float, values)))
-    return table
+def runs_of(output: str) -> list[dict]:
+    table = table_with(output, "implied tok/s")
+    return [dict(zip(table.columns, row)) for row in table.rows]
 
 
-def test_every_configuration_has_a_row_and_the_figure_is_drawn(lesson_14):
+def summary_of(output: str) -> dict:
+    table = table_with(output, "tok/s best")
+    cells = [dict(zip(table.columns, row)) for row in table.rows]
+    return {(c["rate /s"], c["slots"]): {k: float(v) for k, v in c.items() if k not in ("rate /s", "slots")}
+            for c in cells}
+
+
+def flat(output: str) -> str:
+    return " ".join(output.split())
+
+
+def test_every_configuration_runs_repeatedly_and_the_figure_is_drawn(lesson_14):
     output, figure = lesson_14
-    table = rows(output)
-    assert set(table) == {("inf", 1), ("inf", 4), ("4", 1), ("4", 4)}, output[-3000:]
+    runs = runs_of(output)
+    assert sorted((r["rate /s"], r["slots"], r["run"]) for r in runs) == sorted(
+        (rate, m, str(i)) for rate, m in CONFIGS for i in range(1, REPEATS + 1)), output[-3000:]
+    assert f"each configuration run {REPEATS} times in turns" in flat(output)
+    assert "check preemptions: 0 in all runs" in output                  # the default pool has room for every slot
     assert figure.stat().st_size > 10_000
-    for row in table.values():
-        assert row["preempt"] == 0                              # the default pool has room for every slot
-        assert row["queue99"] >= row["queue50"] and row["itl99"] >= row["itl50"]
+    for r in runs:
+        assert float(r["queue p99"]) >= float(r["queue p50"]) and float(r["ITL p99 ms"]) >= float(r["ITL p50 ms"])
+
+
+def test_summary_is_best_median_spread_of_the_runs(lesson_14):
+    """Table 2 is table 1 summarised: the highest tok/s and the lowest latencies are the best, spread = max - min."""
+    output, _ = lesson_14
+    runs, summary = runs_of(output), summary_of(output)
+    assert set(summary) == CONFIGS
+    for key, row in summary.items():
+        mine = [r for r in runs if (r["rate /s"], r["slots"]) == key]
+        tok_s, ttft = [float(r["out tok/s"]) for r in mine], [float(r["TTFT p99"]) for r in mine]
+        itl = [float(r["ITL p50 ms"]) for r in mine]
+        assert row["tok/s best"] == pytest.approx(max(tok_s), abs=0.051)
+        assert row["tok/s spread"] == pytest.approx(max(tok_s) - min(tok_s), abs=0.11)
+        assert row["TTFT p99 best"] == pytest.approx(min(ttft), abs=0.006)
+        assert row["TTFT p99 spread"] == pytest.approx(max(ttft) - min(ttft), abs=0.011)
+        assert row["TTFT p99 median"] == pytest.approx(float(np.median(ttft)), abs=0.011)
+        assert row["ITL p50 best"] == pytest.approx(min(itl), abs=0.051)
 
 
 def test_all_at_once_one_slot_queues_and_four_slots_hold_more_cache(lesson_14):
-    table = rows(lesson_14[0])
-    one, four = table["inf", 1], table["inf", 4]
-    assert one["queue99"] > four["queue99"]                     # with one slot the last request waits for three
-    assert one["queue99"] > one["decode50"]                     # ... for at least one other whole reply
-    assert four["kv_mib"] > one["kv_mib"]                       # four requests' keys and values held at once
+    """Structural, whatever the machine: all four requests at once on one slot, the last waits for three whole
+    replies; on four slots they all hold cache at once."""
+    runs = runs_of(lesson_14[0])
+    for one, four in zip(*([r for r in runs if (r["rate /s"], r["slots"]) == ("inf", m)] for m in ("1", "4"))):
+        assert float(one["queue p99"]) > float(four["queue p99"])
+        assert float(one["queue p99"]) > float(one["decode p50"])
+        assert float(four["KV MiB"]) > float(one["KV MiB"])
 
 
-def test_the_answer_quotes_the_table(lesson_14):
-    output = lesson_14[0]
-    table = rows(output)
-    small, big = table["inf", 1], table["inf", 4]
-    answer = " ".join(output[output.index("Interview question"):].split())      # rich wraps lines anywhere
-    assert f"{small['tok_s']:.1f} -> {big['tok_s']:.1f} tok/s" in answer
-    assert f"TTFT p99 {small['ttft99']:.2f} -> {big['ttft99']:.2f} s" in answer
-    assert f"ITL p50 {small['itl50']:.1f} -> {big['itl50']:.1f} ms" in answer
+def test_replay_of_the_typical_request():
+    """replay_wall: first come, first served on `slots` slots, each request taking the same service time."""
+    lesson = load_lesson(L14)
+    assert lesson.replay_wall([0, 0, 0], 1.0, 1) == pytest.approx(3.0)          # one after another
+    assert lesson.replay_wall([0, 0, 0], 1.0, 3) == pytest.approx(1.0)          # all at once
+    assert lesson.replay_wall([0, 5], 1.0, 1) == pytest.approx(6.0)             # idle until the second arrives
+    assert lesson.replay_wall([0, 0.5, 0.6], 1.0, 2) == pytest.approx(2.0)      # the third waits for the first
 
 
-def test_verdicts_only_beyond_the_measured_spread(lesson_14):
-    """The two compared configurations are run again; each 'within noise' / 'slower' in the answer follows from the
-    printed spreads (cases within printing precision of the boundary are not judged)."""
-    output = lesson_14[0]
-    table, flat = rows(output), " ".join(output.split())
-    small, big = table["inf", 1], table["inf", 4]
-    spread = {m: [float(x) for x in re.search(rf"spread over 2 runs \(all requests at once, max_num_seqs {m}\), "
-                                              r"max - min: tok/s ([0-9.]+), TTFT p99 ([0-9.]+) s, ITL p50 "
-                                              r"([0-9.]+) ms, ITL p99 ([0-9.]+) ms", flat).groups()] for m in (1, 4)}
-    answer = flat[flat.index("Interview question"):]
-    for key, index, text, precision in (("tok_s", 0, f"{small['tok_s']:.1f} -> {big['tok_s']:.1f} tok/s", 0.1),
-                                        ("ttft99", 1, f"{small['ttft99']:.2f} -> {big['ttft99']:.2f} s", 0.01)):
-        limit, diff = max(spread[1][index], spread[4][index]), abs(big[key] - small[key])
-        if abs(diff - limit) > 2 * precision:
-            assert (f"{text} (within noise)" in answer) == (diff <= limit), (key, diff, limit)
-    limit, diff = max(spread[1][2], spread[4][2]), big["itl50"] - small["itl50"]
-    if abs(abs(diff) - limit) > 0.2:
-        assert ("made every token slower" in answer) == (diff > limit)
-        assert ("did not show beyond the run-to-run spread" in answer) == (abs(diff) <= limit)
+def decided(output: str) -> dict:
+    return {c.key: c for c in load_lesson(L14).claims(output)}
+
+
+def test_claims_and_the_answer_follow_the_printed_numbers(lesson_14):
+    output, _ = lesson_14
+    found = decided(output)
+    assert set(found) == {"rows-agree", "throughput-up", "queueing-down", "ttft-is-queueing", "itl-up", "kv-up",
+                          "light-at-bound"}
+    assert found["kv-up"].holds and not found["kv-up"].timed
+    quiet, verdicts = Quietness.parse(output), printed_verdicts(output)
+    for key, claim in found.items():
+        assert verdicts[key] == (claim.holds and (not claim.timed or quiet.quiet)), key
+    answer = flat(output[output.index("Interview question"):])
+    summary = summary_of(output)
+    small, big = summary["inf", "1"], summary["inf", "4"]
+    assert f"{small['tok/s best']:.1f} -> {big['tok/s best']:.1f} tok/s" in answer
+    assert f"{small['TTFT p99 best']:.2f} -> {big['TTFT p99 best']:.2f} s" in answer
+    assert f"ITL p50 {small['ITL p50 best']:.1f} -> {big['ITL p50 best']:.1f} ms" in answer
+    assert ("raised output throughput" in answer) == (verdicts["throughput-up"] and verdicts["queueing-down"])
+    assert ("almost all of it queueing" in answer) == (verdicts["throughput-up"] and verdicts["queueing-down"]
+                                                        and verdicts["ttft-is-queueing"])
+    assert ("The price: every token came slower" in answer) == verdicts["itl-up"]
+    assert ("throughput cannot exceed what arrives" in answer) == verdicts["light-at-bound"]
+    assert ("stalled" in answer) == (not found["rows-agree"].holds)
     assert re.search(r"a bf16 decode step of 4 sequences would cost 1\.0\dx one of 1 at its roofline", answer)
+
+
+def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str) -> str:
+    """The output with one cell replaced (its width kept): in the first table that has `column`, the first row
+    whose first cells are `row_label`."""
+    found = tables(output)
+    wanted = next(i for i, t in enumerate(found) if column in t.columns)
+    index = found[wanted].columns.index(column)
+    lines, seen = output.splitlines(), -1
+    for i, line in enumerate(lines):
+        seen += line.startswith("┏")
+        cells = line.strip("│").split("│") if line.startswith("│") else []
+        if seen == wanted and tuple(c.strip() for c in cells[:len(row_label)]) == row_label:
+            cells[index] = f" {value}".ljust(len(cells[index]))
+            lines[i] = "│" + "│".join(cells) + "│"
+            return "\n".join(lines)
+    raise AssertionError(f"no row {row_label} in the table with {column!r}")
+
+
+def test_an_edited_number_flips_its_claim(lesson_14):
+    output, _ = lesson_14
+    stalled = edit_cell(output, "implied tok/s", ("inf", "1", "1"), "9999.0")        # 1 run far from its requests
+    assert not decided(stalled)["rows-agree"].holds
+    agree = output
+    for rate, m in CONFIGS:
+        for run in range(1, REPEATS + 1):
+            tok_s = next(r["out tok/s"] for r in runs_of(output) if (r["rate /s"], r["slots"], r["run"]) ==
+                         (rate, m, str(run)))
+            agree = edit_cell(agree, "implied tok/s", (rate, m, str(run)), tok_s)
+    assert decided(agree)["rows-agree"].holds
+    # four slots far ahead of one, with no spread: throughput rose beyond it; then the ranges made to overlap
+    up = edit_cell(edit_cell(output, "tok/s best", ("inf", "4"), "999.0"), "tok/s spread", ("inf", "4"), "0.0")
+    assert decided(up)["throughput-up"].holds
+    overlap = edit_cell(up, "tok/s spread", ("inf", "4"), "998.0")
+    assert not decided(overlap)["throughput-up"].holds
+    slower = edit_cell(edit_cell(output, "ITL p50 best", ("inf", "4"), "9999.0"), "ITL p50 spread", ("inf", "1"),
+                       "0.0")
+    assert decided(slower)["itl-up"].holds
+    assert not decided(edit_cell(output, "ITL p50 best", ("inf", "4"), "0.0"))["itl-up"].holds
+    less_kv = edit_cell(output, "KV MiB", ("inf", "4", "1"), "0.0")
+    assert not decided(less_kv)["kv-up"].holds
+    at_bound = edit_cell(output, "tok/s best", ("4", "4"), "9999.0")
+    assert decided(at_bound)["light-at-bound"].holds
+    assert not decided(edit_cell(output, "tok/s best", ("4", "4"), "0.0"))["light-at-bound"].holds
 
 
 def test_arrivals_are_poisson_and_reproducible():
@@ -93,12 +174,14 @@ def test_arrivals_are_poisson_and_reproducible():
     assert np.all(lesson.arrival_offsets(5, float("inf"), seed=0) == 0)     # "inf": all at once
 
 
-def test_bad_flags_are_one_line_and_exit_2(real_model_path):
+@pytest.mark.parametrize("flags, message", [(["--rates", "fast"], "--rates must be comma-separated numbers"),
+                                            (["--repeats", "1"], "--repeats must be at least 2")])
+def test_bad_flags_are_one_line_and_exit_2(real_model_path, flags, message):
     import subprocess
     import sys
 
     from test_lessons_08_10 import ROOT
-    result = subprocess.run([sys.executable, str(ROOT / "lessons" / L14), "--rates", "fast"], capture_output=True,
-                            text=True, cwd=ROOT)
-    assert result.returncode == 2 and "--rates must be comma-separated numbers" in result.stderr
+    result = subprocess.run([sys.executable, str(ROOT / "lessons" / L14), *flags], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr
