@@ -19,7 +19,7 @@ from .bench.machine import measure_copy_bandwidth, measure_gemm_flops
 from .decode import decode_step
 from .generate import generate
 from .kv_cache import KVCache
-from .measure import Timing, interleaved, time_calls
+from .measure import Timing, interleaved, machine_peaks, time_calls
 from .prefill import prefill
 from .sampling_params import SamplingParams
 
@@ -147,9 +147,11 @@ def measure_kv_bytes(model, sweep: Sweep, tick) -> dict:
 
 
 def measure_peaks(model, sweep: Sweep, tick) -> dict:
-    bandwidth = measure_copy_bandwidth(model.xp, sweep.copy_bytes, repeats=3)
+    """This machine's copy bandwidth and GEMM FLOP/s, or the ones a caller measured once for a whole set of runs
+    ($MINITRANSFORMER_PEAKS, measure.machine_peaks): figures and transcripts made together quote one ridge."""
+    bandwidth, flops, _ = machine_peaks(lambda: (measure_copy_bandwidth(model.xp, sweep.copy_bytes, repeats=3),
+                                                 measure_gemm_flops(model.xp, sweep.gemm_n, repeats=3)))
     tick()
-    flops = measure_gemm_flops(model.xp, sweep.gemm_n, repeats=3)
     tick()
     return {"bandwidth": bandwidth, "flops": flops}
 
