@@ -206,10 +206,10 @@ def test_08_claims_follow_the_printed_numbers(lesson_08):
     assert not decided(L08, edit_cell(out, "steps", static_col, "1"))["fewer-steps"].holds
     cols, _ = load_lesson(L08).clock_table(out)
     co_col = 1 + sorted(m for p, m in cols if p == "continuous").index(SLOTS) + 1
-    fast, slow = "999.9 (999.9, 0.1)", "1.0 (1.0, 0.1)"             # tok/s: far apart, each with a small spread
+    fast, slow = "99.9 (99.9, 0.1)", "1.0 (1.0, 0.1)"             # tok/s: far apart, each with a small spread
     shows = edit_cell(edit_cell(out, "tok/s", co_col, fast), "tok/s", static_col, slow)
     assert decided(L08, shows)["continuous-throughput"].holds
-    flipped = edit_cell(shows, "tok/s", static_col, "999.9 (999.9, 2.0)")     # the ranges now overlap
+    flipped = edit_cell(shows, "tok/s", static_col, "99.9 (99.9, 2.0)")     # the ranges now overlap
     assert not decided(L08, flipped)["continuous-throughput"].holds
     assert not decided(L08, edit_cell(out, "1", 1, "9999.0"))["batch-not-free"].holds    # a step of one, slower
 

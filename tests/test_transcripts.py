@@ -23,14 +23,14 @@ import make_transcripts as mt  # noqa: E402
 # of 2 values where the default sweeps 3: its row labels are numbers, masked alike).
 SMALL = {
     "01": ["--tokens", "3"],
-    "02": ["--prompt-tokens", "24", "--new-tokens", "3", "--lengths", "8,16", "--steps", "2", "--repeats", "1",
+    "02": ["--prompt-tokens", "24", "--new-tokens", "3", "--lengths", "8,16", "--steps", "2", "--repeats", "2",
            "--batch", "2"],
     "03": ["--tokens", "2"],
     "04": ["--prompt-tokens", "8", "--tokens", "5", "--rows", "3"],
     "05": ["--tokens", "3", "--repeats", "3"],
     "06": ["--cancel-after", "2", "--emoji-tokens", "6"],
     "07": ["--tokens", "4", "--lengths", "16,48", "--outputs", "2,4"],
-    "08": ["--requests", "5", "--max-num-seqs", "2", "--sweep", "1,3", "--max-prompt", "24", "--max-output", "6"],
+    "08": ["--requests", "5", "--max-num-seqs", "2", "--sweep", "3,4", "--max-prompt", "24", "--max-output", "6"],
     "09": ["--requests", "3", "--max-tokens", "12", "--block-size", "4", "--shared", "3", "--every", "1",
            "--max-model-len", "512"],
     "10": ["--slots", "2", "--flood", "4", "--urgent", "1", "--low-tokens", "3", "--urgent-tokens", "2", "--stream",
