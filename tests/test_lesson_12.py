@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate
-from minitransformer.claims import printed_verdicts, table_with, tables
+from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.measure import Quietness
+from printed_output import edit_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = ROOT / "lessons" / "12_speculative_decoding.py"
@@ -182,23 +183,6 @@ def test_claims_and_verdicts_follow_the_printed_numbers(lesson):
     assert ("redrawn from max(p - q, 0)" in answer) == verdicts["sampled-matches"]
     assert figure.stat().st_size > 5000 and figure.read_bytes()[:4] == b"\x89PNG"
     assert "figures/draft_and_verify.png draws" not in out           # 16 tokens: not the figure's run
-
-
-def edit_cell(out: str, column: str, row_label: tuple[str, ...], value: str, table: str | None = None) -> str:
-    """The output with one cell replaced (its width kept): in the first table that has a column `table` (default:
-    `column`), the row whose first cells are `row_label`."""
-    found = tables(out)
-    wanted = next(i for i, t in enumerate(found) if (table or column) in t.columns)
-    index = found[wanted].columns.index(column)
-    lines, seen = out.splitlines(), -1
-    for i, line in enumerate(lines):
-        seen += line.startswith("┏")
-        cells = line.strip("│").split("│") if line.startswith("│") else []
-        if seen == wanted and tuple(c.strip() for c in cells[:len(row_label)]) == row_label:
-            cells[index] = f" {value}".ljust(len(cells[index]))
-            lines[i] = "│" + "│".join(cells) + "│"
-            return "\n".join(lines)
-    raise AssertionError(f"no row {row_label} in the table with {column!r}")
 
 
 def test_an_edited_number_flips_its_claim(lesson):

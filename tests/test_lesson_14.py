@@ -11,9 +11,10 @@ import re
 import numpy as np
 import pytest
 
-from minitransformer.claims import printed_verdicts, table_with, tables
+from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.measure import Quietness
 from test_lessons_08_10 import load_lesson, run_lesson
+from printed_output import edit_cell
 
 L14 = "14_serving_under_load.py"
 REPEATS = 2
@@ -118,23 +119,6 @@ def test_claims_and_the_answer_follow_the_printed_numbers(lesson_14):
     assert ("throughput cannot exceed what arrives" in answer) == verdicts["light-at-bound"]
     assert ("stalled" in answer) == (not found["rows-agree"].holds)
     assert re.search(r"a bf16 decode step of 4 sequences would cost 1\.0\dx one of 1 at its roofline", answer)
-
-
-def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str) -> str:
-    """The output with one cell replaced (its width kept): in the first table that has `column`, the first row
-    whose first cells are `row_label`."""
-    found = tables(output)
-    wanted = next(i for i, t in enumerate(found) if column in t.columns)
-    index = found[wanted].columns.index(column)
-    lines, seen = output.splitlines(), -1
-    for i, line in enumerate(lines):
-        seen += line.startswith("┏")
-        cells = line.strip("│").split("│") if line.startswith("│") else []
-        if seen == wanted and tuple(c.strip() for c in cells[:len(row_label)]) == row_label:
-            cells[index] = f" {value}".ljust(len(cells[index]))
-            lines[i] = "│" + "│".join(cells) + "│"
-            return "\n".join(lines)
-    raise AssertionError(f"no row {row_label} in the table with {column!r}")
 
 
 def test_an_edited_number_flips_its_claim(lesson_14):

@@ -180,7 +180,7 @@ def test_02_costs_and_bounds(lesson_02, real_model):
                                                            rf"GFLOP/s, ridge {NUMBER} FLOP/byte"))
     assert ridge == pytest.approx(gemm / bandwidth, rel=0.01)
     assert f"Ridge point: {ridge:.1f} FLOP per byte (measured by this run)" in out
-    verdict = check(out, rf"ridge of [0-9.]+: (more than 2x below it, memory-bound|not 2x below it)\.")[0]
+    verdict = check(out, r"ridge of [0-9.]+: (more than 2x below it, memory-bound|not 2x below it)\.")[0]
     intensity = float(check(out, rf"moved = {NUMBER} FLOP/byte")[0])
     assert verdict.startswith("more than") == (intensity < ridge / 2)              # the lesson's NEAR = 2
     kv_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
@@ -248,7 +248,7 @@ def test_02_batching_and_the_h200_paragraph(lesson_02, real_model):
     """Part 4's ratios are the printed times' ratios (fastest steps); a batch reads the weights once (bytes ~1x, H200
     roofline ~1x); the H200 numbers follow from the datasheet's figures and the model's bf16 bytes, computed here
     from its shapes."""
-    out, cfg = lesson_02, real_model.config
+    out = lesson_02
     many, many_hi, one, one_hi, ratio, bytes_ratio, mm, mm_hi, mm1, mm1_hi, matmul, h200 = (float(x) for x in check(
         out, rf"check batch: 4 sequences {NUMBER}-{NUMBER} s, 1 sequence {NUMBER}-{NUMBER} s, ratio {NUMBER}; bytes "
              rf"ratio {NUMBER}; matmul 4 rows {NUMBER}-{NUMBER} us, 1 row {NUMBER}-{NUMBER} us, ratio {NUMBER}; "

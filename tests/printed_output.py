@@ -1,0 +1,23 @@
+"""Editing a lesson's printed output as if the run had printed another number: the tests of each lesson's claims()
+change one cell and check that the claim it supports flips (what `make_transcripts.py --verify` relies on)."""
+
+from __future__ import annotations
+
+from minitransformer.claims import tables
+
+
+def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str, table: str | None = None) -> str:
+    """The output with one cell replaced (its width kept): in the first table that has a column `table` (default:
+    `column`), the first row whose first cells are `row_label`."""
+    found = tables(output)
+    wanted = next(i for i, t in enumerate(found) if (table or column) in t.columns)
+    index = found[wanted].columns.index(column)
+    lines, seen = output.splitlines(), -1
+    for i, line in enumerate(lines):
+        seen += line.startswith("┏")
+        cells = line.strip("│").split("│") if line.startswith("│") else []
+        if seen == wanted and tuple(c.strip() for c in cells[:len(row_label)]) == row_label:
+            cells[index] = f" {value}".ljust(len(cells[index]))
+            lines[i] = "│" + "│".join(cells) + "│"
+            return "\n".join(lines)
+    raise AssertionError(f"no row {row_label} in the table with {column!r}")
