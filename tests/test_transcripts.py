@@ -178,10 +178,14 @@ def table_cell(output: str, column: str, row: int, value: str) -> str:
 
 # One edit per lesson that makes a printed number contradict what the lesson teaches, and the claim that must fail.
 EDITS = {
+    "02": ("decode-flat", lambda out: edited(out, r"(check cost: decode 256: \d+ FLOP, \d+ bytes, )[\d.]+",
+                                             lambda m: m.group(1) + "0.099900")),           # a 100 ms decode step
     "04": ("cache-faster", lambda out: table_cell(out, "cache ms", -1, "999.9")),
     "08": ("fewer-steps", lambda out: table_cell(out, "static,", 0, "1")),
     "09": ("prefix-hits", lambda out: table_cell(out, "prefix_cache_hits", 1, "0")),
     "10": ("urgent-first", lambda out: table_cell(out, "urgent: steps", 1, "[99]")),
+    "13": ("ppl-close", lambda out: table_cell(out, "perplexity", 1, "99.0")),             # int8 weights
+    "14": ("rows-agree", lambda out: table_cell(out, "implied", 0, "9999.0")),             # a stalled-looking run
 }
 
 
