@@ -22,6 +22,18 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)             # the smallest normal float32
 # vLLM's default max_logprobs: more alternatives per token than this is refused (the whole vocabulary would be 49,152).
 MAX_LOGPROBS = 20
+# What one request's stop rules may cost. They are checked after every token of that request (stopping.py and the
+# detokenizer's hold-back): each stop string is searched in the window the new characters can complete, and each is
+# compared against the end of the unstreamed text, so a token costs about one step per stop string plus one per
+# character of them all. Unbounded, one client's list slows every request batched with it (a step waits for all
+# its sequences' stop checks). OpenAI allows 4 stop strings; vLLM sets no limit, and its users pass a template's
+# end markers and a few-shot separator or two. 64 strings of 64 characters each covers that many times over and
+# keeps the worst case to a few thousand character comparisons per token, small next to a decode step.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 4096               # all stop strings together
+# stop_token_ids are looked up after every token and masked in the logits before min_tokens: a template's end
+# tokens are a handful; 64 leaves room for a whole family of them.
+MAX_STOP_TOKEN_IDS = 64
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,7 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        _check_stop_size(stop)          # before the per-character checks below: their cost is what it bounds
         if any(s == "" for s in stop):
             raise InputError("a stop string must not be empty")
         for s in stop:      # undecodable command-line bytes arrive as lone surrogates: text that never matches
@@ -112,6 +125,9 @@ class SamplingParams:
         ids = (self.stop_token_ids,) if _is_int(self.stop_token_ids) else self.stop_token_ids
         if not isinstance(ids, (list, tuple)):
             raise InputError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise InputError(f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed (each "
+                             "is checked after every token)")
         bad = [i for i in ids if not (_is_int(i) and i >= 0)]
         if bad:                     # the entry itself, not the tuple the CLI gathered it into
             raise InputError(f"stop_token_ids must be non-negative integers (token ids), got {_show(bad[0])}")
@@ -131,6 +147,17 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Take the argmax instead of drawing (temperature 0; vLLM also treats temperature < 1e-5 so)."""
         return self.temperature < GREEDY_TEMPERATURE
+
+
+def _check_stop_size(stop) -> None:
+    """The caps on the stop strings (MAX_STOP_STRINGS, MAX_STOP_CHARS): one InputError naming the cap."""
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InputError(f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed (each is searched "
+                         "after every token)")
+    total = sum(len(s) for s in stop)
+    if total > MAX_STOP_CHARS:
+        raise InputError(f"stop strings have {total} characters in all; at most {MAX_STOP_CHARS} are allowed "
+                         "(they are compared with the text after every token)")
 
 
 def _is_int(value) -> bool:

@@ -16,7 +16,9 @@ A stop string is searched in the *detokenized* text, because tokens and strings 
 two tokens, " France" and " is", and no single token contains it. Only the window the new characters can complete
 is searched: from len(text) - new_chars - len(stop) + 1. Earlier text was searched at earlier tokens, so each
 occurrence is found exactly once, at the token that completes it, and the cost per token does not grow with the
-output. Before each step the loop also calls check_abort (timeout, cancel -> "abort").
+output. Nor with a client's appetite: SamplingParams caps the stop strings (MAX_STOP_STRINGS, MAX_STOP_CHARS) and
+stop_token_ids, so a token's stop check costs at most one search per string in a window of that string's length.
+Before each step the loop also calls check_abort (timeout, cancel -> "abort").
 Lengths are counted in token ids (len(output_ids)), never by re-encoding the text.
 """
 

@@ -228,16 +228,32 @@ def open_gguf(path: str | Path):
         raise ModelFileError(f"model path is not a file: {path}")
     try:
         with open(path, "rb") as f:
-            magic = f.read(4)
+            magic, version = f.read(4), f.read(4)
     except OSError as exc:
         raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    _check_gguf_version(path, version)
     try:
         return gguf.GGUFReader(path, "r")
     except Exception:  # the reader fails with ValueError/IndexError/... wherever a short or corrupt file ends
         raise ModelFileError(f"{path} is truncated or corrupt ({path.stat().st_size:,} bytes): its GGUF header "
                              "or tensor data ends early or does not parse; download it again") from None
+
+
+def _check_gguf_version(path: Path, version: bytes) -> None:
+    """A whole file of a GGUF version the reader does not know is not a damaged download: say which version it is.
+    The version is a uint32 after the magic, little-endian, or big-endian in a byte-swapped file (the reader takes
+    both)."""
+    from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
+
+    if len(version) < 4:
+        return                                   # too short to hold a header: the reader reports it as truncated
+    little, big = int.from_bytes(version, "little"), int.from_bytes(version, "big")
+    if little not in READER_SUPPORTED_VERSIONS and big not in READER_SUPPORTED_VERSIONS:
+        known = " and ".join(str(v) for v in READER_SUPPORTED_VERSIONS)
+        raise ModelFileError(f"{path} is GGUF version {little}, which this reader cannot read (it reads versions "
+                             f"{known}); a newer gguf package may, or convert the model again")
 
 
 def dequantize(tensor) -> np.ndarray:

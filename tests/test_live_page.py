@@ -177,19 +177,23 @@ def test_the_page_and_its_files_are_served_with_a_strict_policy(tiny_server):
 
 def test_engine_events_show_a_running_request_its_blocks_and_then_the_pool_free(tiny_server):
     body = {"prompt": "the cat sat on the mat", "max_tokens": 90, "temperature": 0, "ignore_eos": True}
-    request = threading.Thread(target=lambda: httpx.post(tiny_server.url + "/v1/completions", json=body, timeout=60))
     seen = []
     with httpx.stream("GET", tiny_server.url + "/v1/engine/events", timeout=60) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            seen.append(json.loads(line[6:]))
-            if len(seen) == 1:
-                request.start()                                       # subscribed first: every step is watched
-            elif any(e["running"] for e in seen) and not seen[-1]["running"]:
+        events = (json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+        seen.append(next(events))                                     # subscribed first: every step is watched
+        for _ in range(5):          # the tiny model may finish between two events (20 a second): then once more
+            latest = seen[-1]["finished"][0]["id"] if seen[-1]["finished"] else None
+            request = threading.Thread(target=lambda: httpx.post(tiny_server.url + "/v1/completions", json=body,
+                                                                 timeout=60))
+            request.start()
+            for event in events:                                      # until it shows among the finished
+                seen.append(event)
+                if event["finished"] and event["finished"][0]["id"] != latest and not event["running"]:
+                    break
+            request.join()
+            if any(e["running"] for e in seen):
                 break
-    request.join()
     first = seen[0]
     assert first["config"]["num_blocks"] == len(first["pool"]) == 12 and first["running"] == []
     during = next(e for e in seen if e["running"])
@@ -212,6 +216,27 @@ def test_return_token_ids_streamed_and_whole_match(tiny_server, tiny_model):
     streamed = [i for c in chunks for i in c["choices"][0]["token_ids"]]
     assert streamed == whole["token_ids"] and len(streamed) == 7
     assert tiny_model.tokenizer.decode(streamed) == whole["text"]
+
+
+def test_another_tenants_request_shows_as_anonymous_occupancy(browser, real_model_path, tmp_path):
+    """With --api-keys the page shows the key's own requests and, for another tenant's, only that one is there."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"sk-alice": {"tenant": "alice"}, "sk-bob": {"tenant": "bob"}}))
+    body = {"prompt": "Write a long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with running_server("--model", str(real_model_path), "--api-keys", str(keys), "--num-blocks", "256",
+                        "--log-level", "warning") as server, httpx.Client(
+            timeout=120, headers={"Authorization": "Bearer sk-bob"}) as http, http.stream(
+            "POST", server.url + "/v1/completions", json=body) as running:
+        lines = running.iter_lines()                  # kept: a dropped iterator closes the connection (an abort)
+        next(line for line in lines if line.startswith("data: "))
+        browser.get(server.url + "/")
+        until(browser, "!document.getElementById('key-row').hidden")
+        browser.execute_script("""const key = document.getElementById('api-key');
+                                  key.value = 'sk-alice'; key.dispatchEvent(new Event('change'));""")
+        until(browser, "document.querySelector('#running-list li.other') !== null")
+        text = js(browser, "document.getElementById('running-list').textContent")
+    assert "another tenant's request" in text and "blocks" in text
+    assert js(browser, "document.querySelectorAll('#tables .row').length") == 0    # its block table stays hidden
 
 
 def test_with_api_keys_the_events_need_the_key(tiny_model_path, tmp_path):

@@ -53,8 +53,10 @@ def cmd_chat(args) -> int:
     if sys.stdin is None:                                # started with stdin closed (`<&-`): nothing to read
         raise InputError("chat reads your messages from standard input, which is closed; run it in a terminal "
                          "or pipe the messages in (one per line)")
+    _check_system_text(args.system)
     model = _load(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
+    _check_system_fits(model, system, params)
     history = list(system)
     print(f"[{model.path.name}: /reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops a reply]",
           file=sys.stderr)
@@ -86,6 +88,29 @@ def cmd_chat(args) -> int:
         print(footer(result, model), file=sys.stderr)
         if result.logprobs is not None:
             _print_logprobs(result.logprobs, model.tokenizer)
+
+
+def _check_system_text(system: str | None) -> None:
+    """--system must be text: bytes that are not UTF-8 arrive from the command line as lone surrogates, which no
+    tokenizer can encode, and every turn would fail on them (before the model loads, so the mistake costs nothing)."""
+    if system is None:
+        return
+    surrogate = next((c for c in system if "\ud800" <= c <= "\udfff"), None)
+    if surrogate is not None:
+        raise InputError(f"--system must be valid Unicode text; it holds the lone surrogate U+{ord(surrogate):04X} "
+                         "(bytes that are not UTF-8?)")
+
+
+def _check_system_fits(model, system: list[dict], params) -> None:
+    """The system prompt with a one-character first message must fit the context with --max-tokens: /reset keeps the
+    system prompt, so if it does not fit now, no turn ever will."""
+    from ..request import make_request
+
+    if system:
+        try:
+            make_request(model, system + [{"role": "user", "content": "x"}], params, chat=True)
+        except InputError as exc:
+            raise InputError(f"--system leaves no room for a conversation: {exc}") from None
 
 
 def _print_stream(deltas):

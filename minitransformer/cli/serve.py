@@ -1,17 +1,23 @@
 """`minitransformer serve`: the OpenAI-compatible HTTP server (minitransformer/server/) on uvicorn.
 
-Everything that can be wrong with the options (a bad keys file, a port in use) is one line and exit code 2, checked
-before the model loads where it can be. The socket is bound here, before uvicorn runs, so the startup line can give
-the real URL even for `--port 0` (any free port: what the tests use).
+Everything that can be wrong with the options (a bad keys file, a port in use, a host that cannot be bound) is one
+line and exit code 2, checked before the model loads: the socket is bound first, which also lets the startup line
+give the real URL even for `--port 0` (any free port: what the tests use). Connections that arrive while the model
+loads wait in the socket's backlog.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
+import sys
 from pathlib import Path
 
 from ..errors import InputError
 from .options import _add_model_options, _load
+
+ORIGIN = re.compile(r"https?://[^/\s?#]+")          # what a browser sends in Origin: scheme://host[:port], no path
 
 
 def add_serve_parser(commands) -> None:
@@ -33,40 +39,60 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--max-waiting", type=int, default=256, metavar="N",
                        help="refuse new requests with 429 while this many wait for a slot (default 256)")
     serve.add_argument("--api-keys", metavar="FILE",
-                       help='JSON {"key": {"tenant": NAME, "quota_tokens": N, "priority": P}}: require a key')
+                       help='JSON {"key": {"tenant": NAME, "quota_tokens": N, "priority": P, "cache_salt": S}}: '
+                            "require a key; tenants are kept apart (server/tenants.py)")
+    serve.add_argument("--metrics-key", metavar="KEY",
+                       help="the operator's key: the only one that reads /metrics, and it sees every tenant's "
+                            "requests on /v1/engine/events (without it, with --api-keys any key reads /metrics)")
     serve.add_argument("--request-timeout", type=float, metavar="S",
                        help="end a request this many seconds after it arrived (finish_reason length, stop_reason "
                             "timeout)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N",
                        help="refuse larger request bodies with 413 (default 1 MiB)")
+    serve.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME[,NAME...]",
+                       help="more names the Host header may carry (default: the --host name, localhost, and any IP "
+                            "address); other names get 403, which stops DNS rebinding; '*' allows any")
+    serve.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN...]",
+                       help="web origins (http://localhost:3000) whose pages may call the API from a browser "
+                            "(CORS); '*' allows any (default: none)")
+    serve.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="S",
+                       help="on SIGTERM or Ctrl-C, running requests may finish for this long; the rest end with "
+                            "their partial text, finish_reason abort (default 5)")
+    serve.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                       help="close a connection whose request head has not fully arrived after this long "
+                            "(default 10)")
+    serve.add_argument("--limit-concurrency", type=int, metavar="N",
+                       help="answer connections past this many open ones with 503 (default: no limit)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                       help="uvicorn's log level (default info: one line per request)")
+                       help="uvicorn's and the server's log level (default info: one line per request)")
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
     from rich.console import Console
 
     from ..serving import Engine
     from ..server import EngineLoop, Server, ServerConfig, ServerMetrics
+    from ..server.guard import AllowedHosts
+    from ..server.runner import run
     from ..server.tenants import load_api_keys, tenant_quotas
 
-    for name in ("max_num_seqs", "block_size", "max_waiting", "max_body_bytes"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not 0 <= args.port <= 65535:
-        raise InputError(f"--port must be in [0, 65535], got {args.port}")
-    if args.request_timeout is not None and not args.request_timeout > 0:
-        raise InputError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    _check_options(args)
     keys = load_api_keys(args.api_keys) if args.api_keys else None
-    model = _load(args)
-    engine = Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks, block_size=args.block_size,
-                    policy=args.policy, kv_cache=args.kv_cache,
-                    tenant_token_quota=tenant_quotas(keys) if keys else None)
-    name = args.served_model_name or Path(model.path).name.removesuffix(".gguf")
+    hosts = AllowedHosts.for_binding(args.host, _split(args.allowed_hosts))
+    origins = frozenset(_origins(args.allowed_origins))
     sock = _bind(args.host, args.port)
+    try:
+        model = _load(args)
+        engine = Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+                        block_size=args.block_size, policy=args.policy, kv_cache=args.kv_cache,
+                        tenant_token_quota=tenant_quotas(keys) if keys else None)
+    except BaseException:
+        sock.close()
+        raise
+    name = args.served_model_name or Path(model.path).name.removesuffix(".gguf")
     server = Server(model, EngineLoop(engine, ServerMetrics(name), args.request_timeout, args.max_waiting),
-                    ServerConfig(name, api_keys=keys, max_body_bytes=args.max_body_bytes))
+                    ServerConfig(name, api_keys=keys, max_body_bytes=args.max_body_bytes, allowed_hosts=hosts,
+                                 allowed_origins=origins, metrics_key=args.metrics_key))
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     bm = engine.block_manager
@@ -76,21 +102,73 @@ def cmd_serve(args) -> int:
         f"{args.device}, weights {args.weights})  KV pool {bm.num_blocks} blocks x {bm.block_size} tokens = "
         f"{pool_mib:.0f} MiB  max {args.max_num_seqs} running, policy {args.policy}"
         + ("  API keys required" if keys else "") + "  (Ctrl-C stops)", highlight=False)
-    config = uvicorn.Config(server.app(), log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
-    web = uvicorn.Server(config)
-    server.stopping = lambda: web.should_exit        # the live page's event streams end when Ctrl-C is pressed
-    web.run(sockets=[sock])
+    _log_to_stderr(args.log_level)
+    run(server, sock, log_level=args.log_level, header_timeout_s=args.header_timeout,
+        limit_concurrency=args.limit_concurrency, shutdown_timeout_s=args.shutdown_timeout)
     return 0
 
 
+def _check_options(args) -> None:
+    """The numeric options' ranges, before anything is loaded or bound."""
+    for name in ("max_num_seqs", "block_size", "max_waiting", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port must be in [0, 65535], got {args.port}")
+    for name in ("request_timeout", "header_timeout"):
+        value = getattr(args, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise InputError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise InputError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    if args.limit_concurrency is not None and args.limit_concurrency < 1:
+        raise InputError(f"--limit-concurrency must be at least 1, got {args.limit_concurrency}")
+    if args.metrics_key is not None and (not args.metrics_key.strip() or args.metrics_key != args.metrics_key.strip()):
+        raise InputError("--metrics-key must be non-empty and have no surrounding spaces")
+
+
+def _split(values: list[str]) -> list[str]:
+    """Repeated and comma-separated option values, as one list."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _origins(values: list[str]) -> list[str]:
+    """--allowed-origins, each checked: a browser's Origin is scheme://host[:port] with no path, so an origin written
+    with a trailing slash would silently never match."""
+    origins = _split(values)
+    for origin in origins:
+        if origin != "*" and not ORIGIN.fullmatch(origin):
+            raise InputError(f"--allowed-origins: {origin!r} is not an origin; write scheme://host[:port] with no "
+                             "path or trailing slash, e.g. http://localhost:3000 (or '*' for any)")
+    return origins
+
+
 def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket, or one line saying why not (port in use, unknown host)."""
+    """A listening socket, or one line saying why not (port in use, unknown host, an address not on this machine)."""
+    from ..server.connections import ListeningSocket
+
+    sock = None
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = ListeningSocket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(2048)
     except OSError as exc:
+        if sock is not None:
+            sock.close()
         raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own lines (shutdown phases, refused connections, bugs) on stderr, formatted as uvicorn's."""
+    from uvicorn.logging import DefaultFormatter
+
+    logger = logging.getLogger("minitransformer")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(level.upper())

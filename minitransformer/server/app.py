@@ -7,23 +7,33 @@
     GET  /metrics                                Prometheus text (prometheus.py)
     GET  /, /v1/engine/events                    the live page and the engine's state as events (live.py)
 
-One request's path: read the body (at most --max-body-bytes: 413) -> check the key (401) -> parse and check every field
-(400) -> check the model name (404) -> tokenize and check the context, on a worker thread so the event loop stays free
-(400) -> submit to the engine thread (429 when the queue is full or the tenant is over quota) -> stream its items as
-server-sent events, or gather them into one response. If the client goes away before the end, the request is aborted
-and its KV blocks are freed at the engine's next step.
+One request's path: the Guard (guard.py: a Host this server answers to, else 403; 503 while shutting down) -> check
+the key (401) -> read the body, only `application/json` (415) and at most --max-body-bytes (413) -> parse and check
+every field, the per-request caps included (400) -> check the model name (404) -> tokenize and check the context and
+the tenant's quota, on a worker thread so the event loop stays free (400 when it can never fit) -> submit to the
+engine thread under a random request id (429 when the queue is full or the tenant's quota is held by its other
+requests) -> stream its items as server-sent events, or gather them into one response. If the client goes away
+before the end, the request is aborted and its KV blocks are freed at the engine's next step.
+
+Every refusal, an unknown route (404) or method (405) included, is OpenAI's error object (errors.py). Shutting down
+(`drain`, called by runner.py on SIGTERM or Ctrl-C) is graceful: new requests get 503, running ones may finish for
+--shutdown-timeout seconds, the rest end with their partial text and finish_reason "abort".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -31,16 +41,22 @@ from starlette.routing import Route
 from ..errors import MiniTransformerError, QuotaError
 from ..request import make_request
 from ..metrics import now
+from .connections import quiet_accept_errors
 from .engine_loop import EngineLoop, StreamItem
-from .errors import APIError, EngineFailed, QueueFull, bad_request, too_many_requests
+from .errors import (APIError, EngineFailed, QueueFull, bad_request, http_error, internal_error,
+                     too_many_requests)
+from .guard import AllowedHosts, Guard
 from .live import LiveFeed
-from .protocol import ApiRequest, parse_generation, parse_json, parse_token_ids, with_max_tokens
+from .protocol import ApiRequest, PromptLimits, parse_generation, parse_json, parse_token_ids, with_max_tokens
 from .responses import SSE_DONE, ResponseBuilder, sse
 from .tenants import Tenant
 
 log = logging.getLogger("minitransformer.server")
 
 DISCONNECT_POLL_S = 0.25        # how often a non-streaming request checks that its client is still there
+DRAIN_POLL_S = 0.05             # how often a shutdown looks whether the running requests have ended
+ABORT_WAIT_S = 5.0              # after the aborts, how long a shutdown waits for their final items
+SHUTDOWN = "shutdown"           # the stop_reason of a request ended by a shutdown (finish_reason "abort")
 
 
 @dataclass
@@ -49,6 +65,9 @@ class ServerConfig:
     api_keys: dict[str, Tenant] | None = None        # None: no authentication
     max_body_bytes: int = 1 << 20
     started: int = field(default_factory=lambda: int(time.time()))
+    allowed_hosts: AllowedHosts = field(default_factory=lambda: AllowedHosts.for_binding("127.0.0.1"))
+    allowed_origins: frozenset[str] = frozenset()    # web origins whose pages may read the API (CORS)
+    metrics_key: str | None = None                   # the operator's key: /metrics and every tenant's events
 
 
 class Server:
@@ -56,10 +75,16 @@ class Server:
 
     def __init__(self, model, loop: EngineLoop, config: ServerConfig):
         self.model, self.loop, self.config = model, loop, config
-        self.stopping = lambda: False        # cli/serve.py: True once uvicorn shuts down; endless streams then end
         bm = loop.engine.block_manager
         # the longest request the engine can take: its max_model_len, and never more than the whole KV pool
         self.max_request_tokens = min(loop.engine.max_model_len, bm.num_blocks * bm.block_size + 1)
+        self.prompt_limits = PromptLimits.for_context(self.max_request_tokens)
+        self.draining = False                # set by drain(): new requests get 503, endless streams end
+        self.in_flight: set[str] = set()     # ids of the requests the engine has not finished with
+
+    def stopping(self) -> bool:
+        """True once a shutdown began: the live page's endless event streams end then."""
+        return self.draining
 
     def app(self) -> Starlette:
         routes = [Route("/v1/completions", self._endpoint(self.completions), methods=["POST"]),
@@ -70,17 +95,46 @@ class Server:
                   Route("/health", self._endpoint(self.health), methods=["GET"]),
                   Route("/metrics", self._endpoint(self.metrics), methods=["GET"])]
         routes += LiveFeed(self).routes(self._endpoint)
-        return Starlette(routes=routes, lifespan=self._lifespan)
+        guard = Middleware(Guard, server=self, hosts=self.config.allowed_hosts, origins=self.config.allowed_origins)
+        return Starlette(routes=routes, lifespan=self._lifespan, middleware=[guard],
+                         exception_handlers={HTTPException: http_error, Exception: internal_error})
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
-        """The engine thread runs exactly as long as the server: started before the first request, and on shutdown
-        it aborts what is still running (those clients get their partial text) and ends."""
+        """The engine thread runs exactly as long as the server: started before the first request, and stopped
+        after drain() ended every request; the last line says whether every KV block came back."""
         self.loop.start()
+        quiet_accept_errors(asyncio.get_running_loop())
         try:
             yield
         finally:
             await run_in_threadpool(self.loop.stop)
+            bm = self.loop.engine.block_manager
+            log.info("shutting down: the engine stopped; %d of %d KV blocks free", bm.num_free_blocks, bm.num_blocks)
+
+    async def drain(self, timeout_s: float, forced=lambda: False) -> None:
+        """A graceful end, in three logged phases: take no new requests (503); give the running ones up to
+        timeout_s to finish; end the rest with their partial text (finish_reason "abort", stop_reason "shutdown":
+        a streamed client gets its final chunk and [DONE], a whole one a 503 error object). forced(): stop waiting
+        (a second Ctrl-C)."""
+        self.draining = True
+        log.info("shutting down: new requests get 503; %d running may take up to %gs to finish "
+                 "(--shutdown-timeout)", len(self.in_flight), timeout_s)
+        if await self._wait_idle(timeout_s, forced):
+            log.info("shutting down: no request is running")
+            return
+        log.info("shutting down: ending the %d requests still running, with their partial text "
+                 "(finish_reason abort)", len(self.in_flight))
+        self.loop.abort_all(SHUTDOWN)
+        if not await self._wait_idle(ABORT_WAIT_S, forced):
+            log.warning("shutting down: %d requests did not end within %gs of their abort", len(self.in_flight),
+                        ABORT_WAIT_S)
+
+    async def _wait_idle(self, timeout_s: float, forced) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline and not forced():
+            await asyncio.sleep(DRAIN_POLL_S)
+        return not self.in_flight
 
     def _endpoint(self, handler):
         """Every refusal becomes an OpenAI error object; anything else is our bug: logged once, a 500 to the client."""
@@ -108,70 +162,90 @@ class Server:
     async def _generate(self, request: Request, chat: bool) -> Response:
         arrival = now()
         tenant = self._authorize(request)
-        api = parse_generation(await self._json(request), chat)
+        api = parse_generation(await self._json(request), chat, self.prompt_limits)
         self._check_model(api.model)
-        prompt_ids, params = await run_in_threadpool(self._tokenize_request, api)
+        prompt_ids, params = await run_in_threadpool(self._tokenize_request, api, tenant)
         priority = api.priority if api.priority is not None else (tenant.priority if tenant else 0)
+        if self.draining:                                # the shutdown began while this one was tokenized
+            raise APIError(503, "the server is shutting down and takes no new requests", type="server_error",
+                           code="server_shutting_down")
+        request_id = secrets.token_hex(16)               # unguessable, as vLLM's: ids were a global counter
         items: asyncio.Queue = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
+
+        def deliver(item: StreamItem) -> None:           # on the event loop
+            items.put_nowait(item)
+            if item.result is not None or item.error is not None:
+                self.in_flight.discard(request_id)       # the engine is done with it
+
+        self.in_flight.add(request_id)
         future = self.loop.submit(prompt_ids, params, priority, tenant.name if tenant else None, arrival,
-                                  lambda item: event_loop.call_soon_threadsafe(items.put_nowait, item))
+                                  lambda item: event_loop.call_soon_threadsafe(deliver, item),
+                                  request_id=request_id, cache_salt=tenant.salt if tenant else None)
         try:
-            request_id = await asyncio.wrap_future(future)
-        except QueueFull as exc:
-            raise too_many_requests(str(exc), code="queue_full") from None
-        except QuotaError as exc:
-            raise too_many_requests(str(exc), code="quota_exceeded") from None
-        except EngineFailed as exc:                      # a step failed earlier: no new work
-            raise APIError(503, str(exc), type="server_error") from None
-        except asyncio.CancelledError:                   # our client left while the request was being queued
-            future.add_done_callback(lambda f: not f.cancelled() and f.exception() is None
-                                     and self.loop.abort(f.result()))
+            await asyncio.wrap_future(future)
+        except BaseException as exc:
+            self.in_flight.discard(request_id)
+            if isinstance(exc, QueueFull):
+                raise too_many_requests(str(exc), code="queue_full") from None
+            if isinstance(exc, QuotaError):              # its other requests hold the quota: later it fits
+                raise too_many_requests(f"{exc}; retry when they finish", code="quota_exceeded") from None
+            if isinstance(exc, EngineFailed):            # a step failed earlier: no new work
+                raise APIError(503, str(exc), type="server_error") from None
+            if isinstance(exc, asyncio.CancelledError):  # our client left while the request was being queued
+                future.add_done_callback(lambda f: not f.cancelled() and f.exception() is None
+                                         and self.loop.abort(f.result()))
             raise
         builder = ResponseBuilder(request_id, self.config.model_name, chat, self.model.tokenizer,
                                   params.logprobs, api.return_token_ids)
         if api.stream:
-            return StreamingResponse(self._events(request_id, items, builder, api.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return EventStream(self._events(items, builder, api.include_usage),
+                               on_close=lambda: self.loop.abort(request_id))
         return await self._whole(request, request_id, items, builder)
 
-    def _tokenize_request(self, api: ApiRequest):
-        """Tokenize (chat template for chat) and check against the context, off the event loop. A chat request
-        without max_tokens may use the rest of the context, as vLLM allows."""
+    def _tokenize_request(self, api: ApiRequest, tenant: Tenant | None):
+        """Tokenize (chat template for chat) and check against the context and the tenant's quota, off the event
+        loop. A chat request without max_tokens may use the rest of the context, as vLLM allows, and no more than
+        its tenant's quota leaves. A request larger than the whole quota can never run: a 400 that says so, not a
+        429 that invites retries (the openai client retries a 429 by itself)."""
         request = make_request(self.model, api.prompt, api.params, api.chat)
         ids, params = request.prompt_token_ids, api.params
+        quota = tenant.quota_tokens if tenant is not None else None
+        budget = self.max_request_tokens if quota is None else min(self.max_request_tokens, quota)
         if not api.max_tokens_given:
-            room = self.max_request_tokens - len(ids)
+            room = budget - len(ids)
             if room < 1:
-                raise bad_request(f"the prompt ({len(ids)} tokens) leaves no room for a reply in "
-                                  f"{self.max_request_tokens} tokens", param="messages")
+                within = f"tenant {tenant.name!r}'s quota of {quota}" if budget == quota else f"{budget} tokens"
+                raise bad_request(f"the prompt ({len(ids)} tokens) leaves no room for a reply in {within}",
+                                  param="messages")
             params = with_max_tokens(params, max(room, params.min_tokens))
+        total = len(ids) + params.max_tokens
+        if quota is not None and total > quota:
+            raise bad_request(f"this request needs {total} tokens (prompt {len(ids)} + max_tokens "
+                              f"{params.max_tokens}), more than tenant {tenant.name!r}'s whole quota of {quota}: "
+                              "it can never run; lower max_tokens or shorten the prompt", param="max_tokens",
+                              code="quota_exceeded")
         return ids, params
 
-    async def _events(self, request_id: str, items: asyncio.Queue, builder: ResponseBuilder, include_usage: bool):
-        """The server-sent events of one streamed request. Leaving early (a disconnect cancels this generator)
-        aborts the request."""
-        finished = False
-        try:
-            first = builder.first_chunk()
-            if first is not None:
-                yield sse(first)
-            while not finished:
-                item: StreamItem = await items.get()
-                if item.error is not None:
-                    finished = True
-                    yield sse({"error": {"message": item.error, "type": "server_error", "param": None,
-                                         "code": None}})
-                    break
-                finished = item.result is not None
-                if item.text or item.logprobs or finished or (builder.return_token_ids and item.token_ids):
-                    yield sse(builder.chunk(item.text, item.logprobs, item.result, item.token_ids))
-                if finished and include_usage:
+    async def _events(self, items: asyncio.Queue, builder: ResponseBuilder, include_usage: bool):
+        """The server-sent events of one streamed request, to its final chunk and [DONE]. Leaving early (a
+        disconnect cancels it) aborts the request: EventStream's on_close."""
+        first = builder.first_chunk()
+        if first is not None:
+            yield sse(first)
+        while True:
+            item: StreamItem = await items.get()
+            if item.error is not None:
+                yield sse({"error": {"message": item.error, "type": "server_error", "param": None, "code": None}})
+                break
+            finished = item.result is not None
+            if item.text or item.logprobs or finished or (builder.return_token_ids and item.token_ids):
+                yield sse(builder.chunk(item.text, item.logprobs, item.result, item.token_ids))
+            if finished:
+                if include_usage:
                     yield sse(builder.usage_chunk(item.result))
-            yield SSE_DONE
-        finally:
-            if not finished:
-                self.loop.abort(request_id)
+                break
+        yield SSE_DONE
 
     async def _whole(self, request: Request, request_id: str, items: asyncio.Queue,
                      builder: ResponseBuilder) -> Response:
@@ -191,6 +265,10 @@ class Server:
                 entries += item.logprobs
                 if item.result is not None:
                     finished = True
+                    if item.result.stop_reason == SHUTDOWN:
+                        raise APIError(503, f"the server shut down before this request finished (after "
+                                            f"{len(item.result.token_ids)} tokens); send it again once the server "
+                                            "is back", type="server_error", code="server_shutting_down")
                     return JSONResponse(builder.response(item.result, entries))
         finally:
             if not finished:
@@ -210,7 +288,7 @@ class Server:
         data = await self._json(request)
         self._check_model(data.get("model"))
         chat = "messages" in data
-        api = parse_generation({"max_tokens": 1, **data}, chat=chat)
+        api = parse_generation({"max_tokens": 1, **data}, chat=chat, limits=self.prompt_limits)
         tokenizer = self.model.tokenizer
         if chat:
             ids = await run_in_threadpool(lambda: make_request(self.model, api.prompt, api.params, True)
@@ -242,6 +320,13 @@ class Server:
         return JSONResponse({"status": "ok"})
 
     async def metrics(self, request: Request) -> Response:
+        """Prometheus text. With --metrics-key only that key reads it; else with --api-keys any key does."""
+        if self.config.metrics_key is not None:
+            if not self._is_operator(request):
+                raise APIError(401, "/metrics needs the metrics key (--metrics-key): send 'Authorization: Bearer "
+                                    "METRICS_KEY'", code="invalid_api_key")
+        else:
+            self._authorize(request)
         return PlainTextResponse(self.loop.metrics.render(self.loop.stats),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -251,15 +336,30 @@ class Server:
         keys = self.config.api_keys
         if keys is None:
             return None
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = _bearer(request)
+        if key is None:
             raise APIError(401, "missing API key: send the header 'Authorization: Bearer YOUR_KEY'",
                            code="invalid_api_key")
-        tenant = keys.get(key.strip())
+        tenant = keys.get(key)
         if tenant is None:
             raise APIError(401, "invalid API key", code="invalid_api_key")
         return tenant
+
+    def viewer(self, request: Request) -> str | None:
+        """Whose requests /v1/engine/events may show in detail: None for every tenant's (no keys, or the metrics
+        key), else the name of the key's tenant (401 without a valid key)."""
+        if self._is_operator(request):
+            return None
+        if self.config.api_keys is None:
+            if self.config.metrics_key is not None:
+                raise APIError(401, "the engine's events need the metrics key (--metrics-key)",
+                               code="invalid_api_key")
+            return None
+        return self._authorize(request).name
+
+    def _is_operator(self, request: Request) -> bool:
+        key, expected = _bearer(request), self.config.metrics_key
+        return expected is not None and key is not None and hmac.compare_digest(key.encode(), expected.encode())
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_name:
@@ -267,7 +367,13 @@ class Server:
                                 f"{self.config.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
 
     async def _json(self, request: Request) -> dict:
-        """The body, read up to --max-body-bytes (413 past it, even without a Content-Length), as a JSON object."""
+        """The body, read up to --max-body-bytes (413 past it, even without a Content-Length), as a JSON object.
+        Only a body declared `application/json` is read: a page on another site can send a form or a `text/plain`
+        body without asking the browser's permission first (no CORS preflight), but not a JSON one (415)."""
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise APIError(415, f"the request body must be sent as 'Content-Type: application/json', not "
+                                f"{media_type or 'without a Content-Type'}", code="unsupported_media_type")
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -283,3 +389,26 @@ class Server:
     def _too_large(self, size: int) -> APIError:
         return APIError(413, f"the request body ({size} bytes or more) is over the limit of "
                              f"{self.config.max_body_bytes} bytes (--max-body-bytes)", code="request_too_large")
+
+
+class EventStream(StreamingResponse):
+    """A server-sent-event response that calls on_close() however it ends: finished, or cut short by a client that
+    left (which may happen before the body's generator even started, so its own `finally` would never run)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, on_close):
+        super().__init__(content, headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def _bearer(request: Request) -> str | None:
+    """The key of an 'Authorization: Bearer KEY' header, or None."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None

@@ -74,16 +74,25 @@ class EngineLoop:
         self._thread.join(timeout_s)
 
     def submit(self, prompt_ids: list[int], params, priority: int, tenant: str | None, arrival_time: float,
-               sink) -> Future:
+               sink, request_id: str | None = None, cache_salt: str | None = None) -> Future:
         """Hand a tokenized request to the engine thread. The Future resolves to its request id, or to the error
         that refused it (InputError, QuotaError, QueueFull, EngineFailed). `sink(StreamItem)` is called from the
-        engine thread."""
+        engine thread. request_id: the id to give it (the server's are random); cache_salt: Engine.add_request's."""
         future: Future = Future()
-        self._commands.put(lambda: self._add(future, sink, prompt_ids, params, priority, tenant, arrival_time))
+        self._commands.put(lambda: self._add(future, sink, prompt_ids, params, priority, tenant, arrival_time,
+                                             request_id, cache_salt))
         return future
 
-    def abort(self, request_id: str) -> None:
-        self._commands.put(lambda: self.engine.abort(request_id))
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        self._commands.put(lambda: self.engine.abort(request_id, reason=reason))
+
+    def abort_all(self, reason: str) -> None:
+        """End every request the engine holds, running or waiting: each handler gets its final item (finish_reason
+        "abort", stop_reason `reason`) with the text it has so far, and the blocks are freed."""
+        def abort_all():
+            for request_id in list(self.engine.sequences):
+                self.engine.abort(request_id, reason=reason)
+        self._commands.put(abort_all)
 
     def call_soon(self, fn) -> None:
         """Run fn() in the engine thread before its next step (an idle thread wakes up, runs it and publishes)."""
@@ -120,7 +129,8 @@ class EngineLoop:
             else:
                 self._publish()
 
-    def _add(self, future: Future, sink, prompt_ids, params, priority, tenant, arrival_time) -> None:
+    def _add(self, future: Future, sink, prompt_ids, params, priority, tenant, arrival_time, request_id=None,
+             cache_salt=None) -> None:
         if not future.set_running_or_notify_cancel():
             return                                       # the client left before its request got here
         if self.error is not None:
@@ -133,7 +143,8 @@ class EngineLoop:
             return
         try:
             request_id = self.engine.add_request(prompt_ids, params, priority=priority, tenant=tenant,
-                                                 arrival_time=arrival_time)
+                                                 arrival_time=arrival_time, request_id=request_id,
+                                                 cache_salt=cache_salt)
         except Exception as exc:                         # InputError, QuotaError, ... or a bug: the handler says
             future.set_exception(exc)
             return

@@ -2,13 +2,17 @@
 
 Clients (the `openai` package, curl scripts) branch on the status and read the message, so every refusal the server
 makes is one of these, with a message that names the problem and the limit — never a traceback. The `type` values
-are OpenAI's: "invalid_request_error" for anything the request itself got wrong (400, 401, 404, 413),
+are OpenAI's: "invalid_request_error" for anything the request itself got wrong (400, 401, 403, 404, 405, 413, 415),
 "rate_limit_exceeded" for 429 (full queue, tenant over quota), "server_error" for our own faults (500, 503).
+Starlette's own refusals (no such route, a method the route lacks) and any exception no route caught are turned into
+the same object by `http_error` and `internal_error`, the app's exception handlers.
 """
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 
 class APIError(Exception):
@@ -41,3 +45,23 @@ class QueueFull(Exception):
 
 class EngineFailed(Exception):
     """A step of the engine raised (a bug): its requests were ended and the server takes no new ones (503)."""
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no such route: 404, a method the route lacks: 405) as OpenAI's error object."""
+    path = request.url.path
+    if exc.status_code == 404:
+        message = f"there is no {path} here; the API is under /v1 (GET /v1/models, POST /v1/completions, ...)"
+        code = "not_found"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = f"{request.method} is not allowed on {path}; it takes {allowed}"
+        code = "method_not_allowed"
+    else:
+        message, code = exc.detail, None
+    return APIError(exc.status_code, message, code=code, headers=dict(exc.headers or {})).response()
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """An exception no route turned into a response: our bug (uvicorn logs it); the client gets the error object."""
+    return APIError(500, "internal server error; the server log has the details", type="server_error").response()

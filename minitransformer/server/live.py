@@ -17,7 +17,10 @@ while at least one page is subscribed: a decode step runs thousands of times, an
 nobody reads. Its cost is one pass over the blocks and the sequences.
 
 With --api-keys the events need the key too. A browser's EventSource cannot send an Authorization header, so the page
-reads this stream with fetch(), as it reads a streamed completion, and sends `Authorization: Bearer KEY`.
+reads this stream with fetch(), as it reads a streamed completion, and sends `Authorization: Bearer KEY`. A tenant's
+key shows that tenant's requests in full and every other tenant's as anonymous occupancy (`view()`: status and
+block count, no id, token counts or block table), so one tenant cannot watch another's traffic; the metrics key
+(--metrics-key), or no keys at all, shows everything. HEAD answers the headers and ends: the stream never would.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..metrics import now
+from .errors import APIError
 from .responses import sse
 
 log = logging.getLogger("minitransformer.server")
@@ -72,7 +76,8 @@ def snapshot(loop, finished: collections.deque, model_name: str) -> dict:
 
     def sequence(seq) -> dict:
         m = seq.metrics
-        return {"id": seq.request_id, "status": seq.status.value, "prompt_tokens": seq.num_prompt_tokens,
+        return {"id": seq.request_id, "tenant": seq.tenant, "status": seq.status.value,
+                "prompt_tokens": seq.num_prompt_tokens,
                 "output_tokens": seq.num_output_tokens, "computed_tokens": seq.num_computed_tokens,
                 "max_tokens": seq.params.max_tokens, "preemptions": seq.num_preemptions,
                 "blocks": list(bm.block_tables.get(seq.request_id, ())),
@@ -86,6 +91,21 @@ def snapshot(loop, finished: collections.deque, model_name: str) -> dict:
             "stats": asdict(loop.stats), "pool": "".join(pool),
             "running": [sequence(s) for s in scheduler.running], "waiting": [sequence(s) for s in scheduler.waiting],
             "finished": list(finished)}
+
+
+def view(state: dict, tenant) -> dict:
+    """The snapshot as one viewer may see it: `tenant`'s own requests in full, the others as anonymous occupancy
+    (their status and how many blocks they hold). tenant=None: the viewer sees everything (the caller decides)."""
+    if tenant is None:
+        return state
+
+    def seen(seq: dict) -> dict:
+        if seq["tenant"] == tenant:
+            return seq
+        return {"id": None, "tenant": None, "status": seq["status"], "num_blocks": len(seq["blocks"])}
+
+    return {**state, "running": [seen(s) for s in state["running"]], "waiting": [seen(s) for s in state["waiting"]],
+            "finished": [f for f in state["finished"] if f["tenant"] == tenant]}
 
 
 def _mean_itl(metrics) -> float | None:
@@ -145,18 +165,20 @@ class LiveFeed:
     async def asset(self, request: Request, name: str | None = None) -> Response:
         name = name or request.path_params["name"]
         if name not in ASSETS:
-            return Response("not found", status_code=404, media_type="text/plain")
+            raise APIError(404, f"there is no /static/{name} here", code="not_found")
         body = resources.files(__package__).joinpath("static", name).read_bytes()
         return Response(body, media_type=ASSETS[name], headers=PAGE_HEADERS)
 
     async def events(self, request: Request) -> Response:
-        self.server._authorize(request)
-        return StreamingResponse(self._stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        tenant = self.server.viewer(request)          # None: every tenant's requests
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":                # the headers a GET would get, and an end
+            return Response(media_type="text/event-stream", headers=headers)
+        return StreamingResponse(self._stream(tenant), media_type="text/event-stream", headers=headers)
 
-    async def _stream(self):
+    async def _stream(self, tenant=None):
         """Subscribe, then send each new snapshot (with the steps since the last one) until the client leaves:
-        the server cancels this generator, or a write to the closed connection fails."""
+        the server cancels this generator, or a write to the closed connection fails. tenant: see view()."""
         self.subscribers += 1
         self.latest = None
         self.loop.call_soon(lambda: None)         # wake an idle engine thread: it publishes a first snapshot
@@ -170,7 +192,7 @@ class LiveFeed:
                         steps = [r for r in steps if r.step > last_step]
                     if steps:
                         last_step = steps[-1].step
-                    yield sse({**state, "steps": [step_dict(r) for r in steps]})
+                    yield sse({**view(state, tenant), "steps": [step_dict(r) for r in steps]})
                     quiet_since = now()
                 elif now() - quiet_since > KEEPALIVE_S:
                     yield ": keepalive\n\n"
@@ -182,6 +204,7 @@ class LiveFeed:
 
 def _finished_entry(seq) -> dict:
     m, decision = seq.metrics, seq.decision
-    return {"id": seq.request_id, "prompt_tokens": seq.num_prompt_tokens, "output_tokens": seq.num_output_tokens,
+    return {"id": seq.request_id, "tenant": seq.tenant, "prompt_tokens": seq.num_prompt_tokens,
+            "output_tokens": seq.num_output_tokens,
             "ttft_s": m.ttft_s, "itl_s": _mean_itl(m), "finish_reason": decision.finish_reason if decision else None,
             "preemptions": seq.num_preemptions}

@@ -15,7 +15,13 @@ tokenizing or model work.
                                 min_tokens, ignore_eos, include_stop_str_in_output, stop_token_ids, priority (vLLM:
                                 lower runs first), n (only 1), return_token_ids (vLLM: each choice and streamed
                                 chunk also carries the ids of its tokens)
-Unknown fields are ignored, as vLLM and OpenAI's own server do with fields they do not use.
+Unknown fields are ignored, as vLLM and OpenAI's own server do with fields they do not use; logit_bias is known and
+refused (the sampler has no bias stage), after its size is checked.
+
+What one request may cost is bounded here, before any tokenizing or model work (each a 400 naming the field and cap):
+the stop strings and stop_token_ids (their caps live in sampling_params.py: they are checked after every token),
+logit_bias entries (MAX_LOGIT_BIAS), and the prompt (PromptLimits: characters, messages, token ids). A body that
+is not JSON, nests deeper than Python's parser can follow, or holds a number no float can hold is a 400 too.
 """
 
 from __future__ import annotations
@@ -28,6 +34,16 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..sampling_params import SamplingParams
 from .errors import APIError, bad_request
+
+# logit_bias maps token ids to biases. A bias list is a handful of banned or favoured tokens; 300 entries is far past
+# that, and past it a body is refused before its entries are read one by one.
+MAX_LOGIT_BIAS = 300
+# A prompt's characters per token of the context, at most. Running text averages about 4 characters per token and the
+# default model's vocabulary 6.7 per entry; 16 admits any ordinary prompt that could fit the context and refuses,
+# before tokenizing it, one that could fit only if it were made of the rarest longest tokens (runs of spaces or #).
+PROMPT_CHARS_PER_TOKEN = 16
+# Every chat message costs at least this many tokens of its template (a turn marker and the role, at the least).
+MIN_TOKENS_PER_MESSAGE = 2
 
 # The sampling fields that pass straight through to SamplingParams (the API name is the SamplingParams name).
 SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
@@ -49,19 +65,43 @@ class ApiRequest:
     return_token_ids: bool = False
 
 
+@dataclass(frozen=True)
+class PromptLimits:
+    """How large a prompt may be before it is tokenized: tokenizing (and rendering a chat template over every message)
+    costs time in proportion to the text, and happens before the context check can refuse a prompt that cannot fit.
+
+    max_chars: characters of a text prompt, or of all message contents together (PROMPT_CHARS_PER_TOKEN per token)
+    max_messages: chat messages (each costs at least MIN_TOKENS_PER_MESSAGE tokens of the template)
+    max_token_ids: a prompt given as token ids (one token must be left to generate)
+    """
+    max_chars: int
+    max_messages: int
+    max_token_ids: int
+
+    @classmethod
+    def for_context(cls, tokens: int) -> "PromptLimits":
+        """The limits for requests of at most `tokens` tokens (prompt + max_tokens)."""
+        return cls(tokens * PROMPT_CHARS_PER_TOKEN, max(1, tokens // MIN_TOKENS_PER_MESSAGE), max(1, tokens - 1))
+
+
 def parse_json(body: bytes) -> dict:
-    """The body as a JSON object, or a 400 that says what is wrong with it."""
+    """The body as a JSON object, or a 400 that says what is wrong with it.
+
+    Python's parser raises ValueError subclasses for bad text or bytes and for an integer of more than 4,300 digits,
+    and RecursionError for arrays or objects nested deeper than its recursion limit: each is the client's error."""
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply (arrays or objects inside each other)") from None
+    except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
     return data
 
 
-def parse_generation(data: dict, chat: bool) -> ApiRequest:
-    """A completions or chat body -> ApiRequest; every problem is a 400 naming its field."""
+def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None) -> ApiRequest:
+    """A completions or chat body -> ApiRequest; every problem is a 400 naming its field. limits: the prompt's caps."""
     for name in ("n", "best_of"):
         if (count := _get(data, name, int, 1)) != 1:
             raise bad_request(f"{name}={count} is not supported: this server returns exactly one choice per "
@@ -70,8 +110,9 @@ def parse_generation(data: dict, chat: bool) -> ApiRequest:
         raise bad_request("echo is not supported", param="echo")
     if _get(data, "suffix", str, None):
         raise bad_request("suffix is not supported", param="suffix")
+    _logit_bias(data)
     if chat:
-        prompt = _messages(data.get("messages"))
+        prompt = _messages(data.get("messages"), limits)
         if data.get("tools"):
             raise bad_request("tools are not supported by this server", param="tools")
         max_tokens = _get(data, "max_completion_tokens", int, None)
@@ -79,7 +120,7 @@ def parse_generation(data: dict, chat: bool) -> ApiRequest:
             max_tokens = _get(data, "max_tokens", int, None)
         logprobs = _get(data, "top_logprobs", int, 0) if _get(data, "logprobs", bool, False) else None
     else:
-        prompt = _prompt(data.get("prompt"))
+        prompt = _prompt(data.get("prompt"), limits)
         max_tokens = _get(data, "max_tokens", int, 16)            # OpenAI's and vLLM's default for completions
         logprobs = _get(data, "logprobs", int, None)
     fields = {name: value for name, kind in SAMPLING_FIELDS.items()
@@ -113,8 +154,9 @@ def sampling_params(**fields) -> SamplingParams:
         return SamplingParams(**fields)
     except InputError as exc:
         message = str(exc)
-        param = next((f.name for f in dataclasses.fields(SamplingParams) if message.startswith(f.name)), None)
-        raise bad_request(message, param=param) from None
+        # the longest field name the message starts with: "stop_token_ids ..." is about stop_token_ids, not stop
+        names = [f.name for f in dataclasses.fields(SamplingParams) if message.startswith(f.name)]
+        raise bad_request(message, param=max(names, key=len) if names else None) from None
 
 
 def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
@@ -143,16 +185,43 @@ def _get(data: dict, name: str, kind: type, default, param: str | None = None):
                   dict: "an object"}[kind]
         raise bad_request(f"{param or name} must be {wanted}, got {_json_type(value)} {_short(value)}",
                           param=param or name)
+    if kind is float and _is_int(value):
+        try:
+            float(value)        # JSON integers have no size limit; the sampler computes in floats
+        except OverflowError:
+            raise bad_request(f"{param or name} must be a number a float can hold, got an integer of "
+                              f"{len(str(abs(value)))} digits", param=param or name) from None
     return value
 
 
-def _prompt(prompt) -> str | list[int]:
+def _logit_bias(data: dict) -> None:
+    """logit_bias: refused, since the sampler has no bias stage; an oversized one is named as such first."""
+    bias = data.get("logit_bias")
+    if bias is None or bias == {}:
+        return
+    if not isinstance(bias, dict):
+        raise bad_request(f"logit_bias must be an object mapping token ids to biases, got {_json_type(bias)}",
+                          param="logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are accepted",
+                          param="logit_bias")
+    raise bad_request("logit_bias is not supported by this server (its sampler has no bias stage); leave it out",
+                      param="logit_bias")
+
+
+def _prompt(prompt, limits: PromptLimits | None) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                                   # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("prompt is empty; give at least one character", param="prompt")
+        if limits is not None and len(prompt) > limits.max_chars:
+            raise bad_request(f"prompt has {len(prompt)} characters; at most {limits.max_chars} are accepted "
+                              f"({PROMPT_CHARS_PER_TOKEN} per token of the context)", param="prompt")
         return prompt
+    if isinstance(prompt, list) and limits is not None and len(prompt) > limits.max_token_ids:
+        raise bad_request(f"prompt is a list of {len(prompt)} items; at most {limits.max_token_ids} token ids fit in "
+                          "the context with one token to generate", param="prompt")
     if isinstance(prompt, list) and prompt and all(_is_int(i) for i in prompt):
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
@@ -160,10 +229,14 @@ def _prompt(prompt) -> str | list[int]:
     raise bad_request(f"prompt must be a string or a list of token ids, got {_json_type(prompt)}", param="prompt")
 
 
-def _messages(messages) -> list[dict]:
+def _messages(messages, limits: PromptLimits | None) -> list[dict]:
     """OpenAI messages -> [{"role", "content": str}]; content given as text parts is joined."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {\"role\", \"content\"} objects", param="messages")
+    if limits is not None and len(messages) > limits.max_messages:
+        raise bad_request(f"messages has {len(messages)} messages; at most {limits.max_messages} fit in the context "
+                          f"(each costs at least {MIN_TOKENS_PER_MESSAGE} tokens of the chat template)",
+                          param="messages")
     out = []
     for n, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -179,6 +252,10 @@ def _messages(messages) -> list[dict]:
             raise bad_request(f"messages[{n}].content must be a string or a list of text parts, got "
                               f"{_json_type(content)}", param=f"messages[{n}].content")
         out.append({"role": message["role"], "content": content})
+    chars = sum(len(m["content"]) + len(m["role"]) for m in out)
+    if limits is not None and chars > limits.max_chars:
+        raise bad_request(f"messages have {chars} characters in all; at most {limits.max_chars} are accepted "
+                          f"({PROMPT_CHARS_PER_TOKEN} per token of the context)", param="messages")
     return out
 
 

@@ -7,9 +7,21 @@
 
 Clients send the key as OpenAI clients do (`Authorization: Bearer sk-alice-123`). quota_tokens (optional) bounds the
 tokens a tenant's unfinished requests may reserve together (prompt + max_tokens each): the Engine's admission
-control, so one tenant cannot fill the KV cache and starve the others; over it, the server answers 429. priority
+control, so one tenant cannot fill the KV cache and starve the others. A request that would go over it while the
+tenant's other requests hold their tokens is a 429 (retry later); one larger than the whole quota is a 400 (it could
+never run), and a chat request without max_tokens gets what the quota leaves. priority
 (optional, default 0; lower runs first under `--policy priority`) is the default of a request that sets none.
 Several keys may name the same tenant; they share its quota.
+
+Tenants are kept apart. The prefix cache is salted per tenant (vLLM's cache_salt): a tenant's requests reuse only the
+cached prompt blocks its own requests left, because a cache hit shows (in /metrics and in the time to first token)
+and would let one tenant test guesses of another's prompts. Tenants that trust each other and share a long system
+prompt can share the cache explicitly by giving the same "cache_salt" (optional, default: the tenant's own name):
+
+    {"sk-a": {"tenant": "team-a", "cache_salt": "docs"}, "sk-b": {"tenant": "team-b", "cache_salt": "docs"}}
+
+The live page's event stream shows a tenant's key only its own requests (the others as anonymous occupancy), and
+/metrics answers only to a key (or to --metrics-key alone, the operator's key, which also sees every request).
 """
 
 from __future__ import annotations
@@ -26,6 +38,12 @@ class Tenant:
     name: str
     quota_tokens: int | None = None
     priority: int = 0
+    cache_salt: str | None = None               # None: the tenant's name (its own prefix cache)
+
+    @property
+    def salt(self) -> str:
+        """The prefix-cache salt of this tenant's requests."""
+        return "tenant:" + self.name if self.cache_salt is None else "shared:" + self.cache_salt
 
 
 def load_api_keys(path: str | Path) -> dict[str, Tenant]:
@@ -39,23 +57,28 @@ def load_api_keys(path: str | Path) -> dict[str, Tenant]:
     if not isinstance(data, dict) or not data:
         raise InputError(f"the API keys file {path} must be a JSON object mapping each key to "
                          '{"tenant": NAME, "quota_tokens": N, "priority": P}')
-    keys, quotas = {}, {}
+    keys, quotas, salts = {}, {}, {}
     for key, entry in data.items():
         where = f"API keys file {path}, key {key[:4]}...:"
         if not key.strip() or key != key.strip():
             raise InputError(f"{where} a key must be non-empty and have no surrounding spaces")
         if not isinstance(entry, dict) or not isinstance(entry.get("tenant"), str) or not entry["tenant"]:
             raise InputError(f'{where} give an object with a non-empty "tenant" name')
-        quota, priority = entry.get("quota_tokens"), entry.get("priority", 0)
+        quota, priority, salt = entry.get("quota_tokens"), entry.get("priority", 0), entry.get("cache_salt")
         if quota is not None and (not _is_int(quota) or quota < 1):
             raise InputError(f"{where} quota_tokens must be a positive integer, got {quota!r}")
         if not _is_int(priority):
             raise InputError(f"{where} priority must be an integer, got {priority!r}")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise InputError(f"{where} cache_salt must be a non-empty string (tenants that give the same one share "
+                             f"their prefix cache), got {salt!r}")
         name = entry["tenant"]
         if name in quotas and quotas[name] != quota:
             raise InputError(f"{where} tenant {name!r} is given two different quotas ({quotas[name]} and {quota})")
-        quotas[name] = quota
-        keys[key] = Tenant(name, quota, priority)
+        if name in salts and salts[name] != salt:
+            raise InputError(f"{where} tenant {name!r} is given two different cache_salt values")
+        quotas[name], salts[name] = quota, salt
+        keys[key] = Tenant(name, quota, priority, salt)
     return keys
 
 

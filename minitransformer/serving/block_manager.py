@@ -15,6 +15,12 @@ full hit, because its logits are needed to sample the next token. Freed blocks k
 until a new allocation evicts them, oldest freed first (LRU); a shared block is never written to again, because only
 full blocks are shared and a sequence only writes past its end.
 
+A sequence's `cache_salt` (vLLM's name) seeds its first block's hash, so blocks are found only by sequences with the
+same salt. A cache hit is visible from outside (the hit counters, and a faster first token), so without a salt one
+tenant could learn whether another sent a given prompt by sending it and watching; the server salts each tenant's
+requests with its own salt. The salt is hashed with Python's string hash, which is keyed anew in every process, so
+nobody outside can compute which token blocks would collide with another salt's.
+
 Counters as vLLM counts them, in tokens: prefix_cache_queries (tokens looked up) and prefix_cache_hits (found).
 Invariants (check() asserts them): every reference count >= 0; a block is in the free queue iff its count is 0;
 the blocks in all tables are exactly the blocks with a count > 0, each counted once per table holding it.
@@ -85,7 +91,7 @@ class BlockManager:
             return []
         usable = seq.token_ids(0, seq.num_tokens - 1)          # the last token is always recomputed
         blocks = []
-        for h in self.hash_blocks(usable):
+        for h in self.hash_blocks(usable, salt_hash(seq)):
             block = self.cached_blocks.get(h)
             if block is None:
                 break
@@ -132,7 +138,7 @@ class BlockManager:
             return
         first = len(hashes)
         hashes += self.hash_blocks(seq.token_ids(first * self.block_size, num_full * self.block_size),
-                                   hashes[-1] if hashes else None)
+                                   hashes[-1] if hashes else salt_hash(seq))
         table = self.block_tables[seq.request_id]
         for index in range(first, num_full):
             block, h = table[index], hashes[index]
@@ -167,3 +173,9 @@ class BlockManager:
         assert counts == self.ref_counts, "reference counts disagree with the block tables"
         assert set(self.free_queue) == {b for b in range(self.num_blocks) if counts[b] == 0}, "free queue wrong"
         assert all(self.block_hash[b] == h for h, b in self.cached_blocks.items()), "prefix cache map wrong"
+
+
+def salt_hash(seq) -> int | None:
+    """The parent of a sequence's first block hash: None without a salt, else a hash of the salt."""
+    salt = getattr(seq, "cache_salt", None)
+    return None if salt is None else hash(("cache_salt", salt))

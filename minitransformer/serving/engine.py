@@ -116,9 +116,13 @@ class Engine:
 
     def add_request(self, prompt, params: SamplingParams | None = None, chat: bool = False, priority: int = 0,
                     tenant: str | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None) -> str:
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> str:
         """Queue a request (text, token ids, or chat messages with chat=True); return its id. InputError if it can
-        never be served or breaks a limit -- before any work, never left hanging."""
+        never be served or breaks a limit -- before any work, never left hanging.
+
+        cache_salt (vLLM's name): the request reuses and leaves behind prefix-cache blocks only among requests with
+        the same salt (block_manager.py), so requests of different salts cannot learn each other's prompts from the
+        cache. None, the default, is one more salt: every unsalted request shares with the others."""
         params = params if params is not None else SamplingParams()
         request = make_request(self.model, prompt, params, chat, arrival_time)
         if request_id is not None:
@@ -147,7 +151,8 @@ class Engine:
                     raise QuotaError(f"tenant {tenant!r} would hold {held + total} tokens in flight (prompt + "
                                      f"max_tokens of its unfinished requests), over its quota of {limit}")
         seq = Sequence(request, self.model.tokenizer, self.model.config.context_length, self.kv_bytes,
-                       priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals))
+                       priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals),
+                       cache_salt=cache_salt)
         self.sequences[request.request_id] = seq
         self.scheduler.add(seq)
         return request.request_id

@@ -36,11 +36,13 @@ class Sequence(RequestState):
     """
 
     def __init__(self, request: Request, tokenizer, context_length: int, kv_bytes: Callable[[int], int],
-                 priority: int = 0, tenant: str | None = None, arrival_index: int = 0):
+                 priority: int = 0, tenant: str | None = None, arrival_index: int = 0,
+                 cache_salt: str | None = None):
         super().__init__(request, tokenizer, context_length,
                          kv_usage=lambda: (self.num_computed_tokens, kv_bytes(self.num_computed_tokens)))
         self.priority = priority                    # lower = more urgent (vLLM's convention)
         self.tenant = tenant
+        self.cache_salt = cache_salt                # prefix-cache blocks are shared only within one salt
         self.arrival_index = arrival_index          # order of add_request: FCFS ties and "newest" for preemption
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING

@@ -320,7 +320,7 @@
       `at most ${cfg.max_num_seqs} running · ${cfg.policy} batching · step ${state.step}`;
     for (const el of document.querySelectorAll(".cfg-seqs")) el.textContent = cfg.max_num_seqs;
     for (const el of document.querySelectorAll(".cfg-block")) el.textContent = cfg.block_size;
-    for (const s of state.running.concat(state.waiting)) label(s.id);
+    for (const s of state.running.concat(state.waiting)) if (s.id !== null) label(s.id);
     renderCounters(state);
     renderQueue($("running-list"), state.running, "nothing running");
     renderQueue($("waiting-list"), state.waiting, "nobody waiting");
@@ -363,6 +363,13 @@
       return;
     }
     for (const s of seqs) {
+      if (s.id === null) {                  // another tenant's request: only that it is there, and its blocks
+        const li = document.createElement("li");
+        li.className = s.status + " other";
+        li.textContent = `another tenant's request, ${s.num_blocks} blocks`;
+        list.append(li);
+        continue;
+      }
       const li = document.createElement("li");
       li.className = s.status + (s.id === view.mine ? " mine" : "");
       li.dataset.requestId = s.id;
@@ -410,6 +417,7 @@
     }
     const owners = new Map();
     for (const s of state.running.concat(state.waiting)) {
+      if (s.id === null) continue;          // another tenant's: its blocks are not shown
       for (const b of s.blocks) owners.set(b, (owners.get(b) || []).concat(label(s.id)));
     }
     const cells = pool.children;
@@ -434,6 +442,7 @@
       tables.append(p);
     }
     for (const s of state.running) {
+      if (s.id === null) continue;
       const row = document.createElement("div");
       row.className = "row";
       const name = document.createElement("span");
