@@ -193,8 +193,9 @@ class Quietness:
         if not m:
             return None
         others = None if m["others"] == "?" else float(m["others"]) / 100
-        return cls(load=float(m["load"]), others=others, cores=int(m["cores"]),
-                   calibration_before=float(m["before"]) / 1e3, calibration_after=float(m["after"]) / 1e3)
+        before = float(m["before"]) / 1e3                  # the drift as printed, not from the rounded times
+        return cls(load=float(m["load"]), others=others, cores=int(m["cores"]), calibration_before=before,
+                   calibration_after=before * (1 + float(m["drift"]) / 100))
 
 
 class Probe:
