@@ -21,3 +21,18 @@ def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str, 
             lines[i] = "│" + "│".join(cells) + "│"
             return "\n".join(lines)
     raise AssertionError(f"no row {row_label} in the table with {column!r}")
+
+
+def set_cells(output: str, first_cell: str, cells: dict[int, str], after: str = "") -> str:
+    """The output with some cells of one table row replaced: the first row whose first cell is `first_cell` (after
+    the first line containing `after`). Column widths need not match: claims read cells between the bars."""
+    lines = output.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if after in line)
+    for i in range(start, len(lines)):
+        parts = lines[i].rstrip("\n").split("│")
+        if len(parts) > 2 and parts[1].strip() == first_cell:
+            for index, value in cells.items():
+                parts[index + 1] = f" {value} "
+            lines[i] = "│".join(parts) + "\n"
+            return "".join(lines)
+    raise AssertionError(f"no row {first_cell!r}")

@@ -23,6 +23,7 @@ import pytest
 
 from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.config import ModelConfig
+from printed_output import set_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = ROOT / "lessons" / "13_quantization.py"
@@ -214,20 +215,6 @@ def holds(module, output: str) -> dict[str, bool]:
     return {c.key: c.holds for c in module.claims(output)}
 
 
-def set_row(output: str, label: str, cells: dict[int, str], after: str) -> str:
-    """The output with cells of the first row labelled `label` after the first line containing `after` replaced."""
-    lines = output.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if after in line)
-    for i in range(start, len(lines)):
-        parts = lines[i].rstrip("\n").split("│")
-        if len(parts) > 2 and parts[1].strip() == label:
-            for index, value in cells.items():
-                parts[index + 1] = f" {value} "
-            lines[i] = "│".join(parts) + "\n"
-            return "".join(lines)
-    raise AssertionError(f"no row {label!r}")
-
-
 def test_claims_follow_the_printed_numbers(lesson_output):
     lesson = lesson_module()
     found = holds(lesson, lesson_output)
@@ -245,20 +232,20 @@ def test_claims_follow_the_printed_numbers(lesson_output):
     f32 = table_rows(lesson_output)["float32"][2]
     close = lesson_output
     for name in ("int8 weights", "int4 weights", "int8 KV cache"):           # cells: 3 perplexity, 4 KL
-        close = set_row(close, name, {3: f"{f32:.4f}", 4: "0.00100"}, "perplexity")
+        close = set_cells(close, name, {3: f"{f32:.4f}", 4: "0.00100"}, "perplexity")
     assert holds(lesson, close)["ppl-close"]
-    assert not holds(lesson, set_row(close, "int4 weights", {3: f"{f32 * 1.05:.4f}"}, "perplexity"))["ppl-close"]
+    assert not holds(lesson, set_cells(close, "int4 weights", {3: f"{f32 * 1.05:.4f}"}, "perplexity"))["ppl-close"]
     # Speed: a quiet run's shape (float32 25 ms, int8 20 ms, int4 40 ms, each within 1 ms), then overlapping ranges.
     quiet = lesson_output
     for label, low in (("float32", "25.0"), ("int8 weights", "20.0"), ("int4 weights", "40.0"),
                        ("int8 KV cache", "27.0")):
-        quiet = set_row(quiet, label, {1: low, 2: low, 3: "1.0"}, "step min ms")
+        quiet = set_cells(quiet, label, {1: low, 2: low, 3: "1.0"}, "step min ms")
     shape = holds(lesson, quiet)
     assert shape["int8-speed"] and shape["int4-speed"] and shape["kv8-speed"]
     statements = {c.key: c.statement for c in lesson.claims(quiet)}
     assert "faster" in statements["int8-speed"] and "slower" in statements["int4-speed"]
-    assert not holds(lesson, set_row(quiet, "int8 weights", {3: "6.0"}, "step min ms"))["int8-speed"]   # 20-26 ms
-    assert not holds(lesson, set_row(quiet, "int4 weights", {1: "25.5"}, "step min ms"))["int4-speed"]
+    assert not holds(lesson, set_cells(quiet, "int8 weights", {3: "6.0"}, "step min ms"))["int8-speed"]   # 20-26 ms
+    assert not holds(lesson, set_cells(quiet, "int4 weights", {1: "25.5"}, "step min ms"))["int4-speed"]
 
 
 def test_answer_reports_greedy_agreement_and_states_speed_only_as_shown(lesson_output):

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from minitransformer.claims import printed_verdicts, table_with
+from printed_output import set_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(-?[0-9][0-9,]*\.?[0-9]*(?:e[+-]\d+)?)"
@@ -62,21 +63,6 @@ def lesson_module(name: str):
 
 def holds(module, output: str) -> dict[str, bool]:
     return {c.key: c.holds for c in module.claims(output)}
-
-
-def set_cells(output: str, first_cell: str, cells: dict[int, str], after: str = "") -> str:
-    """The output with some cells of one table row replaced: the first row whose first cell is `first_cell` (after
-    the first line containing `after`). Column widths need not match: claims read cells between the bars."""
-    lines = output.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if after in line)
-    for i in range(start, len(lines)):
-        parts = lines[i].rstrip("\n").split("│")
-        if len(parts) > 2 and parts[1].strip() == first_cell:
-            for index, value in cells.items():
-                parts[index + 1] = f" {value} "
-            lines[i] = "│".join(parts) + "\n"
-            return "".join(lines)
-    raise AssertionError(f"no row {first_cell!r}")
 
 
 def replace_once(output: str, old: str, new: str) -> str:
