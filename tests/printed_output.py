@@ -36,3 +36,11 @@ def set_cells(output: str, first_cell: str, cells: dict[int, str], after: str = 
             lines[i] = "│".join(parts) + "\n"
             return "".join(lines)
     raise AssertionError(f"no row {first_cell!r}")
+
+
+def timing_cells_agree(fastest: float, median: float, spread: float, decimals: int) -> bool:
+    """Whether a printed (fastest, median, spread) triple can come from one Timing: fastest <= median <= fastest +
+    spread before rounding. Each cell is rounded to `decimals` places, so each may be off by half a unit: the first
+    inequality can be off by two half-units (fastest and median), the second by three (all three cells)."""
+    half = 0.5 * 10.0 ** -decimals * (1 + 1e-9)              # the 1e-9: a half-unit printed exactly, in binary
+    return fastest <= median + 2 * half and median <= fastest + spread + 3 * half

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from minitransformer.claims import printed_verdicts, table_with
-from printed_output import set_cells
+from printed_output import set_cells, timing_cells_agree
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(-?[0-9][0-9,]*\.?[0-9]*(?:e[+-]\d+)?)"
@@ -134,7 +134,7 @@ def test_lesson_05_sampling(real_model, out05):
     assert slowest == max(mins.values()) and greedy == mins["greedy"]
     for name, low, median, spread in zip(cost.column("what runs"), cost.numbers("min ms"), cost.numbers("median"),
                                          cost.numbers("spread")):
-        assert low <= median <= low + spread + 1e-3, name
+        assert timing_cells_agree(low, median, spread, decimals=3), name
     flat = " ".join(out.split())
     assert "top_k=20 keeps 20 tokens" in flat and f"top_p=0.9 keeps {row(out, 'top_p=0.9')[1]} " in flat
 
@@ -271,7 +271,7 @@ def test_lesson_07_latency_metrics_and_levers(real_model_path, out07):
     assert blocking[1:4] == blocking[4:7]                                 # nothing visible before the end
     for cells in (streamed, blocking):
         low, median, spread = (float(c) for c in cells[4:7])
-        assert low <= median <= low + spread + 0.1
+        assert timing_cells_agree(low, median, spread, decimals=1)
     first, last, ratio, total_s, total_b, work = numbers(
         out, rf"first text {NUMBER} ms streamed vs {NUMBER} ms not streamed \(mins, {NUMBER}x\); totals {NUMBER} vs "
              rf"{NUMBER} ms \({NUMBER}x")
