@@ -10,6 +10,8 @@ does (bench/machine.py's forward_cost) and this machine's measured peaks: bytes/
 Every timing is repeated after a warm-up, and every comparison is timed in turns (minitransformer/measure.py); the
 lesson's claims (claims() below) are decided from the numbers it prints, and a claim about time is stated only when
 it holds beyond the measured spread on a quiet machine.
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

@@ -6,6 +6,8 @@ that memory, not the weights, is what grows with context length and with the num
 The loop is prefill.py + decode.py on a kv_cache.KVCache; after every token the table shows the cache's shape and
 its bytes counted from the arrays themselves, next to kv_cache.estimate_kv_bytes (the H1 formula). Nothing here is
 timed: every claim (claims() below) is about bytes and values, decided from the numbers the lesson prints.
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

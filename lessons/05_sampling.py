@@ -8,6 +8,8 @@ non-zero probability (the candidate set) and the entropy of what is left. Then t
 and the cost of one sample() call is timed against one decode step of the model, in turns (measure.interleaved).
 The lesson's claims (claims() below) are decided from the numbers it prints; the timing claim is stated only when
 the run was quiet (minitransformer/measure.py).
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

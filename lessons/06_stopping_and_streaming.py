@@ -8,6 +8,8 @@ each token the loop detokenizes it (detokenizer.py), asks stopping.check_stop wh
 that can no longer change: a character whose UTF-8 bytes are not all there yet waits, and so does a tail that could
 still become a stop string. Nothing here is timed: the lesson's claims (claims() below) are about tokens, text and
 bytes, decided from what it prints, and the answer states only what they showed.
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

@@ -10,6 +10,8 @@ every setting of a lever runs --repeats times, in turns with the others (measure
 (min) is reported with the median and the spread. The tables of the course (T1 phases, T2 levers, T4 tuning guide)
 end it, filled with this run's numbers. The lesson's claims (claims() below) are decided from the numbers it prints,
 and a timing claim is stated only when the run was quiet (minitransformer/measure.py).
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

@@ -7,6 +7,8 @@ or at best prompt + max_tokens. Requests stop early, so most of it stays empty. 
 SOSP '23) hands out blocks of block_size tokens as a sequence grows; only each sequence's last block is partly empty.
 Everything below is measured on minitransformer.serving.Engine running the real model. Nothing here is timed: the
 lesson's claims (claims() below) are about tokens, blocks and bytes, decided from the numbers it prints.
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

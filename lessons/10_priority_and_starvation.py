@@ -14,6 +14,8 @@ The order of service is counted in engine steps, the same on any machine. The se
 runs --repeats times in turns with the other, after one untimed warm-up round, and a timing claim is stated only when
 it holds beyond the spread of those runs on a quiet machine (minitransformer/measure.py). The lesson's claims
 (claims() below) are decided from the numbers it prints.
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

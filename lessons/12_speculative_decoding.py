@@ -19,6 +19,8 @@ cannot be the same tokens but must have the same distribution: a draft x ~ q is 
 min(1, p(x) / q(x)), otherwise a token is drawn from max(p - q, 0) renormalised, and 10,000 such tokens are compared
 with the target's own distribution p. The lesson's claims (claims() below) are decided from the numbers it prints; a
 claim about time is stated only when it holds beyond the measured spread on a quiet run (minitransformer/measure.py).
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

@@ -10,6 +10,8 @@ docstrings of Python's standard library (minitransformer/quality.py). Part 3 run
 the CPU runner against the NumPy path. Part 4 times one decode step of each setting, in turns (measure.interleaved),
 against the floor its weight bytes set. The lesson's claims (claims() below) are decided from the numbers it prints,
 and a timing claim is stated only when the run was quiet (minitransformer/measure.py).
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse

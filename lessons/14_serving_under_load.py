@@ -21,6 +21,8 @@ Every configuration runs --repeats times, in turns (round 1 runs each once, then
 them alike; each run's throughput is checked against what its own requests' times imply (a run that stalled is
 flagged), and a change between configurations is called a change only when the ranges of their runs do not overlap.
 The lesson's claims (claims() below) are decided from the numbers it prints (minitransformer/claims.py).
+
+Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
 
 import argparse
