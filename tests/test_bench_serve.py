@@ -264,15 +264,6 @@ def test_managed_server_that_dies_is_a_clear_error(tmp_path):
             pass
 
 
-@pytest.fixture(scope="module")
-def our_server(tiny_model_path, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with ManagedServer("ours", serve_compare.ours_argv(str(tiny_model_path), port, 4), port, "/health", log,
-                       ready_timeout_s=120) as server:
-        yield server
-
-
 def test_end_to_end_against_our_server(our_server, tmp_path, capsys):
     argv = ["bench", "serve", "--url", our_server.url, "--request-rate", "inf,20", "--num-prompts", "4",
             "--prompt-words", "3,12",  # the tiny model's context is 128 tokens
