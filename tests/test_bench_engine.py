@@ -4,6 +4,7 @@ the tiny model against our real server, its printed row read back against its JS
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -66,7 +67,9 @@ def test_bench_engine_end_to_end_prints_what_it_writes(tiny_model_path, our_serv
     data = json.loads((tmp_path / "engine.json").read_text())
     cells = eb.table_cells(data)
     assert _printed_row(out) == list(cells.values())
-    assert data["quietness"]["line"] in " ".join(out.split())
+    printed = " ".join(out.split())
+    assert data["quietness"]["line"] in printed and data["server_quietness"]["line"] in printed
+    assert data["server"]["server_pid"] == our_server.process.pid        # found by its port: its CPU is ours
     # the JSON holds what the row was computed from: the bound re-summed from its steps and rates agrees
     rates = {int(n): t["min_s"] for n, t in data["prefill_s_by_length"].items()}
     decode = {int(b): t["min_s"] for b, t in data["decode_step_s_by_batch"].items()}
@@ -84,6 +87,11 @@ def test_bench_engine_end_to_end_prints_what_it_writes(tiny_model_path, our_serv
         data["workload"]["prompt_lengths"])
     assert sum(d for _, d in data["steps"]) == 6 * (5 - 1)      # each request's first token comes with its prefill
     assert len(data["engine"]["samples_s"]) == 2 and max(decode) == 4
+
+
+def test_a_server_elsewhere_has_no_local_process():
+    assert eb.listening_pid("http://example.com:8000") is None
+    assert eb.process_cpu_seconds(os.getpid()) > 0
 
 
 @pytest.mark.parametrize("argv", [["--max-tokens", "1"], ["--repeats", "0"], ["--prompt-words", "3,x"]])
