@@ -6,11 +6,12 @@ request max_tokens 48 with ignore_eos, all of them queued at once, max_num_seqs 
 
     measure_prefill   each distinct prompt length, prefilled alone through Engine.step (one sequence, prefix cache
                       off): seconds per prompt length
-    measure_decode    decode-only Engine steps at batch size B over the workload's own contexts (B of its prompts,
-                      prefilled untimed, then every decode step of max_tokens timed): seconds per step at B
+    measure_decode    decode-only Engine steps at batch size B over the workload's own contexts (B of its prompts
+                      run to max_tokens; the step_log's durations of the steps that decoded all B): seconds per step
     predict_seconds   the bound: every step the scheduler really ran (the Engine's step_log) predicted from those
                       rates and summed (a pure function: the tests feed it a synthetic log)
-    measure_engine    Engine(model, max_num_seqs).run() on the workload, timed with measure.time_calls
+    measure_engine    Engine(model, max_num_seqs).run() on the workload, timed by measure.time_calls' rules (one
+                      untimed run, then repeats: fastest, median, spread), each on a fresh Engine
     measure_server    optional: the same prompts all at once through bench serve's client against a URL
     run_engine_bench  all of it -> one dict, which print_table and write_json show
 
