@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny random-weight GGUF model (fast unit tests) and the real default model."""
+"""Shared fixtures: the tiny random-weight GGUF model (fast unit tests), the real default model, and our server on
+the tiny model (the bench tests measure it over HTTP)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,14 @@ def real_model(real_model_path):
 @pytest.fixture(scope="session")
 def real_tokenizer(real_model):
     return real_model.tokenizer
+
+
+@pytest.fixture(scope="module")
+def our_server(tiny_model_path, tmp_path_factory):
+    """Our `minitransformer serve` on the tiny model, 4 slots, on a free loopback port; stopped after the module."""
+    from minitransformer.bench.serve_compare import ManagedServer, free_port, ours_argv
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with ManagedServer("ours", ours_argv(str(tiny_model_path), port, 4), port, "/health", log,
+                       ready_timeout_s=120) as server:
+        yield server

@@ -8,8 +8,13 @@ llama.cpp's own `llama-server` or a vLLM deployment, with the same prompts at th
     SSEParser         server-sent events -> the `data:` payloads, whatever the network's read boundaries
     send_request      one streamed request -> a RequestRecord (timings, tokens, or the error that ended it)
     run_rate          every prompt at its arrival time -> the records and the wall time of the run
-    run_sweeps        several servers: each one's model name and a warm-up request, then run_rate for each
+    run_sweeps        several servers: each one's model name and a warm-up burst, then run_rate for each
                       request rate, the servers in turns (run_sweep: one server)
+
+Each rate sends prompts of the same lengths but of text no other rate of the run sends, and the warm-up has text
+of its own too: every server here has a prefix cache, and a rate that re-sent an earlier rate's prompts skipped
+most of its prefill and looked about twice as fast as the first rate (serve_workload.make_prompts). The warm-up,
+one request of each prompt length at once, takes the server's first-of-each-size work out of the first rate.
 
 The metrics follow vLLM's benchmark (vllm/benchmarks/serve.py and lib/endpoint_request_func.py in
 github.com/vllm-project/vllm): TTFT from sending to the first content, ITL the gaps between content chunks, E2EL
@@ -244,16 +249,33 @@ def _client(base: str, s: ServeSettings):
     return httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers, trust_env=not loopback)
 
 
-async def _prepare(client, url: str, s: ServeSettings, prompts: list[str]) -> dict:
-    """A server's sweep before its first rate: base URL, model, endpoint, after one warm-up request."""
+def warmup_prompts(s: ServeSettings) -> list[str]:
+    """One prompt of each length the workload draws, from a round of prompts no measured rate sends."""
+    by_length: dict[int, str] = {}
+    for prompt in make_prompts(s.num_prompts, s.seed, s.prompt_words, round=len(s.rates)):
+        by_length.setdefault(len(prompt.split()), prompt)
+    return list(by_length.values())
+
+
+async def _prepare(client, url: str, s: ServeSettings) -> dict:
+    """A server's sweep before its first rate: base URL, model, endpoint, after an uncounted warm-up burst.
+
+    The warm-up sends one request of each prompt length at once, each run to max_tokens: the server's first
+    prefills of each size, its first batched decode steps and several keep-alive connections happen here, not in
+    the first rate. (Measured on ours: once the prefix cache is out of the picture, little first-time work is left
+    to take out; an Engine's first round page-faults ~1500 times, later ones ~0, and its wall time is no longer
+    than theirs. A few requests are cheap insurance for servers that do more lazily.) Its prompts are a round of
+    their own, so they leave nothing in the server's prefix cache that a measured rate would hit
+    (serve_workload.make_prompts says why that matters)."""
     base = api_base(url)
     endpoint_url = f"{base}/v1/chat/completions" if s.endpoint == "chat" else f"{base}/v1/completions"
     model = s.model or await first_model(client, base)
-    # One request first, not counted: lazy start-up work in the server must not land in the first rate's p99.
-    warm = await send_request(client, endpoint_url, build_payload(prompts[0], model, s), s.endpoint,
-                              RequestRecord(prompt_words=len(prompts[0].split())))
-    if not warm.ok:
-        raise BenchServeError(f"the warm-up request to {endpoint_url} failed: {warm.error}")
+    prompts = warmup_prompts(s)
+    warm = await asyncio.gather(*(send_request(client, endpoint_url, build_payload(p, model, s), s.endpoint,
+                                               RequestRecord(prompt_words=len(p.split()))) for p in prompts))
+    failed = [r for r in warm if not r.ok]
+    if failed:
+        raise BenchServeError(f"the warm-up request to {endpoint_url} failed: {failed[0].error}")
     return {"url": base, "model": model, "endpoint": endpoint_url, "runs": []}
 
 
@@ -265,10 +287,9 @@ async def run_sweeps(urls: dict[str, str], s: ServeSettings, on_done=None, on_ra
     after its burst ends. -> {name: {"url", "model", "endpoint", "runs": [{"rate", "wall_s", "records"}]}}."""
     import contextlib
 
-    prompts = make_prompts(s.num_prompts, s.seed, s.prompt_words)
     async with contextlib.AsyncExitStack() as stack:
         clients = {name: await stack.enter_async_context(_client(api_base(url), s)) for name, url in urls.items()}
-        sweeps = {name: await _prepare(clients[name], url, s, prompts) for name, url in urls.items()}
+        sweeps = {name: await _prepare(clients[name], url, s) for name, url in urls.items()}
         names = list(urls)
         for i, rate in enumerate(s.rates):
             for name in (names if i % 2 == 0 else names[::-1]):
@@ -276,6 +297,7 @@ async def run_sweeps(urls: dict[str, str], s: ServeSettings, on_done=None, on_ra
                     await asyncio.sleep(settle_s)
                 if on_rate:
                     on_rate(rate, name)
+                prompts = make_prompts(s.num_prompts, s.seed, s.prompt_words, round=i)   # fresh text each rate
                 records, wall = await run_rate(clients[name], sweeps[name]["endpoint"], sweeps[name]["model"],
                                                prompts, rate, s, on_done)
                 sweeps[name]["runs"].append({"rate": rate, "wall_s": wall, "records": records})

@@ -9,6 +9,7 @@ This file wires the subcommands to their functions; each lives in one short file
     tools.py      tokenize, download, figures, bench
     serve.py      serve: the OpenAI-compatible HTTP server (minitransformer/server/)
     bench_serve.py  bench serve: the HTTP load generator's flags and command
+    bench_engine.py bench engine: the engine on bench serve's workload against its own rates' bound
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import sys
 
 from ..errors import MiniTransformerError
+from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
 from .options import _add_model_options, _add_sampling_options
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/bench.json")
     bench.add_argument("--prefill-lengths", metavar="P,P,...", help="prompt lengths of the prefill rows")
     bench.add_argument("--batches", metavar="B,B,...", help="batch sizes of the decode rows")
-    add_bench_serve_parser(bench, _Parser)
+    add_bench_engine_parser(add_bench_serve_parser(bench, _Parser))
     return parser
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from ..errors import InputError
 
 
-def add_bench_serve_parser(bench, parser_class) -> None:
-    """`bench serve ...` as an optional sub-command of the `bench` parser."""
-    modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve",
-                                 help="optional: load-test an HTTP server instead (bench serve --help)")
+def add_bench_serve_parser(bench, parser_class):
+    """`bench serve ...` as an optional sub-command of the `bench` parser -> the sub-commands (bench engine's too)."""
+    modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve|engine",
+                                 help="optional: load-test an HTTP server instead (bench serve --help), or the "
+                                      "engine against its own rates' bound (bench engine --help)")
     p = modes.add_parser("serve", help="load-test an OpenAI-compatible server (ours, llama-cpp-python's, "
                           "llama.cpp's llama-server, vLLM) over HTTP")
     target = p.add_mutually_exclusive_group(required=True)
@@ -53,6 +54,7 @@ def add_bench_serve_parser(bench, parser_class) -> None:
     p.add_argument("--out", default="bench_results", metavar="DIR",
                    help="folder for serve.json, serve.png and the servers' logs (default: bench_results)")
     p.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/serve.json")
+    return modes
 
 
 def parse_rates(text: str) -> tuple[float, ...]:

@@ -61,6 +61,9 @@ def cmd_bench(args) -> int:
     if getattr(args, "bench_mode", None) == "serve":
         from .bench_serve import cmd_bench_serve
         return cmd_bench_serve(args)
+    if getattr(args, "bench_mode", None) == "engine":
+        from .bench_engine import cmd_bench_engine
+        return cmd_bench_engine(args)
     from pathlib import Path
 
     from rich.console import Console
