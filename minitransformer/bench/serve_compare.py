@@ -269,6 +269,7 @@ def plan_servers(model_path: str, s: ServeSettings, o: CompareOptions, scratch: 
             servers.append(peer_spec(key, model_path, s, o, scratch))
     return servers, skipped
 
+
 class _TerminateAsInterrupt:
     """Inside this block SIGTERM raises KeyboardInterrupt, so `with ManagedServer` still stops its server."""
 
