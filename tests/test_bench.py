@@ -94,7 +94,7 @@ def test_every_value_and_ratio_recomputes_from_raw_runs(bench_run):
         for system, runs in row["runs"].items():
             assert row["spread"][system] == pytest.approx(max(runs) / min(runs), rel=1e-12)
     assert {"prefill_8/roofline", "decode_b1/roofline", "cache_speedup/ours", "continuous/ours_decode_b1"} <= ids
-    assert not any("llama.cpp" in i or "/hf" in i for i in ids)       # no peer, no peer ratio
+    assert not any("llama-cpp-python" in i or "/hf" in i for i in ids)       # no peer, no peer ratio
 
 
 def test_decode_roofline_at_batch_1_is_bandwidth_over_weights_and_cache(bench_run, tiny_model):
@@ -140,8 +140,9 @@ def test_markdown_numbers_equal_the_json(bench_run):
 class FakePeer:
     """A peer whose measurements we choose: prefill seconds, decode and continuous tok/s from lists, calls logged.
 
-    Named like llama.cpp, so the target ratio that divides by llama.cpp's single-stream figure is computed too."""
-    name = "llama.cpp"
+    Named like llama.cpp's batched-bench, so the target ratio that divides by llama.cpp's batched decode is computed
+    too."""
+    name = "llama-batched-bench"
 
     def __init__(self, log, values):
         self.log, self.values, self.reason = log, values, None
@@ -197,21 +198,21 @@ def test_alternation_warmup_dropped_and_medians(tiny_model):
     assert decode == ["ours", "fake"] * 4
     assert [who for who, what in log if what == "continuous"] == ["ours", "fake"] * 4
     rows = data["rows"]
-    assert rows["prefill_8"]["runs"]["llama.cpp"] == [0.5, 0.1, 0.2]
-    assert rows["prefill_8"]["values"]["llama.cpp"] == pytest.approx(8 / 0.1)     # P / fastest seconds
-    assert rows["prefill_8"]["medians"]["llama.cpp"] == pytest.approx(8 / 0.2)    # P / median seconds
-    assert rows["prefill_16"]["values"]["llama.cpp"] == pytest.approx(16 / 0.1)
-    assert rows["decode_b1"]["values"]["llama.cpp"] == pytest.approx(30.0)         # the fastest run
-    assert rows["decode_b1"]["medians"]["llama.cpp"] == pytest.approx(20.0)
-    assert rows["continuous"]["runs"]["llama.cpp"] == [7.0, 5.0, 6.0]
+    assert rows["prefill_8"]["runs"]["llama-batched-bench"] == [0.5, 0.1, 0.2]
+    assert rows["prefill_8"]["values"]["llama-batched-bench"] == pytest.approx(8 / 0.1)     # P / fastest seconds
+    assert rows["prefill_8"]["medians"]["llama-batched-bench"] == pytest.approx(8 / 0.2)    # P / median seconds
+    assert rows["prefill_16"]["values"]["llama-batched-bench"] == pytest.approx(16 / 0.1)
+    assert rows["decode_b1"]["values"]["llama-batched-bench"] == pytest.approx(30.0)         # the fastest run
+    assert rows["decode_b1"]["medians"]["llama-batched-bench"] == pytest.approx(20.0)
+    assert rows["continuous"]["runs"]["llama-batched-bench"] == [7.0, 5.0, 6.0]
     r = {x["id"]: x for x in data["ratios"]}
-    assert r["decode_b1/llama.cpp"]["value"] == pytest.approx(rows["decode_b1"]["values"]["ours"] / 30.0)
-    # the continuous-batching target divides by the single-stream figure measured in the same rounds (best: 7.0)
-    target = r["continuous/llama.cpp_decode_b1"]
-    assert target["den"] == ["continuous", "llama.cpp"]
+    assert r["decode_b1/llama-batched-bench"]["value"] == pytest.approx(rows["decode_b1"]["values"]["ours"] / 30.0)
+    # the continuous-batching target divides by the batched-decode figure measured in the same rounds (best: 7.0)
+    target = r["continuous/llama-batched-bench"]
+    assert target["den"] == ["continuous", "llama-batched-bench"] and target["target"] == 1.25
     assert target["value"] == pytest.approx(rows["continuous"]["values"]["ours"] / 7.0)
     cells = report.table_rows(data)
-    assert data["systems"] == ["ours", "llama.cpp"] and cells[0][2] == f"{8 / 0.1:.1f}"
+    assert data["systems"] == ["ours", "llama-batched-bench"] and cells[0][2] == f"{8 / 0.1:.1f}"
     assert report.runs_rows(data)[0][2] == f"median {8 / 0.2:.1f}, spread 400%"     # 0.5 s / 0.1 s - 1
 
 
@@ -223,15 +224,15 @@ def _row(runs, runs_unit="s", unit="tok/s", size=8):
 
 def test_a_ratio_is_beyond_noise_only_when_the_runs_do_not_overlap():
     from minitransformer.bench.run import ratios
-    rows = {"prefill_8": _row({"ours": [0.10, 0.11, 0.12], "llama.cpp": [0.20, 0.25, 0.30]}),
-            "prefill_16": _row({"ours": [0.10, 0.20, 0.30], "llama.cpp": [0.15, 0.16, 0.17]}, size=16),
-            "decode_b1": _row({"ours": [30.0, 31.0], "llama.cpp": [29.0, 30.5]}, runs_unit="tok/s")}
-    got = {r["id"]: r for r in ratios(rows, ["ours", "llama.cpp"])}
-    assert got["prefill_8/llama.cpp"]["beyond_noise"] and got["prefill_8/llama.cpp"]["value"] == pytest.approx(2.0)
-    assert not got["prefill_16/llama.cpp"]["beyond_noise"]             # ours' runs straddle the peer's
-    assert not got["decode_b1/llama.cpp"]["beyond_noise"]              # best 31 vs 30.5, but 30.0 < 30.5
-    cell = report.ratio_cell(got["decode_b1/llama.cpp"])
-    assert cell == f"{31 / 30.5:.2f}x (within noise)" and report.ratio_cell(got["prefill_8/llama.cpp"]) == "2.00x"
+    rows = {"prefill_8": _row({"ours": [0.10, 0.11, 0.12], "llama-cpp-python": [0.20, 0.25, 0.30]}),
+            "prefill_16": _row({"ours": [0.10, 0.20, 0.30], "llama-cpp-python": [0.15, 0.16, 0.17]}, size=16),
+            "decode_b1": _row({"ours": [30.0, 31.0], "llama-cpp-python": [29.0, 30.5]}, runs_unit="tok/s")}
+    got = {r["id"]: r for r in ratios(rows, ["ours", "llama-cpp-python"])}
+    assert got["prefill_8/llama-cpp-python"]["beyond_noise"] and got["prefill_8/llama-cpp-python"]["value"] == pytest.approx(2.0)
+    assert not got["prefill_16/llama-cpp-python"]["beyond_noise"]             # ours' runs straddle the peer's
+    assert not got["decode_b1/llama-cpp-python"]["beyond_noise"]              # best 31 vs 30.5, but 30.0 < 30.5
+    cell = report.ratio_cell(got["decode_b1/llama-cpp-python"])
+    assert cell == f"{31 / 30.5:.2f}x (within noise)" and report.ratio_cell(got["prefill_8/llama-cpp-python"]) == "2.00x"
 
 
 def test_a_busy_run_says_its_figures_are_not_a_quiet_machines():
@@ -244,14 +245,14 @@ def test_a_busy_run_says_its_figures_are_not_a_quiet_machines():
 
 def test_a_missing_peer_is_reported_with_its_reason(tiny_model_path, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)              # `import llama_cpp` raises ImportError
-    code, out, err = _cli(["bench", "--model", str(tiny_model_path), "--peers", "llama.cpp", "--out",
+    code, out, err = _cli(["bench", "--model", str(tiny_model_path), "--peers", "llama-cpp-python", "--out",
                            str(tmp_path)] + TINY, capsys)
     assert code == 0
     data = json.loads((tmp_path / "bench.json").read_text())
-    assert data["peers"]["llama.cpp"]["available"] is False
-    assert "llama_cpp not importable" in data["peers"]["llama.cpp"]["reason"]
+    assert data["peers"]["llama-cpp-python"]["available"] is False
+    assert "llama_cpp not importable" in data["peers"]["llama-cpp-python"]["reason"]
     assert data["systems"] == ["ours"]
-    assert "llama.cpp not measured: llama_cpp not importable" in out.replace("\n", " ")
+    assert "llama-cpp-python not measured: llama_cpp not importable" in out.replace("\n", " ")
     assert "n/a (peer missing)" in (tmp_path / "bench.md").read_text()
 
 
@@ -265,6 +266,7 @@ def test_a_peer_that_cannot_load_its_file_has_a_reason(tiny_model, tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--repeats", "0"], "--repeats"),
     (["--peers", "vllm"], "--peers"),
+    (["--peers", "llama.cpp"], "--peers"),                            # the old name of llama-cpp-python
     (["--prefill-lengths", "8,x"], "--prefill-lengths"),
     (["--batches", "0"], "--batches"),
     (["--prefill-lengths", "4096"], "prefill length 4096"),
@@ -284,21 +286,18 @@ def test_bad_flags_exit_2_with_one_line(tiny_model_path, tmp_path, capsys, argv,
     assert not (tmp_path / "bench.json").exists()
 
 
-def test_llama_cpp_peer_single_stream(real_model):
-    """Optional: llama.cpp's prefill, decode and one-request-at-a-time decode (skipped without llama-cpp-python)."""
+def test_llama_cpp_python_peer_prefill_and_batch_1_decode(real_model):
+    """Optional: llama-cpp-python's in-process prefill and batch-1 decode (skipped without llama-cpp-python). Its
+    Python API decodes one sequence at a time, so continuous batching is llama-batched-bench's row, not its."""
     pytest.importorskip("llama_cpp")
-    systems, status = load_systems(real_model, ["llama.cpp"])
-    if not status["llama.cpp"]["available"]:
-        pytest.skip(status["llama.cpp"]["reason"])
+    systems, status = load_systems(real_model, ["llama-cpp-python"])
+    if not status["llama-cpp-python"]["available"]:
+        pytest.skip(status["llama-cpp-python"]["reason"])
     peer = systems[1]
-    prompts = [real_model.tokenizer.encode(t) for t in ("The capital of France is", "Write a poem about the sea.")]
-    assert peer.prefill_seconds(prompts[0]) > 0
-    assert peer.decode_tok_s(1, prompts[0], 4) > 0
-    log = []
-    peer.llm.eval, eval_ = (lambda ids: log.append(len(ids)) or eval_(ids)), peer.llm.eval
-    assert peer.continuous_tok_s(prompts, 4) > 0
-    # each request alone: its whole prompt in one eval, then 3 single-token evals (the 4th token's logits unneeded)
-    assert log == [len(prompts[0]), 1, 1, 1, len(prompts[1]), 1, 1, 1]
+    ids = real_model.tokenizer.encode("The capital of France is")
+    assert peer.prefill_seconds(ids) > 0
+    assert peer.decode_tok_s(1, ids, 4) > 0
+    assert not peer.supports("continuous") and not peer.supports("decode", 4)
 
 
 def test_hf_peer_on_32_tokens(real_model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -169,10 +170,14 @@ def test_result_json_and_figure(tmp_path):
     s = ServeSettings(rates=(1.0, float("inf")), num_prompts=2)
     runs = [{"rate": rate, "wall_s": 1.0, "records": [_record(0.1, 0.5, 5), _record(None, None, 0, error="x")]}
             for rate in s.rates]
-    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs} for name in ("ours", "llama-cpp-python")}
+    names = ("ours", serve_report.LLAMA_CPP_PYTHON, serve_report.LLAMA_SERVER)
+    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs, "command": f"{name} --port 1"}
+              for name in names}
     result = serve_report.build_result(sweeps, s)
     assert result["settings"]["rates"] == [1.0, "inf"]
-    assert [r["output_throughput"] for r in result["ratios"]] == [1.0, 1.0]
+    expected = [(name, 1.0) for name in names[1:] for _ in s.rates]                  # ours / each peer, per rate
+    assert [(r["peer"], r["output_throughput"]) for r in result["ratios"]] == expected
+    assert result["servers"][serve_report.LLAMA_SERVER]["command"] == "llama.cpp's llama-server --port 1"
     paths = serve_report.write_outputs(result, tmp_path)
     assert json.loads(paths["json"].read_text()) == json.loads(json.dumps(result))
     assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -218,7 +223,8 @@ def test_result_says_how_quiet_the_machine_was():
     from minitransformer.measure import Quietness
     s = ServeSettings(rates=(1.0,), num_prompts=1)
     runs = [{"rate": 1.0, "wall_s": 1.0, "records": [_record(0.1, 0.5, 5)]}]
-    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs} for name in ("ours", "llama-cpp-python")}
+    sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs}
+              for name in ("ours", serve_report.LLAMA_CPP_PYTHON)}
     busy = Quietness(load=1.9, others=0.6, cores=2, calibration_before=1e-3, calibration_after=1.3e-3)
     result = serve_report.build_result(sweeps, s, quiet=busy)
     assert result["quietness"] == {"line": busy.line(), "quiet": False, "why_busy": busy.why_busy()}
@@ -226,14 +232,15 @@ def test_result_says_how_quiet_the_machine_was():
     console = Console(record=True, width=220)
     serve_report.print_tables(result, console)
     text = " ".join(console.export_text().split())
-    assert "ours / llama-cpp-python" in text and "no spread of its own" in text
+    assert "ours / each peer" in text and "llama-cpp-python's server" in text and "no spread of its own" in text
     assert busy.line() in text and "The machine was busy (other programs used 60%" in text
 
 
 @pytest.mark.parametrize("argv", [["--url", "http://x", "--request-rate", "1,abc"], ["--url", "http://x", "--compare"],
                                   [], ["--url", "http://x", "--request-rate", "0"],
                                   ["--url", "http://x", "--seed", "x"], ["--url", "http://x", "--num-prompts", "0"],
-                                  ["--compare", "--endpoint", "edit"], ["--compare", "--prompt-words", "8,0"]])
+                                  ["--compare", "--endpoint", "edit"], ["--compare", "--prompt-words", "8,0"],
+                                  ["--compare", "llama-server,sglang"]])
 def test_bad_flags_are_one_line_exit_2(argv):
     result = subprocess.run([sys.executable, "-m", "minitransformer", "bench", "serve", *argv], capture_output=True,
                             text=True, timeout=60)
@@ -304,15 +311,26 @@ def test_a_second_rate_does_the_same_work_as_the_first(our_server):
     assert hits[2] - hits[1] == hits[1] - hits[0] == 0, f"prefix-cache hits before/between/after: {hits}"
 
 
-def test_compare_runs_ours_alone_when_llama_cpp_is_missing(tiny_model_path, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(serve_compare, "llama_cpp_missing", lambda: "llama_cpp is not importable: running ours alone")
+def test_compare_runs_ours_alone_when_no_peer_is_set_up(tiny_model_path, tmp_path, capsys, monkeypatch):
+    """Each missing peer: one line on stderr saying how to get it, and in serve.json's note; ours still runs."""
+    monkeypatch.setattr(serve_compare, "llama_cpp_missing", lambda: "skipping llama-cpp-python's server: llama_cpp "
+                        "is not importable (pip install 'llama-cpp-python[server]')")
+    monkeypatch.setenv("MINITRANSFORMER_PEERS", str(tmp_path / "no-peers"))      # an empty peers cache
     argv = ["bench", "serve", "--compare", "--model", str(tiny_model_path), "--request-rate", "inf",
             "--prompt-words", "3,12",
             "--num-prompts", "2", "--max-tokens", "3", "--max-num-seqs", "2", "--out", str(tmp_path)]
     assert cli.main(argv) == 0
-    assert "running ours alone" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    for line in ("skipping llama-cpp-python's server: llama_cpp is not importable",
+                 "skipping llama.cpp's llama-server: llama.cpp's llama-server is not built",
+                 "build it with `python scripts/setup_peers.py llama-server`",
+                 "skipping vLLM's CPU build (eager, vLLM's core binding): vLLM's CPU build is not set up",
+                 "set it up with `python scripts/setup_peers.py vllm`"):
+        assert line in err, err
     data = json.loads((tmp_path / "serve.json").read_text())
-    assert list(data["servers"]) == ["ours"] and data["note"].endswith("running ours alone") and data["ratios"] == []
+    assert list(data["servers"]) == ["ours"] and data["ratios"] == []
+    assert data["note"].count("skipping") == 3
+    assert "--max-num-seqs 2" in data["servers"]["ours"]["command"]
     assert (tmp_path / "server-ours.log").exists()
 
 
@@ -320,12 +338,14 @@ def test_sigterm_during_compare_stops_the_server(tiny_model_path, tmp_path):
     """The bench process is told to stop while our server runs: it exits 130 and nothing listens on the port."""
     import re
     import signal
+    import threading
     import time
 
     bench = subprocess.Popen([sys.executable, "-m", "minitransformer", "bench", "serve", "--compare", "--model",
                               str(tiny_model_path), "--request-rate", "0.2", "--num-prompts", "50",
                               "--prompt-words", "3", "--out", str(tmp_path)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, MINITRANSFORMER_PEERS=str(tmp_path / "no-peers")))
     try:
         match = None
         while match is None:                                     # a line about llama.cpp may come first
@@ -333,6 +353,8 @@ def test_sigterm_during_compare_stops_the_server(tiny_model_path, tmp_path):
             assert line, "bench serve ended before starting our server"
             match = re.search(r"starting ours on 127\.0\.0\.1:(\d+)", line)
         port = int(match.group(1))
+        # keep reading its stderr: a full pipe would block the bench in a write and look like a hang on SIGTERM
+        threading.Thread(target=bench.stderr.read, daemon=True).start()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:

@@ -1,31 +1,41 @@
 """The peers `minitransformer bench` compares us with, behind the method names of workloads.Ours.
 
     HF        transformers' LlamaForCausalLM on torch (CPU, float32, default threads = cores), loading the same GGUF
-    LlamaCpp  llama-cpp-python on the same GGUF (its own quantized kernels), n_threads = cores, n_batch = 512
+    LlamaCpp  llama-cpp-python on the same GGUF (its own quantized kernels), n_threads = cores, n_batch = 512:
+              in-process prefill and batch-1 decode (its Python API decodes one sequence at a time)
+    LlamaBatchedBench  llama.cpp's own batched decode: the `llama-batched-bench` tool (tools/batched-bench of the
+              llama.cpp that llama-cpp-python vendors; scripts/setup_peers.py builds it), run as a process with
+              -t cores; decode at batch B and the continuous-batching workload, from the PP/TG table it prints
 
-Both are optional: constructing one never raises; `available()` says whether it loaded and `reason` why not (the
+All are optional: constructing one never raises; `available()` says whether it loaded and `reason` why not (the
 import error, a missing file). Nothing is ever downloaded. Definitions, matching workloads.py:
 
     HF prefill P          one model(ids, use_cache=True) forward under torch.no_grad(), timed
     HF decode at batch B  generate(max_new_tokens=min_new_tokens=n, greedy) timed for n = N + 1 and n = 1:
                           B * N / (t(N+1) - t(1)), which removes the prefill and the first token
     HF generate           generate(use_cache=True|False) end to end for N new tokens -> (seconds, ids)
-    llama.cpp prefill P   llm.reset(); llm.eval(ids), timed (prompt processing, pp)
-    llama.cpp decode      batch 1 only (no batched API here): after eval(prompt), N single-token evals, each token
+    llama-cpp-python prefill P   llm.reset(); llm.eval(ids), timed (prompt processing, pp)
+    llama-cpp-python decode      batch 1 only (no batched API here): after eval(prompt), N single-token evals, each token
                           the argmax of the previous logits (greedy, fixed length, no EOS stop) -> N / seconds (tg)
-    llama.cpp continuous  the same requests served one after another (single stream): for each, eval(prompt) (not
-                          timed), then N - 1 single-token evals -> decode tokens / decode seconds of all requests:
-                          the single-stream decode tok/s that continuous batching is compared with, measured in the
-                          same rounds as our engine (so a slow spell of the machine hits both)
+    batched-bench decode B   llama-batched-bench -npp P -ntg N -npl B: B prompts of P tokens prefilled, then N
+                          steps that each decode one token of all B sequences -> its S_TG column, B * N / t_tg
+    batched-bench continuous the same number of requests at once, each prompt as long as our prompts' mean (so the
+                          prefill work is the same), -ntg N - 1 (the prefill yields each first token, as in ours) ->
+                          B * N / (t_pp + t_tg): every generated token over the wall time, prefill included, the
+                          figure our Engine's continuous batching is measured by
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
 
+from . import peer_cache
 from .workloads import timed
 
 
@@ -97,7 +107,7 @@ class HF:
 
 class LlamaCpp:
     """llama-cpp-python: prompt processing and single-stream decode."""
-    name = "llama.cpp"
+    name = "llama-cpp-python"
 
     def __init__(self, model_path, n_ctx: int = 2048):
         self.llm, self.reason = None, None
@@ -118,7 +128,7 @@ class LlamaCpp:
         return self.llm is not None
 
     def supports(self, workload: str, batch: int = 1) -> bool:
-        return workload in ("prefill", "decode", "continuous") and batch == 1
+        return workload in ("prefill", "decode") and batch == 1
 
     def versions(self) -> dict:
         return {"llama_cpp": self.version, "llama_cpp_threads": os.cpu_count()}
@@ -149,9 +159,70 @@ class LlamaCpp:
             raise ValueError("llama.cpp is measured at batch 1 only")
         return new_tokens / self._decode_seconds(ids, new_tokens)
 
+
+
+def parse_batched_bench(text: str) -> list[dict]:
+    """llama-batched-bench's `--output-format jsonl` table -> one dict per (pp, tg, pl) row, its own keys: pp, tg, pl,
+    n_kv, t_pp and t_tg (seconds), speed_pp and speed_tg (tokens/s), t, speed. Lines that are not rows (its log, if
+    mixed in) are skipped."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            row = json.loads(line)
+            if {"pp", "tg", "pl", "t_pp", "t_tg"} <= set(row):
+                rows.append(row)
+    return rows
+
+
+def batched_bench_argv(binary: Path, model_path, prompt: int, new: int, batch: int, threads: int) -> list[str]:
+    """One batched-bench run: `batch` distinct prompts of `prompt` tokens (-pps off), `new` decode steps. The
+    context must hold every sequence: batch * (prompt + new) cells, rounded up to 256."""
+    context = 256 * math.ceil(batch * (prompt + new) / 256)
+    return [str(binary), "-m", str(model_path), "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt),
+            "-ntg", str(new), "-npl", str(batch), "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
+
+
+class LlamaBatchedBench:
+    """llama.cpp's batched decode, through its llama-batched-bench tool (one process per measurement)."""
+    name = "llama-batched-bench"
+
+    def __init__(self, model_path):
+        self.model_path, self.binary = Path(model_path), peer_cache.llama_binary("llama-batched-bench")
+        self.reason = peer_cache.llama_missing("llama-batched-bench")
+        if self.reason is None and not self.model_path.is_file():
+            self.reason = f"no model file {self.model_path}"
+        self.threads = os.cpu_count() or 1
+
+    def available(self) -> bool:
+        return self.reason is None
+
+    def supports(self, workload: str, batch: int = 1) -> bool:
+        return workload in ("decode", "continuous")
+
+    def versions(self) -> dict:
+        return {"llama_batched_bench": f"{self.binary} (llama-cpp-python {peer_cache.LLAMA_CPP_PYTHON_VERSION}'s "
+                                       "vendored llama.cpp)", "llama_batched_bench_threads": self.threads}
+
+    def run(self, prompt: int, new: int, batch: int) -> dict:
+        """The table row of one batched-bench run."""
+        argv = batched_bench_argv(self.binary, self.model_path, prompt, new, batch, self.threads)
+        done = subprocess.run(argv, capture_output=True, text=True, env=peer_cache.llama_env(self.binary),
+                              timeout=3600)
+        rows = parse_batched_bench(done.stdout)
+        if done.returncode != 0 or len(rows) != 1:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            raise RuntimeError(f"llama-batched-bench exited with code {done.returncode} and {len(rows)} table rows: "
+                               f"{tail}")
+        return rows[0]
+
+    def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
+        return self.run(len(ids), new_tokens, batch)["speed_tg"]
+
     def continuous_tok_s(self, prompts: list, new_tokens: int) -> float:
-        seconds = sum(self._decode_seconds(list(ids), new_tokens - 1) for ids in prompts)
-        return len(prompts) * (new_tokens - 1) / seconds
+        mean_prompt = round(sum(len(p) for p in prompts) / len(prompts))
+        row = self.run(mean_prompt, new_tokens - 1, len(prompts))
+        return len(prompts) * new_tokens / (row["t_pp"] + row["t_tg"])
 
 
-PEERS = {"hf": HF, "llama.cpp": LlamaCpp}
+PEERS = {"hf": HF, "llama-cpp-python": LlamaCpp, "llama-batched-bench": LlamaBatchedBench}

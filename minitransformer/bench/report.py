@@ -13,28 +13,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TARGET_NAMES = {"prefill_512/llama.cpp": "prefill 512: ours / llama.cpp",
+TARGET_NAMES = {"prefill_512/llama-cpp-python": "prefill 512: ours / llama-cpp-python",
                 "decode_b1/hf": "decode batch 1: ours / HF",
                 "decode_b1/roofline": "decode batch 1: ours / float32 roofline",
-                "continuous/llama.cpp_decode_b1": "continuous batching (16 req.): ours / llama.cpp single stream"}
+                "continuous/llama-batched-bench": "continuous batching (16 req.): ours / llama.cpp's batched decode "
+                                                  "(llama-batched-bench)"}
 
 FOOTNOTES = """\
 Definitions (each figure: the best of the kept runs after one warm-up per system, the one nearest to a quiet machine;
 the runs table gives the median and the spread; systems alternate run by run; a ratio marked "(within noise)" divides
 two figures whose runs overlap, so this run does not show which system is faster):
 - prefill P: P / seconds of one prefill of a P-token slice of a real text (ours: prefill.prefill on a fresh KVCache;
-  HF: one model(ids, use_cache=True) under no_grad; llama.cpp: reset() + eval(ids)).
+  HF: one model(ids, use_cache=True) under no_grad; llama-cpp-python: reset() + eval(ids)).
 - decode batch B: B * N / seconds of N greedy steps after a prefill that is not timed (ours: decode_step with the
-  argmax on the host; HF: B * N / (t(generate N+1) - t(generate 1)); llama.cpp: single-token evals, batch 1 only).
+  argmax on the host; HF: B * N / (t(generate N+1) - t(generate 1)); llama-cpp-python: single-token evals, batch 1
+  only; llama-batched-bench: llama.cpp's own batched decode, its S_TG = B * N / t_tg for B prompts of P tokens).
 - generate with / without cache: seconds of one greedy generate() of the same prompt and new tokens; our tokens are
   checked equal (a mismatch voids the run); "no cache / cache" is their ratio.
 - continuous: ours: all generated tokens / wall time (prefill included) of the requests through
-  Engine(policy="continuous"); llama.cpp: the same requests one after another (single stream), decode tokens /
-  decode seconds (its prompt evals not timed), measured in the same rounds. Also compared with our batch-1 decode.
+  Engine(policy="continuous"); llama-batched-bench: as many prompts at once, each of our prompts' mean length (the
+  same prefill work), N - 1 decode steps after the prefill's first token: B * N / (t_pp + t_tg), in the same rounds.
+  Also compared with our batch-1 decode.
 - roofline: prefill P / max(FLOPs / GEMM peak, bytes / copy bandwidth) with forward_cost; decode
   B / max(FLOPs / peak, (weight bytes + KV bytes at the mean context) / copy bandwidth), measured peaks.
-  roofline.png places every system at our float32 step's intensity; llama.cpp reads its quantized weights (fewer
-  bytes per token), so its decode point can sit above the float32 bandwidth roof."""
+  roofline.png places every system at our float32 step's intensity; llama.cpp (both peers) reads its quantized
+  weights (fewer bytes per token), so its decode points can sit above the float32 bandwidth roof."""
 
 
 def _label(row: dict, settings: dict) -> str:
@@ -133,7 +136,7 @@ def markdown(data: dict) -> str:
     lines = [f"### minitransformer bench: {Path(data['model']).name}", "",
              f"Measured on {m['label']}: copy bandwidth {m['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write), "
              f"float32 GEMM {m['gemm_flops'] / 1e9:.1f} GFLOP/s; numpy {m['numpy']}, torch {m['torch']}, "
-             f"transformers {m['transformers']}, llama_cpp {m['llama_cpp']}; the best of "
+             f"transformers {m['transformers']}, llama-cpp-python {m['llama_cpp']}; the best of "
              f"{data['settings']['repeats']} runs per figure.", "", quietness_note(data), ""]
     header = ["workload"] + values + [f"ours / {o}" for o in others]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]

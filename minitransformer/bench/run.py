@@ -2,7 +2,7 @@
 
 Order of work: copy bandwidth and GEMM FLOP/s first (machine.py), then each workload. Inside a workload the systems
 alternate, so a slow spell of this shared machine hits all of them alike: one warm-up call per system (dropped),
-then for repeat r = 1..R: ours, hf, llama.cpp. The R kept runs of a system are a measure.Timing (a rate r counts as
+then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept runs of a system are a measure.Timing (a rate r counts as
 1/r seconds per unit of work); its figure is the best run, the one nearest to a quiet machine (noise only ever adds
 time), with the median and the spread kept next to it:
 
@@ -64,9 +64,10 @@ QUICK = Settings(prefill_lengths=(32, 128), batches=(1, 4), decode_prompt_tokens
                  cache_prompt_tokens=16, cache_new_tokens=8, continuous_requests=16, continuous_tokens=8,
                  copy_bytes=64 * 2**20, gemm_n=1024)
 
-# The issue's targets: (ratio id, target). The lead checks them; nothing here is tuned for them.
-TARGETS = {"prefill_512/llama.cpp": 2.0, "decode_b1/hf": 3.0, "decode_b1/roofline": 0.9,
-           "continuous/llama.cpp_decode_b1": 1.5}
+# The issues' targets: (ratio id, target). The lead checks them; nothing here is tuned for them. Continuous batching
+# is held to issue 28's bar against llama.cpp's batched server (1.25x), here against its batched decode.
+TARGETS = {"prefill_512/llama-cpp-python": 2.0, "decode_b1/hf": 3.0, "decode_b1/roofline": 0.9,
+           "continuous/llama-batched-bench": 1.25}
 
 
 def check_settings(s: Settings, context_length: int) -> None:
@@ -247,7 +248,8 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
 
 
 def ratios(rows: dict, names: list[str]) -> list[dict]:
-    """Every ours / peer and ours / roofline, the cache speed-up, and the issue's continuous-batching ratios.
+    """Every ours / peer and ours / roofline, the cache speed-up, and continuous batching against each peer that
+    runs it and against our own batch-1 decode.
 
     Each entry: id, num [row, system], den [row, system], value = num / den, beyond_noise (the two figures' runs do
     not overlap), and target and meets when the issue sets one. For rows in seconds (generate) the ratio is
@@ -272,7 +274,8 @@ def ratios(rows: dict, names: list[str]) -> list[dict]:
                 add(f"{key}/{peer}", (key, "ours"), (key, peer))
     for name in names:
         add(f"cache_speedup/{name}", ("generate_no_cache", name), ("generate_cache", name))
-    add("continuous/llama.cpp_decode_b1", ("continuous", "ours"), ("continuous", "llama.cpp"))
+    for peer in [n for n in names if n != "ours"]:
+        add(f"continuous/{peer}", ("continuous", "ours"), ("continuous", peer))
     add("continuous/ours_decode_b1", ("continuous", "ours"), ("decode_b1", "ours"))
     return out
 
@@ -299,15 +302,23 @@ def make_settings(quick: bool, repeats: int, prefill_lengths=None, batches=None)
     return s
 
 
-def choose_peers(text: str | None) -> list[str]:
-    """--peers: None -> every installed peer (an import check only, nothing loaded), "none" -> [], else the list."""
+def peer_installed(name: str) -> bool:
+    """Whether a peer is there to load: an import check, or the cached binary; nothing is loaded or run."""
     import importlib.util
 
+    from .peer_cache import llama_missing
+
+    if name == "llama-batched-bench":
+        return llama_missing("llama-batched-bench") is None
+    return importlib.util.find_spec({"hf": "transformers", "llama-cpp-python": "llama_cpp"}[name]) is not None
+
+
+def choose_peers(text: str | None) -> list[str]:
+    """--peers: None -> every installed peer, "none" -> [], else the list."""
     from .peers import PEERS
 
     if text is None:
-        modules = {"hf": "transformers", "llama.cpp": "llama_cpp"}
-        return [name for name in PEERS if importlib.util.find_spec(modules[name]) is not None]
+        return [name for name in PEERS if peer_installed(name)]
     if text.strip() == "none":
         return []
     wanted = [name.strip() for name in text.split(",") if name.strip()]

@@ -3,7 +3,7 @@
     percentile      linear interpolation between closest ranks (numpy's default, as vLLM's benchmark uses)
     is_good         one request within the SLO: TTFT, TPOT (and E2EL if set) each at most its bound
     summarize       one rate's records -> counts, throughputs, goodput, p50/p90/p99 of TTFT, TPOT, ITL, E2EL
-    ratios          ours / llama-cpp-python at each rate, when both ran (one run each per rate, in turns)
+    ratios          ours / each peer that ran, at each rate (one run each per rate, in turns)
     print_tables    the rich tables: one row per (server, rate), then the ratios
     plot            TTFT p50/p99 and output tokens/s against request rate, one line per server
     write_outputs   serve.json (settings, summaries, every request) and serve.png
@@ -77,7 +77,7 @@ def build_result(sweeps: dict, s, note: str | None = None, quiet=None) -> dict:
         runs = [{"request_rate": _rate_json(run["rate"]), "summary": summarize(run["records"], run["wall_s"], s),
                  "records": [r.to_json() for r in run["records"]]} for run in sweep["runs"]]
         servers[name] = {"url": sweep["url"], "model": sweep["model"], "endpoint": sweep["endpoint"], "runs": runs,
-                         "exited": sweep.get("exited")}
+                         "exited": sweep.get("exited"), "command": sweep.get("command")}
     settings = asdict(s) | {"rates": [_rate_json(r) for r in s.rates]}
     result = {"schema": "minitransformer-bench-serve/1", "settings": settings, "servers": servers,
               "ratios": ratios(servers)}
@@ -92,22 +92,32 @@ def _rate_json(rate: float):
     return "inf" if math.isinf(rate) else rate
 
 
-PEER = "llama-cpp-python"                # the peer server of `--compare` (serve_compare.py starts it)
+# The peers' names, exactly as serve.json and the tables print them (serve_compare.py starts them).
+LLAMA_CPP_PYTHON = "llama-cpp-python's server"      # one request at a time
+LLAMA_SERVER = "llama.cpp's llama-server"           # parallel slots, continuous batching
+VLLM_BINDING_WORDS = {"default": "vLLM's core binding", "all-cores": "all cores for compute"}
+
+
+def vllm_name(mode: str, binding: str) -> str:
+    """vLLM's CPU build with how it ran: "vLLM's CPU build (eager, all cores for compute)"."""
+    return f"vLLM's CPU build ({mode}, {VLLM_BINDING_WORDS[binding]})"
 
 
 def ratios(servers: dict) -> list[dict]:
-    """Per rate, ours / llama-cpp-python: output tokens/s (above 1: ours higher) and TTFT p99 (below 1: ours lower).
-    One run of each per rate: a ratio has no spread of its own, so it says what this run measured, not a margin."""
-    if not {"ours", PEER} <= set(servers):
+    """Per peer and rate, ours / that peer: output tokens/s (above 1: ours higher) and TTFT p99 (below 1: ours
+    lower). One run of each per rate: a ratio has no spread of its own, so it says what this run measured, not a
+    margin."""
+    if "ours" not in servers:
         return []
     out = []
-    for a, b in zip(servers["ours"]["runs"], servers[PEER]["runs"]):
-        sa, sb = a["summary"], b["summary"]
-        ttft_a, ttft_b = sa["ttft_ms"]["p99"], sb["ttft_ms"]["p99"]
-        out.append({"request_rate": a["request_rate"],
-                    "output_throughput": sa["output_throughput"] / sb["output_throughput"]
-                    if sb["output_throughput"] else None,
-                    "ttft_p99": ttft_a / ttft_b if ttft_a is not None and ttft_b else None})
+    for peer in [name for name in servers if name != "ours"]:
+        for a, b in zip(servers["ours"]["runs"], servers[peer]["runs"]):
+            sa, sb = a["summary"], b["summary"]
+            ttft_a, ttft_b = sa["ttft_ms"]["p99"], sb["ttft_ms"]["p99"]
+            out.append({"peer": peer, "request_rate": a["request_rate"],
+                        "output_throughput": sa["output_throughput"] / sb["output_throughput"]
+                        if sb["output_throughput"] else None,
+                        "ttft_p99": ttft_a / ttft_b if ttft_a is not None and ttft_b else None})
     return out
 
 
@@ -155,15 +165,17 @@ def print_tables(result: dict, console) -> None:
                 console.print(f"[red]{server} at rate {_rate_label(run['request_rate'])}: {count} failed: "
                               f"{error}[/red]")
     if result["ratios"]:
-        ratio_table = Table(title=f"ours / {PEER} (its server: one request at a time)", title_justify="left")
-        for name in ("rate (req/s)", "out tok/s (above 1: ours higher)", "TTFT p99 (below 1: ours lower)"):
-            ratio_table.add_column(name, justify="right")
+        ratio_table = Table(title="ours / each peer", title_justify="left")
+        for name in ("peer", "rate (req/s)", "out tok/s (above 1: ours higher)", "TTFT p99 (below 1: ours lower)"):
+            ratio_table.add_column(name, justify="left" if name == "peer" else "right")
         for row in result["ratios"]:
-            ratio_table.add_row(_rate_label(row["request_rate"]), _ratio(row["output_throughput"]),
+            ratio_table.add_row(row["peer"], _rate_label(row["request_rate"]), _ratio(row["output_throughput"]),
                                 _ratio(row["ttft_p99"]))
         console.print(ratio_table)
         console.print("one run of each server per rate, the servers in turns: a ratio has no spread of its own; run "
                       "the comparison again to see how much it moves")
+    if result.get("note"):
+        console.print(result["note"], markup=False, highlight=False)
     q = result.get("quietness")
     if q:
         console.print(q["line"] + ("" if q["quiet"] else f". The machine was busy ({q['why_busy']}): these "

@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     bench.add_argument("--repeats", type=int, default=3, metavar="N", help="kept runs per figure, median (default 3)")
     bench.add_argument("--quick", action="store_true", help="fewer lengths, batches and tokens: a first look")
-    bench.add_argument("--peers", default=None, metavar="hf,llama.cpp|none",
-                       help="peers to compare with (default: every installed one)")
+    bench.add_argument("--peers", default=None, metavar="hf,llama-cpp-python,llama-batched-bench|none",
+                       help="peers to compare with (default: every installed one; llama-batched-bench is built by "
+                            "python scripts/setup_peers.py llama-server)")
     bench.add_argument("--out", default="bench_results", metavar="DIR",
                        help="folder for bench.json, bench.md and roofline.png (default: bench_results)")
     bench.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/bench.json")

@@ -21,9 +21,10 @@ def add_bench_serve_parser(bench, parser_class):
                           "llama.cpp's llama-server, vLLM) over HTTP")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="the server to measure, e.g. http://127.0.0.1:8000")
-    target.add_argument("--compare", action="store_true",
-                        help="start our server and llama-cpp-python's on free loopback ports, measure them in "
-                        "turns at each rate, stop them")
+    target.add_argument("--compare", nargs="?", const="all", metavar="PEER,PEER",
+                        help="start our server and the peers on free loopback ports, measure them in turns at each "
+                        "rate, stop them. Peers: llama-cpp-python, llama-server, vllm (default: every one that is "
+                        "set up; python scripts/setup_peers.py sets up llama-server and vllm)")
     p.add_argument("--model", metavar="NAME|PATH",
                    help="the model name to ask for (default: the first one GET /v1/models lists); with --compare: "
                         "the GGUF both servers load (default: SmolLM2-135M-Instruct)")
@@ -48,9 +49,16 @@ def add_bench_serve_parser(bench, parser_class):
                    help="goodput SLO: time per output token after the first at most MS (default 100)")
     p.add_argument("--slo-e2el-ms", type=float, metavar="MS", help="goodput SLO: end-to-end latency (default: none)")
     p.add_argument("--max-num-seqs", type=int, default=8, metavar="N",
-                   help="with --compare: our server's batch size (default 8)")
+                   help="with --compare: every server's slot count: our batch size, llama-server's -np, vLLM's "
+                        "--max-num-seqs (default 8)")
     p.add_argument("--n-threads", type=int, metavar="N",
-                   help="with --compare: llama-cpp-python's threads (default: cores)")
+                   help="with --compare: llama-cpp-python's and llama-server's threads (default: cores)")
+    p.add_argument("--vllm-mode", choices=("eager", "compiled"), default="eager",
+                   help="with --compare: vLLM with --enforce-eager (default; starts in ~80 s) or compiled "
+                        "(5-7 minutes of compiling at each start)")
+    p.add_argument("--vllm-binding", choices=("default", "all-cores"), default="default",
+                   help="with --compare: vLLM's own core binding (default; on a small machine one core computes "
+                        "and the rest are reserved) or every core for compute")
     p.add_argument("--out", default="bench_results", metavar="DIR",
                    help="folder for serve.json, serve.png and the servers' logs (default: bench_results)")
     p.add_argument("--json", metavar="PATH", help="write the JSON here instead of DIR/serve.json")
@@ -114,6 +122,11 @@ def cmd_bench_serve(args) -> int:
 
     s = settings_from_args(args)
     out = Path(args.out)
+    if args.compare:
+        from ..bench.serve_compare import choose_peers
+        from ..weights import resolve_model_path
+
+        wanted = choose_peers(args.compare)          # a bad name is a one-line error before anything starts
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
@@ -126,20 +139,21 @@ def cmd_bench_serve(args) -> int:
             progress.advance(state["task"])
 
         if args.compare:
-            from ..bench.serve_compare import llama_cpp_missing, run_compare
-            from ..weights import resolve_model_path
+            from ..bench.serve_compare import CompareOptions, log_name, run_compare
 
-            missing = llama_cpp_missing()
-            if missing:
-                err.print(missing)
             model_path = str(resolve_model_path(args.model))
 
             def on_server(name, port):
                 state["server"] = name
-                progress.console.print(f"starting {name} on 127.0.0.1:{port} (log: {out}/server-{name}.log)")
+                progress.console.print(f"starting {name} on 127.0.0.1:{port} "
+                                       f"(log: {out}/server-{log_name(name)}.log)", markup=False, highlight=False)
 
-            sweeps, note, quiet = run_compare(model_path, s, out, args.max_num_seqs, args.n_threads,
-                                              on_server=on_server, on_done=on_done, on_rate=on_rate)
+            options = CompareOptions(max_num_seqs=args.max_num_seqs, n_threads=args.n_threads,
+                                     vllm_mode=args.vllm_mode, vllm_binding=args.vllm_binding)
+            sweeps, note, quiet = run_compare(model_path, s, out, options, wanted, on_server=on_server,
+                                              on_done=on_done, on_rate=on_rate,
+                                              on_skip=lambda line: progress.console.print(line, markup=False,
+                                                                                          highlight=False))
         else:
             from ..measure import Probe
 
