@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import check_count
+from ..backend import check_count, keep_freed_memory
 from ..errors import InputError, QuotaError
 from ..kv_cache import estimate_kv_bytes
 from ..kv_storage import check_storage
@@ -84,6 +84,7 @@ class Engine:
             num_blocks = max(1, min(max_num_seqs * -(-self.max_model_len // block_size),
                                     kv_cache_bytes // per_block))
         num_blocks = check_count("num_blocks", num_blocks)
+        keep_freed_memory()          # no page faults on each step's temporaries (backend.py says why)
         self.model = model
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
