@@ -340,9 +340,13 @@ def test_closed_stderr_keeps_stdout_for_the_text_alone(tiny_model_path):
 # --------------------------------------------------------------------------------------------------- download
 
 SLOW_DOWNLOAD = r"""
-import shutil, sys, time
+import shutil, signal, sys, time
 from minitransformer import weights
 from minitransformer.cli import main
+
+# Ctrl-C as in a terminal: a test suite started as a background job (`pytest &`) hands its children SIGINT ignored,
+# and Python then leaves it ignored, so the SIGINT case would wait out its timeout there.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def slow_copy(src, dst, length=0):               # a download that stalls after its first megabyte
     dst.write(src.read(1 << 20))
