@@ -5,7 +5,11 @@ and read rich's real output back."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 from rich.console import Console
@@ -126,3 +130,32 @@ def test_report_prints_verdicts_that_read_back():
     text = console.file.getvalue()
     assert "[not markup]" in " ".join(text.split())               # printed as text, not as rich markup
     assert printed_verdicts(text) == shown
+
+
+SPIN = "import time\ninput()\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ninput()\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_probe_counts_the_process_groups_it_is_given_as_its_own_work():
+    """A child in a session of its own (as bench serve --compare starts each server) spins 0.6 s of CPU, once both
+    probes have started, while they watch the same window: the one told the child's process group does not count
+    that CPU as another program's, the other does. The difference is the child's CPU over the cores' capacity in the
+    window, so it does not depend on how busy the machine is."""
+    child = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        start = time.perf_counter()
+        blind, told = Probe(), Probe(process_groups=[child.pid])
+        started = measure.group_cpu_seconds(child.pid)               # its start-up, before either window counts
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        while measure.group_cpu_seconds(child.pid) - started < 0.6:  # the spin is done; the child waits on stdin
+            time.sleep(0.05)
+        spun = measure.group_cpu_seconds(child.pid) - started
+        seen_blind, seen_told = blind.finish(), told.finish()
+        capacity = (time.perf_counter() - start) * (os.cpu_count() or 1)    # CPU seconds the cores had meanwhile
+    finally:
+        child.communicate("\n", timeout=30)
+    assert seen_blind.others is not None and seen_told.others is not None
+    # at least most of the child's CPU moved from "another program's" to "ours" (the ticks are 10 ms coarse)
+    assert seen_blind.others - seen_told.others >= 0.8 * spun / capacity, (spun, capacity, seen_blind, seen_told)
+    assert measure.group_cpu_seconds(child.pid) == 0.0                 # gone: nothing left to count

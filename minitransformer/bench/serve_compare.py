@@ -13,8 +13,9 @@ Every server gets the same slot count, loads the same model, listens on a free l
 prompts at the same arrival times. All are started first; then at each rate one runs after the other, never together
 (on a small machine two servers would steal each other's cores and every number would be wrong), in turns
 (serve.run_sweeps), so a slow spell of the machine falls on all. A peer that is not set up is skipped with one line
-saying how to set it up. A measure.Probe watches the whole comparison. Every server started here is stopped here
-(terminate, wait, kill), on success, error, Ctrl-C or SIGTERM alike.
+saying how to set it up. A measure.Probe watches the whole comparison; the servers' CPU (each server's process group)
+is this run's own work there, not another program's. Every server started here is stopped here (terminate, wait,
+kill), on success, error, Ctrl-C or SIGTERM alike.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def run_compare(model_path: str, s: ServeSettings, log_dir: Path, options: Compa
             started[spec.name] = stack.enter_context(ManagedServer(
                 spec.name, spec.argv(port), port, spec.ready_path, log_dir / f"server-{log_name(spec.name)}.log",
                 ready_timeout_s=spec.ready_timeout_s, env=env))
-        probe = Probe()
+        probe = Probe(process_groups=[server.process.pid for server in started.values()])   # their own sessions
         sweeps = asyncio.run(run_sweeps({name: server.url for name, server in started.items()}, s,
                                         on_done=on_done, on_rate=on_rate))
         quiet = probe.finish()
