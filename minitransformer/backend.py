@@ -183,10 +183,10 @@ def keep_freed_memory() -> bool:
     the free space at a heap's top passes a threshold -- so the next step gets fresh pages, and touching each 4 KiB
     page for the first time is a page fault plus the kernel zeroing it. In the main thread glibc's adaptive threshold
     soon stops doing that; in a thread's own arena, where the HTTP server runs the engine (server/engine_loop.py),
-    it kept doing it: 450,000-600,000 page faults per 32-request round of `bench serve`'s workload against ~0 for the
-    same Engine in the main thread, and the CPU time of the round ~1.5x. Fixed thresholds end it (a few faults per
-    round). It is a process-wide setting, like the CUDA caching allocator's, made by whoever owns the process's
-    engine (the Engine). A no-op off glibc and on the GPU's memory (CuPy has its own pool).
+    it kept doing it: 450,000-600,000 page faults per 32-request round of `bench serve`'s workload against a few
+    hundred for the same Engine in the main thread, and the CPU time of the round ~1.5x. Fixed thresholds end it (a
+    few faults per round). It is a process-wide setting, like the CUDA caching allocator's, made by whoever owns the
+    process's engine (the Engine). A no-op off glibc and on the GPU's memory (CuPy has its own pool).
     """
     import ctypes
     import platform
