@@ -120,26 +120,45 @@ def _machine_ticks() -> tuple[float, float] | None:
     return (total - idle) / hz, total / hz
 
 
-def _own_cpu_seconds(process_groups: tuple[int, ...] = ()) -> float:
-    """CPU seconds of this process (and its waited-for children), plus every live process of `process_groups`."""
+def _own_cpu_seconds(process_groups: tuple[int, ...] = (), pids: tuple[int, ...] = ()) -> float:
+    """CPU seconds of this process (and its waited-for children), plus every live process of `process_groups` and
+    every process in `pids`."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system + sum(map(group_cpu_seconds, process_groups))
+    return (t.user + t.system + t.children_user + t.children_system + sum(map(group_cpu_seconds, process_groups))
+            + sum(map(process_cpu_seconds, pids)))
 
 
-def group_cpu_seconds(group: int) -> float:
-    """utime + stime of every process whose process group is `group` (/proc/PID/stat fields 5, 14 and 15), all its
-    threads included; 0.0 where /proc cannot tell (not Linux). A server this run started (bench serve --compare
-    starts each in a session of its own) is one group: its workers' CPU counts too."""
-    total = 0.0
+def _proc_stats() -> dict[int, list[str]]:
+    """/proc/PID/stat of every process we can read, split into fields after the command name (field 3 onwards)."""
+    stats = {}
     for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()           # the command name may hold spaces
-        except OSError:                                               # it exited meanwhile, or is not ours to read
+                stats[int(pid)] = f.read().rsplit(")", 1)[1].split()   # the command name may hold spaces
+        except OSError:                                                # it exited meanwhile, or is not ours to read
             continue
-        if int(fields[2]) == group:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK") if total else 0.0
+    return stats
+
+
+def _cpu_ticks(fields: list[str]) -> int:
+    return int(fields[11]) + int(fields[12])                           # utime + stime (fields 14, 15): all threads
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds of one process over all its threads; 0.0 once it is gone (or off Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return _cpu_ticks(f.read().rsplit(")", 1)[1].split()) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def group_cpu_seconds(group: int) -> float:
+    """CPU seconds of every live process whose process group is `group` (field 5 of /proc/PID/stat); 0.0 where
+    /proc cannot tell (not Linux). A server this run started (bench serve --compare starts each in a session of its
+    own) is one group: its workers' CPU counts too."""
+    ticks = sum(_cpu_ticks(fields) for fields in _proc_stats().values() if int(fields[2]) == group)
+    return ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0
 
 
 _CALIBRATION: list[numpy.ndarray] = []     # allocated once per process: the same pages at both ends of a run
@@ -218,18 +237,18 @@ class Quietness:
 class Probe:
     """Watches one run: start it before the timed work, finish() after. Costs ~0.1 s at each end."""
 
-    def __init__(self, process_groups: tuple[int, ...] = ()) -> None:
-        """process_groups: other processes whose CPU is this run's own work, not another program's (the servers a
-        benchmark started and is measuring), by process group."""
-        self.process_groups = tuple(process_groups)
+    def __init__(self, process_groups: tuple[int, ...] = (), pids: tuple[int, ...] = ()) -> None:
+        """process_groups, pids: other processes whose CPU is this run's own work, not another program's (the servers
+        a benchmark started, by process group; a server it found on this machine, by pid)."""
+        self.process_groups, self.pids = tuple(process_groups), tuple(pids)
         self.load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         self.calibration_before = min(calibration_seconds(), calibration_seconds())   # right after a model load the
         # first one is often slow (the allocator and the page cache settling): the better of two at each end
         self._ticks = _machine_ticks()
-        self._own = _own_cpu_seconds(self.process_groups)
+        self._own = _own_cpu_seconds(self.process_groups, self.pids)
 
     def finish(self) -> Quietness:
-        ticks, own = _machine_ticks(), _own_cpu_seconds(self.process_groups)
+        ticks, own = _machine_ticks(), _own_cpu_seconds(self.process_groups, self.pids)
         others = None
         if self._ticks and ticks and ticks[1] > self._ticks[1]:
             busy = ticks[0] - self._ticks[0]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from minitransformer import cli
+from minitransformer import cli, measure
 from minitransformer.bench import engine_bound as eb
 
 
@@ -91,7 +91,7 @@ def test_bench_engine_end_to_end_prints_what_it_writes(tiny_model_path, our_serv
 
 def test_a_server_elsewhere_has_no_local_process():
     assert eb.listening_pid("http://example.com:8000") is None
-    assert eb.process_cpu_seconds(os.getpid()) > 0
+    assert measure.process_cpu_seconds(os.getpid()) > 0
 
 
 @pytest.mark.parametrize("argv", [["--max-tokens", "1"], ["--repeats", "0"], ["--prompt-words", "3,x"]])

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_left
-from dataclasses import replace
 
 from ..measure import Probe, Quietness, Timing, time_calls
 from ..request import make_request
@@ -177,13 +176,9 @@ def measure_server(url: str, settings: ServeSettings) -> tuple[dict, Quietness]:
     from .serve_report import summarize
 
     pid = listening_pid(url)
-    cpu_before, start = process_cpu_seconds(pid) if pid else 0.0, time.perf_counter()
-    probe = Probe()
+    probe = Probe(pids=(pid,) if pid else ())
     run = asyncio.run(run_sweep(url, settings))["runs"][0]
     quiet = probe.finish()
-    if pid and quiet.others is not None:
-        capacity = (time.perf_counter() - start) * quiet.cores          # CPU seconds all cores had meanwhile
-        quiet = replace(quiet, others=max(0.0, quiet.others - (process_cpu_seconds(pid) - cpu_before) / capacity))
     summary = summarize(run["records"], run["wall_s"], settings)
     return ({"url": url, "wall_s": run["wall_s"], "completed": summary["completed"], "failed": summary["failed"],
              "output_tokens": summary["output_tokens"], "errors": summary["errors"],
@@ -216,14 +211,6 @@ def listening_pid(url: str) -> int | None:
         except OSError:                           # gone meanwhile, or another user's
             continue
     return None
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process over all its threads (fields 14 and 15 of /proc/PID/stat)."""
-    import os
-
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()     # the name may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _timing_json(t: Timing) -> dict:
