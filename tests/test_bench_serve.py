@@ -341,11 +341,14 @@ def test_sigterm_during_compare_stops_the_server(tiny_model_path, tmp_path):
     import threading
     import time
 
+    from minitransformer.bench.engine_bound import listening_pid
+
     bench = subprocess.Popen([sys.executable, "-m", "minitransformer", "bench", "serve", "--compare", "--model",
                               str(tiny_model_path), "--request-rate", "0.2", "--num-prompts", "50",
                               "--prompt-words", "3", "--out", str(tmp_path)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, MINITRANSFORMER_PEERS=str(tmp_path / "no-peers")))
+    port, left_running = None, False
     try:
         match = None
         while match is None:                                     # a line about llama.cpp may come first
@@ -367,5 +370,11 @@ def test_sigterm_during_compare_stops_the_server(tiny_model_path, tmp_path):
     finally:
         bench.kill()
         bench.wait()
+        # a bench killed here cannot stop the server it started in a session of its own: stop it, then fail below
+        server = listening_pid(f"http://127.0.0.1:{port}") if port else None
+        if server:
+            os.kill(server, signal.SIGKILL)
+            left_running = True
+    assert not left_running, "bench serve left our server running after SIGTERM"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
