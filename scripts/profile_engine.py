@@ -31,8 +31,8 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import (measure_copy_bandwidth, measure_gemm_flops,  # noqa: E402
-                                           time_matmul_rows)
+from minitransformer.bench.machine import (matrix_shapes, measure_copy_bandwidth,  # noqa: E402
+                                           measure_gemm_flops, time_matmul_rows)
 from minitransformer.bench.serve_workload import make_prompts  # noqa: E402
 from minitransformer.measure import Probe, machine_peaks  # noqa: E402
 from minitransformer.serving.engine import Engine  # noqa: E402
@@ -86,7 +86,7 @@ def matmul_flops(model, engine: Engine) -> float:
     """The matmul FLOPs of what the engine ran: 2 per weight per token through the layers, and 2 * D * V per
     sampled row for the lm_head (attention's own products are left out: under 3% here)."""
     c = model.config
-    layer_params = c.d_model * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.d_model + 3 * c.d_model * c.ffn_dim
+    layer_params = sum(i * o for i, o in matrix_shapes(c))                 # w_qkv, wo, w_gate_up, w_down
     tokens = sum(r.num_batched_tokens for r in engine.step_log)
     sampled = engine.stats.num_generation_tokens
     return 2.0 * c.n_layers * layer_params * tokens + 2.0 * c.d_model * c.vocab_size * sampled

@@ -112,7 +112,7 @@ class PhaseCost:
         return self.flops / self.bytes
 
 
-def _matrix_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+def matrix_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     """(in, out) of each weight matrix one decoder layer multiplies every token by (model.py's fused layout)."""
     c = config
     return [(c.d_model, c.q_dim + 2 * c.kv_dim),     # w_qkv
@@ -142,7 +142,7 @@ def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, 
     c = config
     rows = batch * new_tokens                                   # N: tokens going through the layer matmuls
     keys = context_tokens + new_tokens                          # S: keys each new query attends to
-    matrices = _matrix_shapes(c)
+    matrices = matrix_shapes(c)
     layer_params = sum(i * o for i, o in matrices)
     matmul_flops = 2 * c.n_layers * layer_params * rows + 2 * c.d_model * c.vocab_size * batch
     pairs = batch * causal_pairs(new_tokens, keys)              # (query, key) pairs computed per head
