@@ -14,6 +14,7 @@ both devices (`xp.exp`, `xp.matmul`, ...). Rules that keep that promise:
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 
@@ -175,6 +176,7 @@ KEEP_BELOW = 256 * 2**20        # arrays up to this size are carved from memory 
 TRIM_ABOVE = 1 * 2**30          # and up to this much freed memory is kept for the next step
 
 
+@functools.cache                # a process-wide setting: made once, whichever Engine comes first
 def keep_freed_memory() -> bool:
     """Ask the C allocator to keep the memory of freed arrays instead of returning it to the OS; True if it could.
 
