@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -47,6 +47,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextmanager
+def _signals_held(*signums):
+    """Block these signals for the block; one that came meanwhile is handled as the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):         # not POSIX: nothing to hold
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class ManagedServer:
     """A server process for the length of a `with` block: started, polled until ready, always stopped.
 
@@ -56,19 +69,24 @@ class ManagedServer:
     """
 
     def __init__(self, name: str, argv: list[str], port: int, ready_path: str, log_path: Path,
-                 ready_timeout_s: float = 300.0, env: dict[str, str] | None = None):
+                 ready_timeout_s: float = 300.0, env: dict[str, str] | None = None,
+                 check: Callable[[], None] | None = None):
+        """check: called at every readiness poll; it raises to give up the wait (a SIGTERM that came meanwhile)."""
         self.name, self.argv, self.ready_path, self.log_path = name, argv, ready_path, Path(log_path)
         self.env = env                                 # the whole environment of the process; None: ours
+        self.check = check
         self.url = f"http://127.0.0.1:{port}"
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True, env=self.env)
         try:
+            # A Ctrl-C between the fork and `self.process = ...` would leave a server nobody stops: it waits,
+            # blocked, until that is set, and then lands in this try.
+            with _signals_held(signal.SIGINT), open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -83,6 +101,8 @@ class ManagedServer:
 
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
+            if self.check:
+                self.check()
             if self.process.poll() is not None:
                 raise BenchServeError(f"{self.name} server exited with code {self.process.returncode} before it was "
                                       f"ready: {self.log_tail()}")
@@ -271,14 +291,44 @@ def plan_servers(model_path: str, s: ServeSettings, o: CompareOptions, scratch: 
     return servers, skipped
 
 
-class _TerminateAsInterrupt:
-    """Inside this block SIGTERM raises KeyboardInterrupt, so `with ManagedServer` still stops its server."""
+class _Termination:
+    """Inside this block SIGTERM ends the run the way Ctrl-C does, and `with ManagedServer` still stops its servers.
+
+    The handler only takes note; while the sweeps' task runs it also cancels that task, from inside the event loop.
+    The waits call check(), which raises KeyboardInterrupt there. (A KeyboardInterrupt raised by the handler itself
+    lands wherever the main thread happens to be: raised inside an import lock's callback, Python dropped it as
+    "Exception ignored", and the bench ran on through its whole sweep.)"""
 
     def __enter__(self):
-        def handler(signum, frame):
-            raise KeyboardInterrupt
-        self.previous = signal.signal(signal.SIGTERM, handler)
+        self.received, self.task = False, None
+        self.previous = signal.signal(signal.SIGTERM, self._handler)
         return self
+
+    def _handler(self, signum, frame):
+        self.received = True
+        if self.task is not None:
+            self.task.get_loop().call_soon_threadsafe(self.task.cancel)
+
+    def check(self) -> None:
+        if self.received:
+            raise KeyboardInterrupt
+
+    async def run(self, coroutine):
+        """Await coroutine -> its result, or None when a SIGTERM cancelled it (check() then raises)."""
+        import asyncio
+
+        self.task = asyncio.current_task()
+        try:
+            if self.received:                          # one came before the task was known
+                coroutine.close()
+                return None
+            return await coroutine
+        except asyncio.CancelledError:
+            if self.received:
+                return None
+            raise
+        finally:
+            self.task = None
 
     def __exit__(self, *exc):
         signal.signal(signal.SIGTERM, self.previous)
@@ -296,7 +346,7 @@ def run_compare(model_path: str, s: ServeSettings, log_dir: Path, options: Compa
     servers, skipped = plan_servers(model_path, s, options, scratch / "scratch", wanted)
     for line in skipped if on_skip else ():
         on_skip(line)
-    with _TerminateAsInterrupt(), ExitStack() as stack:
+    with _Termination() as termination, ExitStack() as stack:
         started, commands = {}, {}
         for spec in servers:
             port = free_port()
@@ -306,10 +356,12 @@ def run_compare(model_path: str, s: ServeSettings, log_dir: Path, options: Compa
             env = dict(os.environ, **spec.env) if spec.env else None
             started[spec.name] = stack.enter_context(ManagedServer(
                 spec.name, spec.argv(port), port, spec.ready_path, log_dir / f"server-{log_name(spec.name)}.log",
-                ready_timeout_s=spec.ready_timeout_s, env=env))
+                ready_timeout_s=spec.ready_timeout_s, env=env, check=termination.check))
+        termination.check()
         probe = Probe(process_groups=[server.process.pid for server in started.values()])   # their own sessions
-        sweeps = asyncio.run(run_sweeps({name: server.url for name, server in started.items()}, s,
-                                        on_done=on_done, on_rate=on_rate))
+        sweeps = asyncio.run(termination.run(run_sweeps({name: server.url for name, server in started.items()}, s,
+                                                      on_done=on_done, on_rate=on_rate)))
+        termination.check()
         quiet = probe.finish()
         for name, server in started.items():
             sweeps[name]["command"] = commands[name]
