@@ -8,7 +8,7 @@
     kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
     roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
     request_flow.png ... draft_and_verify.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
-                                     viz_flow.py, viz_shapes.py, viz_concepts.py
+                                     viz_flow.py, viz_shapes.py, viz_attention.py, viz_capacity.py, viz_concepts.py
 
 Measurements (measure_*, in viz_measure.py) come apart from the drawings (plot_*, here), so a reader can rerun one
 without the other;
@@ -35,6 +35,8 @@ from .kv_cache import estimate_kv_bytes
 from .loading import load_model
 from .measure import Probe, Quietness
 from .sampling_params import SamplingParams
+from .viz_attention import draw_query_vs_cache
+from .viz_capacity import draw_users_that_fit
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
 from .viz_measure import (FULL, QUICK, _ids, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
                           measure_peaks, measure_ttft)
@@ -43,7 +45,8 @@ from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png")
-CONCEPT_FIGURES = ("request_flow.png", "kv_cache_growth.png", "prefill_vs_decode_shapes.png", "paged_attention.png",
+CONCEPT_FIGURES = ("request_flow.png", "kv_cache_growth.png", "query_vs_cache.png", "prefill_vs_decode_shapes.png",
+                   "users_that_fit.png", "paged_attention.png",
                    "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
          "request_flow.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
@@ -244,6 +247,8 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                                                         where, p),
                 "request_flow.png": lambda p: draw_request_flow(model, p, flow_where, data=m["flow"]),
                 "kv_cache_growth.png": lambda p: draw_kv_cache_growth(model, p),
+                "query_vs_cache.png": lambda p: draw_query_vs_cache(model, p),
+                "users_that_fit.png": lambda p: draw_users_that_fit(model, p),
                 "prefill_vs_decode_shapes.png": lambda p: draw_prefill_vs_decode_shapes(model, p),
                 "paged_attention.png": lambda p: draw_paged_attention(model, p),
                 "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p)}

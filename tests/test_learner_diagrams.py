@@ -1,0 +1,72 @@
+"""The learner's diagrams show the run's own numbers: one query against the cache (viz_attention) is the model's own
+step, and the requests that fit (viz_capacity) follow from a real cache's bytes and the loaded weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minitransformer import KVCache
+from minitransformer import viz_attention as va
+from minitransformer import viz_capacity as vcap
+from minitransformer.backend import to_host
+from minitransformer.decode import decode_step
+from minitransformer.kv_cache import estimate_kv_bytes
+from minitransformer.prefill import prefill
+
+from test_figures import png_size
+
+
+def test_query_vs_cache_is_the_models_own_decode_step(real_model, tmp_path):
+    path = tmp_path / "query_vs_cache.png"
+    data = va.draw_query_vs_cache(real_model, path)
+    assert min(png_size(path)) > 300
+    config, prompt_ids = real_model.config, real_model.tokenizer.encode(va.KV_PROMPT)
+
+    # The keys and values drawn are what a plain KVCache holds after prefilling the prompt and the step's token.
+    cache = KVCache(config, len(prompt_ids) + 1, xp=real_model.xp)
+    logits = to_host(prefill(real_model, prompt_ids, cache))
+    assert data["new_token"] == int(np.argmax(logits[0]))
+    decode_step(real_model, [data["new_token"]], cache)
+    assert len(data["probs"]) == cache.length == len(prompt_ids) + 1
+    keys = to_host(cache.k[data["layer"], 0, data["kv_head"], :cache.length])
+    values = to_host(cache.v[data["layer"], 0, data["kv_head"], :cache.length])
+    np.testing.assert_allclose(data["k"], keys, atol=1e-5)
+    np.testing.assert_allclose(data["v"], values, atol=1e-5)
+
+    # The picture's arithmetic is attention's: softmax(q.k / sqrt(d)) @ V, equal to the model's output for the head.
+    assert data["kv_head"] == data["head"] // config.group_size
+    scores = data["k"] @ data["q"] / np.sqrt(config.head_dim)
+    np.testing.assert_allclose(data["scores"], scores, rtol=1e-6)
+    assert data["probs"].sum() == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(data["weighted"], data["model_out"], atol=1e-5)
+    # The head drawn is its layer's one with the least weight on the first token.
+    assert data["probs"][0] == pytest.approx(min(data["first_token_weights"]), abs=1e-3)
+    assert len(data["first_token_weights"]) == config.n_heads
+
+
+def test_users_that_fit_follow_from_the_cache_and_the_weights(real_model, tmp_path):
+    path = tmp_path / "users_that_fit.png"
+    ours, big = vcap.draw_users_that_fit(real_model, path)
+    assert min(png_size(path)) > 300
+
+    # This model: a real cache's bytes per token, the loaded weights, this machine's memory.
+    assert ours.kv_bytes_per_token == estimate_kv_bytes(real_model.config, 1)
+    assert ours.weight_bytes == real_model.weight_bytes
+    assert ours.memory == vcap.memory_bytes()
+    assert max(ours.contexts) <= real_model.config.context_length
+    for context in ours.contexts:
+        fit = ours.users(context)
+        assert fit * context * ours.kv_bytes_per_token <= ours.left < (fit + 1) * context * ours.kv_bytes_per_token
+
+    # The 8B shape: Llama 3.1 8B's published parameter count, its KV cache at 2 bytes per value.
+    assert vcap.parameter_count(vcap.LLAMA_3_1_8B) == 8_030_261_248
+    assert big.weight_bytes == 2 * 8_030_261_248
+    c = vcap.LLAMA_3_1_8B
+    assert big.kv_bytes_per_token == 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2 == 131_072
+    assert big.users(8192) == int((0.9 * 141e9 - 2 * 8_030_261_248) // (131_072 * 8192)) == 103
+
+
+def test_parameter_count_matches_the_weights_the_model_loaded(real_model):
+    """The same count for the model on disk: its float32 weights are 4 bytes per parameter."""
+    assert vcap.parameter_count(real_model.config) * 4 == real_model.weight_bytes
