@@ -85,12 +85,14 @@ def plot_ttft(data: dict, where: str, path: Path) -> None:
     tokens, ttft = data["tokens"], np.array(data["ttft_s"]) * 1e3
     ax.plot(tokens, ttft, "o-", label=f"TTFT, fastest of {_runs(data['repeats'])} (bar: up to the slowest)")
     _slowest_bars(ax, tokens, ttft, np.array(data["ttft_max_s"]) * 1e3)
-    for n, t, p in zip(tokens, ttft, data["prefill_s"]):           # prefill throughput at each point
-        ax.annotate(f"{n / p:.0f} tok/s", (n, t), textcoords="offset points", xytext=(4, -12), fontsize=7)
+    # prefill throughput at each point, as a table beside the line (labels on the points overlapped at short prompts)
+    rates = "\n".join(f"{n:>5,}: {n / p:>4.0f}" for n, p in zip(tokens, data["prefill_s"]))
+    ax.text(0.03, 0.80, f"prefill tok/s\n(prompt tokens /\nprefill seconds)\n{rates}", transform=ax.transAxes,
+            va="top", fontsize=7.5, family="monospace", bbox=dict(facecolor="white", edgecolor="lightgrey"))
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("time to first token (ms)")
     ax.set_ylim(bottom=0)
-    ax.legend(title="labels: prompt tokens / prefill seconds", title_fontsize=7)
+    ax.legend(loc="upper left")
     _save(fig, path)
 
 
