@@ -37,6 +37,7 @@ from .measure import Probe, Quietness
 from .sampling_params import SamplingParams
 from .viz_attention import draw_query_vs_cache
 from .viz_capacity import draw_users_that_fit
+from .viz_timeline import draw_request_timeline, run_request_timeline
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
 from .viz_measure import (FULL, QUICK, _ids, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
                           measure_peaks, measure_ttft)
@@ -45,11 +46,11 @@ from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png")
-CONCEPT_FIGURES = ("request_flow.png", "kv_cache_growth.png", "query_vs_cache.png", "prefill_vs_decode_shapes.png",
+CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png", "prefill_vs_decode_shapes.png",
                    "users_that_fit.png", "paged_attention.png",
                    "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
-         "request_flow.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
+         "request_flow.png", "request_timeline.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
 DPI = 100
 
 
@@ -233,6 +234,9 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         if "request_flow.png" in names:
             stage("request flow (timed run)")
             m["flow"] = run_request_flow(model, repeats=1 if quick else 3)
+        if "request_timeline.png" in names:
+            stage("request timeline (timed run)")
+            m["timeline"] = run_request_timeline(model)
         quiet = probe.finish() if probe else None
         if quiet:
             progress.console.print(quiet.line(), markup=False, highlight=False, soft_wrap=True)
@@ -248,6 +252,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
                                                         where, p),
                 "request_flow.png": lambda p: draw_request_flow(model, p, flow_where, data=m["flow"]),
+                "request_timeline.png": lambda p: draw_request_timeline(model, p, flow_where, data=m["timeline"]),
                 "kv_cache_growth.png": lambda p: draw_kv_cache_growth(model, p),
                 "query_vs_cache.png": lambda p: draw_query_vs_cache(model, p),
                 "users_that_fit.png": lambda p: draw_users_that_fit(model, p),

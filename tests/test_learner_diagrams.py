@@ -70,3 +70,26 @@ def test_users_that_fit_follow_from_the_cache_and_the_weights(real_model, tmp_pa
 def test_parameter_count_matches_the_weights_the_model_loaded(real_model):
     """The same count for the model on disk: its float32 weights are 4 bytes per parameter."""
     assert vcap.parameter_count(real_model.config) * 4 == real_model.weight_bytes
+
+
+def test_request_timeline_is_the_requests_own_timestamps(real_model, tmp_path):
+    from minitransformer import viz_timeline as vt
+
+    path = tmp_path / "request_timeline.png"
+    data = vt.draw_request_timeline(real_model, path)
+    assert min(png_size(path)) > 300
+    a, b = data["a"], data["b"]
+    assert len(a["tokens"]) == vt.A_TOKENS and len(b["tokens"]) == vt.TIMELINE_PARAMS_B.max_tokens
+    # The metrics' definitions, from the drawn timestamps (ms after A arrived).
+    assert a["ttft"] == pytest.approx(a["tokens"][0] - a["arrival"], abs=1e-6)
+    assert a["e2e"] == pytest.approx(a["finished"] - a["arrival"], abs=1e-6)
+    np.testing.assert_allclose(a["itl"], np.diff(a["tokens"]), atol=1e-6)
+    assert a["tpot"] == pytest.approx((a["e2e"] - a["ttft"]) / (vt.A_TOKENS - 1), abs=1e-6)
+    # The order of the run: queue, then prefill, then tokens; B arrives after A's B_AFTER-th token.
+    for life in (a, b):
+        assert life["arrival"] <= life["scheduled"] < life["tokens"][0] <= life["tokens"][-1] <= life["finished"]
+    assert a["tokens"][vt.B_AFTER - 1] < b["arrival"] < a["tokens"][vt.B_AFTER]
+    # The annotation's claim is checked, not assumed: B was scheduled inside the gap drawn red.
+    slow = data["slowest_gap"]
+    assert data["b_prefill_in_slowest_gap"] == (a["tokens"][slow] < b["scheduled"] < a["tokens"][slow + 1])
+    assert a["itl"][slow] == max(a["itl"])
