@@ -93,3 +93,25 @@ def test_request_timeline_is_the_requests_own_timestamps(real_model, tmp_path):
     slow = data["slowest_gap"]
     assert data["b_prefill_in_slowest_gap"] == (a["tokens"][slow] < b["scheduled"] < a["tokens"][slow + 1])
     assert a["itl"][slow] == max(a["itl"])
+
+
+def test_batching_sweep_is_timed_steps_and_the_h200_roofline(real_model, tmp_path):
+    from minitransformer import viz_batching as vb
+    from minitransformer.bench.machine import H200
+
+    sweep = vb.measure_batch_sweep(real_model, batches=(1, 2), context=16, repeats=2)
+    assert sweep.batches == (1, 2) and len(sweep.step_s) == len(sweep.slowest_s) == 2
+    assert all(0 < fast <= slow for fast, slow in zip(sweep.step_s, sweep.slowest_s))
+    assert sweep.tokens_per_s == [1 / sweep.step_s[0], 2 / sweep.step_s[1]]
+    assert sweep.h200_step_s == [H200.seconds(H200.cost(real_model.config, 1, 16, batch=b)) for b in (1, 2)]
+    path = tmp_path / "batching_sweep.png"
+    vb.draw_batching_sweep(real_model, sweep, "test run", path)
+    assert min(png_size(path)) > 300
+
+
+def test_batching_stops_paying_at_the_first_doubling_that_gains_little():
+    from minitransformer.viz_batching import stops_paying
+
+    assert stops_paying((1, 2, 4, 8), [10, 19, 30, 33]) == 4          # 30 -> 33 is x1.1
+    assert stops_paying((1, 2, 4, 8), [10, 19, 30, 40]) is None        # every doubling gains x1.2 or more
+    assert stops_paying((1, 2, 4), [10, 11, 30]) == 1                  # the first one counts
