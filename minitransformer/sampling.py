@@ -99,8 +99,8 @@ def distribution(logits, states: Sequence[SamplingState]):
     (a one-hot at the argmax for a greedy row).   raw logits (B, V) -> probabilities (B, V) on the device."""
     params = [s.params for s in states]
     masked = mask_tokens(logits, [s.suppressed for s in states])                 # (B, V)
-    penalised = apply_penalties(masked, params, [s.prompt_token_ids for s in states], [s.output_ids for s in states])
-    return filtered_probs(penalised, params)
+    processed = process_logits(masked, params, [s.prompt_token_ids for s in states], [s.output_ids for s in states])
+    return filtered_probs(processed, params)
 
 
 def request_logprobs(logits, tokens, states: Sequence[SamplingState]) -> list[dict | None]:
@@ -146,7 +146,7 @@ def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.ran
     if not len(params) == len(generators) == len(prompt_ids) == len(output_ids) == B:
         raise ValueError(f"sample(): {B} rows of logits but {len(params)} params, {len(generators)} generators, "
                          f"{len(prompt_ids)} prompts and {len(output_ids)} outputs")
-    logits = apply_penalties(logits, params, prompt_ids, output_ids)            # (B, V)
+    logits = process_logits(logits, params, prompt_ids, output_ids)            # (B, V)
 
     tokens = np.empty(B, dtype=INDEX_DTYPE)                                      # (B,) on the host
     greedy = [b for b in range(B) if params[b].greedy]
@@ -162,6 +162,13 @@ def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.ran
         uniforms = [generators[b].random() for b in drawn]                       # exactly one draw per sampled row
         tokens[drawn] = _inverse_cdf(probs, uniforms)
     return tokens
+
+
+def process_logits(logits, params: Sequence[SamplingParams], prompt_ids: Sequence[Sequence[int]],
+                   output_ids: Sequence[Sequence[int]]):
+    """Every stage that changes the logits before the greedy choice and the filters (today the penalties; a new
+    logits-level option adds its stage here, and both sample() and distribution() run it).   (B, V) -> (B, V)."""
+    return apply_penalties(logits, params, prompt_ids, output_ids)
 
 
 def apply_penalties(logits, params: Sequence[SamplingParams], prompt_ids: Sequence[Sequence[int]],
