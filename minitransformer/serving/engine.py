@@ -7,8 +7,9 @@
 
 Each step: the scheduler picks sequences and token counts (scheduler.py) -> one forward over all their tokens
 through the paged KV cache (model_runner.py) -> every sequence whose pending tokens are done samples one token, in
-one batched sampling.next_tokens() call (which also gives each its logprobs) -> per sequence, the same stages as generate.py (request.RequestState.append: detokenize,
-check_stop, stream a Delta, build the Result on finish), and a finished sequence's blocks are freed. A request's
+one batched sampling.next_tokens() call (which also gives each its logprobs) -> per sequence, the same stages as
+generate.py (request.RequestState.append: record the logprobs, detokenize, check_stop, stream a Delta, build the
+Result on finish), and a finished sequence's blocks are freed. A request's
 tokens do not depend on what it is batched with: its logits are its own rows of the matmuls and its own attention
 (equal to its logits alone up to float32 rounding: BLAS may sum a row in another order when the batch has other
 rows), and its sampler row uses its own generator. The tests check identical tokens; a near-tie in the logits could
