@@ -89,6 +89,11 @@ def synchronize(xp) -> None:
 
 # ----------------------------------------------------------------------------------------------- reservations
 
+def is_int(value) -> bool:
+    """An integer, as a setting means it: any Python or NumPy integer, but not a bool (True is not 1 token)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_count(name: str, value, low: int = 1) -> int:
     """A size argument (blocks, tokens, sequences) as a Python int >= low, or one InputError naming it.
 
@@ -96,7 +101,7 @@ def check_count(name: str, value, low: int = 1) -> int:
     fail deep inside NumPy, and a bool would silently count as 0 or 1.
     """
     accepted = "a positive integer" if low == 1 else f"an integer >= {low}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise InputError(f"{name} must be {accepted}, got {type(value).__name__} {value!r}")
     if value < low:
         raise InputError(f"{name} must be {accepted}, got {value}")
