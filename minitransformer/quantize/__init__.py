@@ -1,5 +1,4 @@
-"""Quantization: int8 / int4 / float16 weights, the levers that cut memory and bandwidth (lesson 13), next to the
-int8 KV cache (a storage codec of both caches, kv_storage.py).
+"""Quantization: int8 / int4 / float16 weights, the levers that cut memory and bandwidth (lesson 13).
 
 Decode reads every weight once per token (decode.py), so its speed is about bytes / bandwidth: fewer bytes per weight
 is a direct lever, paid for in quality, which quality.py measures. Our own formats, both kept in the (out, in) layout
@@ -32,9 +31,10 @@ Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quanti
 `from minitransformer.quantize import X` works.
 """
 
+from ..backend import INT8_MAX
 from .linear import (DEFAULT_BLOCK_BYTES, KERNEL_MAX_ROWS, QuantizedLinear, expected_weight_bytes, quantize_model,
                      quantized_bytes, set_use_kernel)
-from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, INT8_MAX, SCHEMES, dequantize_float16, dequantize_int4,
+from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, SCHEMES, dequantize_float16, dequantize_int4,
                       dequantize_int8, quantize_float16, quantize_int4, quantize_int8, unpack_int4)
 
 __all__ = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DTYPE, INT8_MAX, array_module, dequantize_int8_rows, quantize_int8_rows
+from ..backend import DTYPE, array_module, dequantize_int8_rows, quantize_int8_rows
 from ..errors import InputError
 
 SCHEMES = ("f32", "int8", "int4", "f16")
