@@ -54,6 +54,26 @@ def array_module(array):
     return np if isinstance(array, np.ndarray) else __import__("cupy").get_array_module(array)
 
 
+def quantize_int8_rows(x):
+    """x (..., n) float32 -> q (..., n) int8, scale (...,) float32 with x ~ q * scale[..., None].
+
+    Symmetric int8, one scale per row of the last axis: scale = max |x| / 127, q = round(x / scale) clipped to
+    [-127, 127], so the error per element is at most scale / 2. The one int8 arithmetic of the package: int8 weights
+    (a row is an output channel, quantize/schemes.py) and the int8 KV cache (a row is one (token, head) vector,
+    kv_storage.py) both call it. An all-zero row gets scale 1 (any scale stores zeros exactly).
+    """
+    xp = array_module(x)
+    scale = xp.abs(x).max(axis=-1) / float(INT8_MAX)                                # (...,)
+    scale = xp.where(scale > 0, scale, 1.0).astype(DTYPE)
+    q = xp.clip(xp.rint(x / scale[..., None]), -INT8_MAX, INT8_MAX).astype(np.int8)   # (..., n)
+    return q, scale
+
+
+def dequantize_int8_rows(q, scale):
+    """q (..., n) int8, scale (...,) float32 -> (..., n) float32: the inverse of quantize_int8_rows (up to rounding)."""
+    return q.astype(DTYPE) * scale[..., None]
+
+
 def to_host(array) -> np.ndarray:
     """A NumPy copy of a device array (a no-op for NumPy arrays): the only way results leave the device."""
     if isinstance(array, np.ndarray):

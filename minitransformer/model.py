@@ -19,8 +19,9 @@ A cache is any object with
                                                           (B, K, T, d), out (B, H, T, d)
     advance(T)                                            after the pass: the T tokens are stored
 
-(kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool). `attention` is the model's one choice
-of arrays or kernels (attention_backend.py), made at load. With no cache the T tokens attend to each other.
+(attention_backend.ForwardCache: kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool).
+`attention` is the model's one choice of arrays or kernels (attention_backend.AttentionBackend), made at load.
+With no cache the T tokens attend to each other.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .attention_backend import ArrayAttention
+from .attention_backend import ArrayAttention, AttentionBackend, ForwardCache
 from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
@@ -82,7 +83,7 @@ class Transformer:
 
     def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
                  lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0,
-                 attention=None):
+                 attention: AttentionBackend | None = None):
         self.config = config
         self.tokenizer = tokenizer
         self.embedding = embedding          # (V, D): row i is token i's vector
@@ -106,8 +107,8 @@ class Transformer:
 
     # ------------------------------------------------------------------ the forward pass, in reading order
 
-    def forward(self, token_ids, positions, cache=None, layers: int | None = None, logits_rows=None,
-                last_only: bool = False):
+    def forward(self, token_ids, positions, cache: ForwardCache | None = None, layers: int | None = None,
+                logits_rows=None, last_only: bool = False):
         """token_ids (B, T), positions (B, T) -> logits (B, T, V); with last_only (B, V) of each row's last token;
         with logits_rows (R,) only those rows of the B*T (row b*T + t), -> (R, V): the rows that will sample.
 
@@ -130,7 +131,7 @@ class Transformer:
             return self.output_logits(h[logits_rows])                      # (R, V)
         return self.output_logits(h).reshape(B, T, -1)                     # (B, T, V)
 
-    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, cache):
+    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, cache: ForwardCache | None):
         """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
         B, T = positions.shape
         q, k, v = self.project_qkv(layer, x, B, T, cos, sin)   # (B, H, T, d), (B, K, T, d), (B, K, T, d)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+from ..kv_cache import kv_bytes_per_token
 from ..layers import causal_pairs
 
 
@@ -62,7 +63,7 @@ def layer_products(config: ModelConfig, new_tokens: int, context_tokens: int = 0
         return Product(name, T, inner, cols, 1, True, 2 * N * inner * cols,
                        (inner * cols + N * inner + N * cols) * b)            # weights, input read, output written
 
-    kv_read = batch * K * S * d * b                          # one of K or V, all S positions, every KV head
+    kv_read = batch * S * kv_bytes_per_token(c, dtype=f"f{b}") // (2 * c.n_layers)   # K or V of this layer, S keys
     return [
         weight_product("qkv", D, c.q_dim + 2 * c.kv_dim),
         Product("q k^T", G * T, d, S, K, False, 2 * H * d * pairs,

@@ -31,6 +31,7 @@ import numpy
 
 from ..backend import synchronize
 from ..config import ModelConfig
+from ..kv_cache import kv_bytes_per_token
 from ..layers import causal_pairs
 from ..measure import Timing, interleaved, time_calls
 
@@ -151,8 +152,9 @@ def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, 
     if weight_bytes is None:
         norms = (2 * c.n_layers + 1) * c.d_model
         weight_bytes = (c.n_layers * layer_params + c.d_model * c.vocab_size + norms) * dtype_bytes
-    kv_read = 2 * c.n_layers * batch * c.n_kv_heads * keys * c.head_dim * dtype_bytes
-    kv_written = 2 * c.n_layers * batch * c.n_kv_heads * new_tokens * c.head_dim * dtype_bytes
+    kv_token = kv_bytes_per_token(c, dtype=f"f{dtype_bytes}")  # K and V of one token, every layer (bf16 weighs f2)
+    kv_read = batch * keys * kv_token
+    kv_written = batch * new_tokens * kv_token
     matmul_io = c.n_layers * rows * sum(i + o for i, o in matrices) + batch * (c.d_model + c.vocab_size)
     scores_io = c.n_layers * 2 * c.n_heads * pairs
     activation_bytes = (matmul_io + scores_io) * dtype_bytes

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import InputError
+from ..kv_storage import CODECS
 from ..sampling_params import SamplingParams, sampling_options
 
 
@@ -23,8 +24,9 @@ def _add_model_options(parser) -> None:
                         help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13), "
                              "or f16: float16 storage, float32 accumulation (on the CPU slower than f32, since NumPy "
                              "has no half GEMM: it is there to check the GPU's arithmetic anywhere)")
-    parser.add_argument("--kv-cache", choices=("f32", "int8"), default="f32",
-                        help="keys and values stored as float32 (default) or int8 with a scale per token and head")
+    parser.add_argument("--kv-cache", choices=tuple(CODECS), default="f32",
+                        help="keys and values stored as " + "; ".join(f"{codec.name}: {codec.help}"
+                                                                       for codec in CODECS.values()))
 
 
 def _load(args):

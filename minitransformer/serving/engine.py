@@ -88,7 +88,7 @@ class Engine:
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
-        reads_pool = model.attention.reads_pool(kv_cache)
+        reads_pool = model.attention.reads_pool(check_storage(kv_cache))
         self.cuda_graphs = (model.device == "gpu" and reads_pool) if cuda_graphs is None else bool(cuda_graphs)
         # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
         # bookkeeping is built.
