@@ -12,15 +12,16 @@ requests that fit are (memory x the share a server gives the model - weights) //
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .bench.machine import matrix_shapes
 from .config import ModelConfig
 from .kv_cache import KVCache, estimate_kv_bytes
+from .model import LAYER_WEIGHTS
 from .prefill import prefill
 from .viz_concepts import _plt
 
@@ -37,9 +38,9 @@ GB = 1e9                           # decimal, as memory datasheets count
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """Weights of the model: the four matrices and two norms of every layer, the token embedding, the final norm,
-    and the lm_head unless it is the embedding reused (tied)."""
-    layer = sum(rows * cols for rows, cols in matrix_shapes(config)) + 2 * config.d_model
+    """Weights of the model: every layer's weights (model.LAYER_WEIGHTS: four matrices, two norms), the token
+    embedding, the final norm, and the lm_head unless it is the embedding reused (tied)."""
+    layer = sum(math.prod(w.shape(config)) for w in LAYER_WEIGHTS)
     embeddings = config.vocab_size * config.d_model * (1 if config.tied_embeddings else 2)
     return config.n_layers * layer + embeddings + config.d_model
 
