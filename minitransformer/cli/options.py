@@ -11,7 +11,7 @@ import re
 from ..errors import InputError
 
 
-def _add_model_options(parser) -> None:
+def add_model_options(parser) -> None:
     parser.add_argument("--model", metavar="PATH",
                         help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
@@ -27,7 +27,7 @@ def _add_model_options(parser) -> None:
                         help="keys and values stored as float32 (default) or int8 with a scale per token and head")
 
 
-def _load(args):
+def load_model_from_args(args):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
     load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only)."""
     from ..loading import load_model
@@ -53,7 +53,7 @@ def speculative_from_cli(name: str | None, draft_model: str | None, device: str 
     return load_model(draft_model, device=device)
 
 
-def _add_sampling_options(parser, max_tokens: int) -> None:
+def add_sampling_options(parser, max_tokens: int) -> None:
     """The SamplingParams fields, named as vLLM names them (the ranges are checked by SamplingParams)."""
     add = parser.add_argument
     add("--max-tokens", type=int, metavar="N", default=max_tokens, help=f"most new tokens (default {max_tokens})")
