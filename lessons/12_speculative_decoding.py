@@ -409,7 +409,7 @@ def draw(path, measured, model, tokens) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
     for name, drafter in dict.fromkeys((r[0], r[1]) for r in measured):
         mine = [r for r in measured if r[:2] == (name, drafter)]
         ax1.plot([r[2] for r in mine], [r[3] for r in mine], "o-", label=f"{name}, {drafter}")
@@ -418,12 +418,15 @@ def draw(path, measured, model, tokens) -> None:
     ax1.set(xlabel="k (drafted tokens per pass)", ylabel="speedup over plain decode (fastest runs)",
             title="measured speedup")
     ax2.set(xlabel="k (drafted tokens per pass)", ylabel="accepted / checked", title="acceptance", ylim=(0, 1.05))
-    ax2.legend(fontsize=7)
-    fig.suptitle(f"{model.path.name}, greedy, {tokens} new tokens; measured on {platform.machine()}, "
-                 f"{os.cpu_count()} cores ({model.device})", fontsize=9)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"Speculative decoding: speedup and acceptance against k, one line per prompt and drafter\n"
+                 f"speedup = plain decode's time per token / speculative decoding's (fastest runs); above the grey "
+                 f"line speculation pays, below it it costs\n"
+                 f"{model.path.name}, greedy, {tokens} new tokens; measured on {platform.machine()}, "
+                 f"{os.cpu_count()} cores ({model.device})", fontsize=9.5)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=70)
+    fig.savefig(path, dpi=100)
 
 
 def answer(shown, measured, predictions, cost, step, mm, ks, repeats) -> None:

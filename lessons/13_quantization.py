@@ -32,8 +32,8 @@ from minitransformer.kernels.quant import dequant_gemv  # noqa: E402
 from minitransformer.measure import Probe, interleaved, machine_peaks  # noqa: E402
 from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy  # noqa: E402
-from minitransformer.quantize import (Int8KVCache, QuantizedLinear, estimate_int8_kv_bytes,  # noqa: E402
-                                      expected_weight_bytes, quantize_int4, quantize_model, unpack_int4)
+from minitransformer.quantize import (QuantizedLinear, expected_weight_bytes, quantize_int4,  # noqa: E402
+                                      quantize_model, unpack_int4)
 from minitransformer.weights import dequantize, open_gguf  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
@@ -146,20 +146,20 @@ def main():
         console.print(f"check memory {scheme}: weights {q.weight_bytes} bytes, computed "
                       f"{expected_weight_bytes(cfg, scheme)} bytes, {model.weight_bytes / q.weight_bytes:.2f}x "
                       f"smaller than float32 ({model.weight_bytes} bytes)")
-    settings = {"float32": (model, None), "int8 weights": (models["int8"], None),
-                "int4 weights": (models["int4"], None), "int8 KV cache": (model, Int8KVCache)}
+    settings = {"float32": (model, "f32"), "int8 weights": (models["int8"], "f32"),       # name -> (model, KV storage)
+                "int4 weights": (models["int4"], "f32"), "int8 KV cache": (model, "int8")}
     ids = corpus_ids(model.tokenizer, args.tokens)
     prompts = [model.tokenizer.encode(p) for p in GREEDY_PROMPTS[:args.prompts]]
     with console.status("scoring the corpus and the greedy continuations"):
         scores = score_corpus(settings, ids, args.window)
         score_greedy(settings, scores, prompts, args.greedy_tokens)
-    kv = {"int8 KV cache": estimate_int8_kv_bytes(cfg, args.kv_tokens)}
     table = Table("setting", "weights MiB", f"KV MiB @{args.kv_tokens}", "perplexity", "KL nats", "top-1",
                   f"greedy/{args.greedy_tokens}", title=f"{len(ids)} stdlib-docstring tokens, windows of "
                   f"{args.window}; {len(prompts)} greedy prompt(s)")
     for name, s in scores.items():
         table.add_row(name, f"{settings[name][0].weight_bytes / MiB:.2f}",
-                      f"{kv.get(name, estimate_kv_bytes(cfg, args.kv_tokens)) / MiB:.2f}", f"{s.perplexity:.4f}",
+                      f"{estimate_kv_bytes(cfg, args.kv_tokens, storage=settings[name][1]) / MiB:.2f}",
+                      f"{s.perplexity:.4f}",
                       f"{s.mean_kl:.5f}", f"{s.top1_agreement:.4f}", f"{s.greedy_agreement:.4f}")
     console.print(table)
     console.print(f"scored positions: {scores['float32'].positions}; greedy/{args.greedy_tokens} = the tokens "
@@ -181,8 +181,8 @@ def main():
                       f"{4 * w.in_features * w.out_features}")
 
     console.rule(f"Part 4: one decode step of each setting, {args.repeats} times, in turns (NumPy, this CPU)")
-    steps = interleaved({name: decode_runner(weights, cache_class or KVCache, prompts[0], args.repeats)
-                         for name, (weights, cache_class) in settings.items()}, repeats=args.repeats)
+    steps = interleaved({name: decode_runner(weights, storage, prompts[0], args.repeats)
+                         for name, (weights, storage) in settings.items()}, repeats=args.repeats)
     bandwidth, _, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
     speed = Table("setting", "step min ms", "median ms", "spread ms", "tok/s at the min", "weights floor ms")
     for name, t in steps.items():
@@ -205,9 +205,9 @@ def main():
         f"Memory: the weights shrink {model.weight_bytes / models['int8'].weight_bytes:.2f}x at int8 and "
         f"{model.weight_bytes / models['int4'].weight_bytes:.2f}x at int4 ({model.weight_bytes / MiB:.0f} -> "
         f"{models['int8'].weight_bytes / MiB:.0f} / {models['int4'].weight_bytes / MiB:.0f} MiB), and an int8 KV "
-        f"cache is {estimate_kv_bytes(cfg, 1) / estimate_int8_kv_bytes(cfg, 1):.2f}x smaller. Decode reads every "
-        "weight per token, so a kernel that reads only the quantized bytes (part 3's) reads fewer by the same "
-        f"factor. Quality: perplexity {f32.perplexity:.3f} -> {i8.perplexity:.3f} (int8) / {i4.perplexity:.3f} "
+        f"cache is {estimate_kv_bytes(cfg, 1) / estimate_kv_bytes(cfg, 1, storage='int8'):.2f}x smaller. Decode "
+        "reads every weight per token, so a kernel that reads only the quantized bytes (part 3's) reads fewer by the "
+        f"same factor. Quality: perplexity {f32.perplexity:.3f} -> {i8.perplexity:.3f} (int8) / {i4.perplexity:.3f} "
         f"(int4), KL {i8.mean_kl:.4f} / {i4.mean_kl:.4f} nats, top-1 agreement {i8.top1_agreement:.3f} / "
         f"{i4.top1_agreement:.3f}; the int8 KV cache {scores['int8 KV cache'].perplexity:.3f}, KL "
         f"{scores['int8 KV cache'].mean_kl:.4f}, top-1 {scores['int8 KV cache'].top1_agreement:.3f}.",
@@ -252,10 +252,11 @@ def main():
         "decode stays memory-bound.", highlight=False)
 
 
-def decode_runner(model, cache_class, prompt: list[int], repeats: int):
-    """A call that runs one decode step of `model` on its own cache, holding `prompt` and room for every timed step
-    (and the warm-up's): the same context length, give or take `repeats` tokens, for every setting."""
-    cache = cache_class(model.config, len(prompt) + repeats + 2, xp=model.xp)
+def decode_runner(model, storage: str, prompt: list[int], repeats: int):
+    """A call that runs one decode step of `model` on its own cache (keys and values stored as `storage`), holding
+    `prompt` and room for every timed step (and the warm-up's): the same context length, give or take `repeats`
+    tokens, for every setting."""
+    cache = KVCache(model.config, len(prompt) + repeats + 2, xp=model.xp, storage=storage)
     token = int(np.asarray(prefill(model, prompt, cache)).argmax(-1)[0])
     return lambda: decode_step(model, [token], cache)
 

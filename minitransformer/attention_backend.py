@@ -12,6 +12,12 @@ The model keeps the object as `model.attention` and hands it to whatever cache a
     paged_decode(cache, layer, q, positions, tables)  one query per sequence, keys in the paged pool's blocks
     paged_chunk(cache, layer, q, positions, table)    one prefill chunk against its cached prefix and itself
 
+The seam between the model and its caches is written down here as three Protocols, so that code taking "a
+backend" or "a cache" names what it uses rather than one class: AttentionBackend (what a cache calls: the questions
+above), ForwardCache (what model.forward calls on a cache: kv_cache.KVCache, serving/paged_cache.PagedStep) and
+PagedPool (what the paged answers read of the engine's pool: serving/paged_cache.PagedKVCache). They live with the
+backend because the model imports this module and sits below the caches.
+
 A model whose shapes the kernels were not compiled for (head_dim not 64 or 128, more query heads per KV head than
 the decode kernel holds) gets ArrayAttention at load, with the reason logged once. What only a call can tell (keys
 that are not consecutive positions, an int8 pool the decode kernel cannot read) goes to the arrays for that call.
@@ -20,6 +26,7 @@ that are not consecutive positions, an int8 pool the decode kernel cannot read) 
 from __future__ import annotations
 
 import logging
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,7 +43,68 @@ log = logging.getLogger("minitransformer.attention")
 _logged: set[str] = set()
 
 
-def choose_attention(mode: str, device: str, config):
+class Codec(Protocol):
+    """What attention asks of a KV codec (kv_storage.KVCodec): whether the arrays hold the model's floats as they
+    are (no scale, no cast), which is what a kernel can read in place."""
+
+    @property
+    def raw(self) -> bool: ...
+
+
+class PagedPool(Protocol):
+    """What paged_decode and paged_chunk read of the engine's pool (serving/paged_cache.PagedKVCache)."""
+    xp: Any
+    codec: Codec                # how k and v store their numbers, looked up once when the pool was made
+
+    @property
+    def k(self) -> Any: ...     # (layers, num_blocks, block_size, kv_heads, head_dim), the codec's stored values
+
+    @property
+    def v(self) -> Any: ...
+
+    def gather(self, layer: int, block_tables) -> tuple[Any, Any]:
+        """block_tables (R, nb) -> float32 k, v (R, K, nb * block_size, d): each row's blocks, decoded."""
+        ...
+
+
+class AttentionBackend(Protocol):
+    """Who computes attention (ArrayAttention or KernelAttention): the model's one choice, made at load and handed
+    to whatever cache a forward pass uses."""
+    name: str
+    uses_kernels: bool
+
+    def causal(self, q, k, v, q_positions, k_positions) -> Any:
+        """q (B, H, T, d) against contiguous k, v (B, K, S, d) -> (B, H, T, d)."""
+        ...
+
+    def reads_pool(self, codec: Codec) -> bool:
+        """Whether paged decodes read a pool stored by `codec` in place (else they gather each row's blocks)."""
+        ...
+
+    def paged_decode(self, cache: PagedPool, layer: int, q, positions, seq_lens, tables) -> Any:
+        """q (R, H, d), one query per sequence, keys through block tables (R, nb) -> (R, H, d)."""
+        ...
+
+    def paged_chunk(self, cache: PagedPool, layer: int, q, positions, table, num_keys: int) -> Any:
+        """One prefill chunk q (1, H, T, d) against its cached prefix and itself -> (1, H, T, d)."""
+        ...
+
+
+class ForwardCache(Protocol):
+    """What model.forward asks of a KV cache (kv_cache.KVCache; serving/paged_cache.PagedStep for the engine's pool).
+
+    attend is called once per layer of a pass: store this pass's keys and values of `layer`, attend every query to
+    what the cache holds for its sequence through `attention`; advance(T) after the pass says T tokens were stored.
+    """
+
+    def attend(self, layer: int, q, k, v, positions, attention: AttentionBackend) -> Any:
+        """q (B, H, T, d), k and v (B, K, T, d) -> (B, H, T, d)."""
+        ...
+
+    def advance(self, T: int) -> None: ...
+
+
+def choose_attention(mode: str, device: str, config) -> AttentionBackend:
     """The attention object for `mode` on `device` and this model's shapes (see the module docstring)."""
     if mode not in MODES:
         raise InputError(f"unknown attention {mode!r}; choose one of {', '.join(MODES)}")
@@ -69,12 +137,12 @@ class ArrayAttention:
         """q (B, H, T, d) against contiguous k, v (B, K, S, d) -> (B, H, T, d); the queries are the last T keys."""
         return causal_attention(q, k, v, q_positions, k_positions)
 
-    def reads_pool(self, storage: str) -> bool:
-        """Whether decodes read a paged pool of this storage in place (a kernel), rather than gathering each
+    def reads_pool(self, codec: Codec) -> bool:
+        """Whether decodes read a paged pool stored by `codec` in place (a kernel), rather than gathering each
         sequence's blocks."""
         return False
 
-    def paged_decode(self, cache, layer: int, q, positions, seq_lens, tables):
+    def paged_decode(self, cache: PagedPool, layer: int, q, positions, seq_lens, tables):
         """One query per sequence: q (R, H, d) at positions (R,), keys through block tables (R, nb) -> (R, H, d).
 
         seq_lens (R,) = positions + 1, int32 (what the kernel reads; the arrays mask by position instead).
@@ -84,7 +152,7 @@ class ArrayAttention:
         key_positions = cache.xp.broadcast_to(cache.xp.arange(S), (q.shape[0], S))   # (R, S)
         return attention(q[:, :, None], k, v, positions[:, None], key_positions)[:, :, 0]
 
-    def paged_chunk(self, cache, layer: int, q, positions, table, num_keys: int):
+    def paged_chunk(self, cache: PagedPool, layer: int, q, positions, table, num_keys: int):
         """One prefill chunk: q (1, H, T, d) are keys [num_keys - T, num_keys) of the sequence whose blocks are
         table (1, nb); it attends to its cached prefix and, causally, to itself -> (1, H, T, d)."""
         k, v = cache.gather(layer, table)                                        # (1, K, nb * block_size, d)
@@ -118,11 +186,11 @@ class KernelAttention(ArrayAttention):
         self.calls["flash_prefill"] += 1
         return flash_prefill(xp.ascontiguousarray(q), xp.ascontiguousarray(k), xp.ascontiguousarray(v))
 
-    def reads_pool(self, storage: str) -> bool:
-        return storage == "f32"                # the decode kernel reads float blocks; an int8 pool is gathered
+    def reads_pool(self, codec: Codec) -> bool:
+        return codec.raw                       # the decode kernel reads float blocks; an int8 pool is gathered
 
-    def paged_decode(self, cache, layer: int, q, positions, seq_lens, tables):
-        if not self.reads_pool(cache.storage):
+    def paged_decode(self, cache: PagedPool, layer: int, q, positions, seq_lens, tables):
+        if not self.reads_pool(cache.codec):
             self.calls["arrays"] += 1
             return super().paged_decode(cache, layer, q, positions, seq_lens, tables)
         self.calls["paged_decode"] += 1
@@ -130,7 +198,7 @@ class KernelAttention(ArrayAttention):
         return paged_decode(xp.ascontiguousarray(q), cache.k[layer], cache.v[layer], tables.astype(np.int32),
                             seq_lens.astype(np.int32))
 
-    def paged_chunk(self, cache, layer: int, q, positions, table, num_keys: int):
+    def paged_chunk(self, cache: PagedPool, layer: int, q, positions, table, num_keys: int):
         """The chunk's blocks gathered (and dequantized) into contiguous keys, then flash_prefill: the kernel's
         layout, queries the last T of num_keys keys."""
         self.calls["flash_prefill"] += 1

@@ -54,6 +54,26 @@ def array_module(array):
     return np if isinstance(array, np.ndarray) else __import__("cupy").get_array_module(array)
 
 
+def quantize_int8_rows(x):
+    """x (..., n) float32 -> q (..., n) int8, scale (...,) float32 with x ~ q * scale[..., None].
+
+    Symmetric int8, one scale per row of the last axis: scale = max |x| / 127, q = round(x / scale) clipped to
+    [-127, 127], so the error per element is at most scale / 2. The one int8 arithmetic of the package: int8 weights
+    (a row is an output channel, quantize/schemes.py) and the int8 KV cache (a row is one (token, head) vector,
+    kv_storage.py) both call it. An all-zero row gets scale 1 (any scale stores zeros exactly).
+    """
+    xp = array_module(x)
+    scale = xp.abs(x).max(axis=-1) / float(INT8_MAX)                                # (...,)
+    scale = xp.where(scale > 0, scale, 1.0).astype(DTYPE)
+    q = xp.clip(xp.rint(x / scale[..., None]), -INT8_MAX, INT8_MAX).astype(np.int8)   # (..., n)
+    return q, scale
+
+
+def dequantize_int8_rows(q, scale):
+    """q (..., n) int8, scale (...,) float32 -> (..., n) float32: the inverse of quantize_int8_rows (up to rounding)."""
+    return q.astype(DTYPE) * scale[..., None]
+
+
 def to_host(array) -> np.ndarray:
     """A NumPy copy of a device array (a no-op for NumPy arrays): the only way results leave the device."""
     if isinstance(array, np.ndarray):
@@ -89,6 +109,11 @@ def synchronize(xp) -> None:
 
 # ----------------------------------------------------------------------------------------------- reservations
 
+def is_int(value) -> bool:
+    """An integer, as a setting means it: any Python or NumPy integer, but not a bool (True is not 1 token)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_count(name: str, value, low: int = 1) -> int:
     """A size argument (blocks, tokens, sequences) as a Python int >= low, or one InputError naming it.
 
@@ -96,7 +121,7 @@ def check_count(name: str, value, low: int = 1) -> int:
     fail deep inside NumPy, and a bool would silently count as 0 or 1.
     """
     accepted = "a positive integer" if low == 1 else f"an integer >= {low}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise InputError(f"{name} must be {accepted}, got {type(value).__name__} {value!r}")
     if value < low:
         raise InputError(f"{name} must be {accepted}, got {value}")

@@ -2,7 +2,7 @@
 
 Nothing in the model code hard-codes SmolLM2's sizes; they all come from here. For the default model:
 30 layers, d_model 576, 9 query heads sharing 3 KV heads (GQA 3:1), head_dim 64, FFN 1536, RoPE base 100000,
-context 8192, vocab 49152, tied embeddings.
+context 8192, vocab 49152, tied embeddings, interleaved RoPE pairs, no biases.
 """
 
 from __future__ import annotations
@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 from .errors import ModelFileError
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# general.architecture -> which dimensions RoPE rotates together (layers.apply_rope). The file does not say: its
+# architecture decides, as in llama.cpp's llama_model_rope_type (llama: interleaved pairs, "NORM"; qwen2, gemma3,
+# phi3 and others: split halves, "NEOX"). An architecture runs here only once it has an entry.
+ROPE_PAIRING = {"llama": "interleaved"}
+ROPE_PAIRINGS = ("interleaved", "neox")
+SUPPORTED_ARCHITECTURES = tuple(ROPE_PAIRING)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,12 @@ class ModelConfig:
     context_length: int    # the longest sequence the model was trained for
     vocab_size: int
     tied_embeddings: bool  # lm_head reuses token_embd (no output.weight tensor)
+    rope_pairing: str = "interleaved"   # "interleaved" (x[2i], x[2i+1]) or "neox" (x[i], x[i + d/2]): ROPE_PAIRING
+    bias_tensors: tuple[str, ...] = ()  # layer tensors the file gives a bias ("attn_q" for blk.N.attn_q.bias)
+
+    def __post_init__(self):
+        if self.rope_pairing not in ROPE_PAIRINGS:
+            raise ValueError(f"rope_pairing must be one of {ROPE_PAIRINGS}, got {self.rope_pairing!r}")
 
     @property
     def group_size(self) -> int:
@@ -57,6 +68,8 @@ class ModelConfig:
                                  "both must be at least 1")
         head_dim = int(_field(reader, f"{arch}.rope.dimension_count", d_model // n_heads))
         tensor_names = {t.name for t in reader.tensors}
+        biases = sorted(name[len("blk.0."):-len(".bias")] for name in tensor_names
+                        if name.startswith("blk.0.") and name.endswith(".bias"))
         embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
         if embd is None:
             raise ModelFileError("GGUF has no token_embd.weight tensor; not a llama-architecture model file")
@@ -74,6 +87,8 @@ class ModelConfig:
             context_length=int(_field(reader, f"{arch}.context_length")),
             vocab_size=vocab,
             tied_embeddings="output.weight" not in tensor_names,
+            rope_pairing=ROPE_PAIRING[arch],
+            bias_tensors=tuple(biases),
         )
         if head_dim * n_heads != d_model or n_heads % config.n_kv_heads or head_dim % 2:
             raise ModelFileError(f"unsupported head layout: {n_heads} heads x head_dim {head_dim} vs d_model "

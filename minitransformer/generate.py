@@ -10,14 +10,14 @@ text as it is produced; `generate()` runs the same loop to the end. Where the lo
 CachedRunner (prefill, then one token per step through the KV cache), no_cache.py's RecomputeRunner (the whole
 sequence again every step; lesson 04_cache_vs_no_cache compares them) or speculative/'s draft-and-verify runner
 (lesson 12_speculative_decoding), which also picks each verified row's token (accept the draft or resample).
+`Runner` below is what the loop asks of any of them, so the loop never asks which one it has.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Iterator
-
-import numpy as np
+from typing import Protocol
 
 from .decode import decode_step
 from .errors import InputError
@@ -27,11 +27,12 @@ from .metrics import now
 from .no_cache import RecomputeRunner
 from .prefill import prefill
 from .request import Delta, Request, RequestState, Result, make_request
-from .sampling import SamplingParams, compute_logprobs
+from .sampling import SamplingParams, request_logprobs
 from .speculative import SpeculativeRunner, make_config
 from .stopping import check_abort
 
-__all__ = ["generate", "stream", "make_request", "Request", "Result", "Delta", "CachedRunner", "make_runner"]
+__all__ = ["generate", "stream", "make_request", "Request", "Result", "Delta", "Runner", "CachedRunner",
+           "make_runner"]
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -91,6 +92,33 @@ def check_stream_options(timeout, cancel) -> None:
         raise InputError(f"cancel must have an is_set() method (a threading.Event), got {type(cancel).__name__}")
 
 
+class Runner(Protocol):
+    """What the loop asks of where its logits come from: CachedRunner, no_cache.RecomputeRunner and
+    speculative.SpeculativeRunner each provide it.
+
+    first_logits() -> (1, V) after the prompt; next_logits(token) -> (1, V) after it; sample_next(logits, state) ->
+    the token for that row (plain sampling, state.sample; the speculative runner may accept a draft instead);
+    kv_tokens / kv_bytes: the KV cache held (the Result reports them); release() frees it; report() -> the dict
+    Result.speculative carries, or None.
+    """
+
+    def first_logits(self): ...
+
+    def next_logits(self, token: int): ...
+
+    def sample_next(self, logits, state: RequestState) -> int: ...
+
+    @property
+    def kv_tokens(self) -> int: ...
+
+    @property
+    def kv_bytes(self) -> int: ...
+
+    def release(self) -> None: ...
+
+    def report(self) -> dict | None: ...
+
+
 class CachedRunner:
     """Where the model's logits come from in the normal loop: prefill once, then one token per step via the cache."""
 
@@ -103,6 +131,12 @@ class CachedRunner:
 
     def next_logits(self, token: int):
         return decode_step(self.model, [token], self.cache)                 # (1, V)
+
+    def sample_next(self, logits, state: RequestState) -> int:
+        return state.sample(logits)
+
+    def report(self) -> None:
+        return None
 
     @property
     def kv_tokens(self) -> int:
@@ -118,7 +152,7 @@ class CachedRunner:
 
 # ---------------------------------------------------------------------------------------------------- the loop
 
-def make_runner(model, request: Request, use_cache: bool, speculative=None, storage: str = "f32"):
+def make_runner(model, request: Request, use_cache: bool, speculative=None, storage: str = "f32") -> Runner:
     """Where the loop's logits come from: the speculative runner, the KV cache, or the recompute baseline."""
     if speculative is not None:
         return SpeculativeRunner(model, request, speculative, storage)
@@ -127,10 +161,9 @@ def make_runner(model, request: Request, use_cache: bool, speculative=None, stor
     return RecomputeRunner(model, request.prompt_token_ids)
 
 
-def _run(model, request: Request, deadline: float | None, cancel, runner) -> Iterator[Delta]:
+def _run(model, request: Request, deadline: float | None, cancel, runner: Runner) -> Iterator[Delta]:
     state = RequestState(request, model.tokenizer, model.config.context_length,
                          kv_usage=lambda: (runner.kv_tokens, runner.kv_bytes))
-    speculative = isinstance(runner, SpeculativeRunner)
     try:
         state.metrics.mark_scheduled()
         abort = check_abort(deadline, cancel)
@@ -138,15 +171,13 @@ def _run(model, request: Request, deadline: float | None, cancel, runner) -> Ite
         logits = runner.first_logits() if delta is None else None             # prefill: (1, V)
         while delta is None:
             # sample: the plain choice, or (speculative) accept / resample against a draft
-            token = runner.sample_next(logits, state) if speculative else state.sample(logits)
-            if state.logprobs is not None:                                    # of the raw logits, as vLLM reports
-                state.logprobs.extend(compute_logprobs(logits, np.asarray([token]), request.params.logprobs))
-            delta = state.append(token, abort=check_abort(deadline, cancel))  # detokenize, stop checks
+            token = runner.sample_next(logits, state)
+            logprobs = request_logprobs(logits, [token], [state])[0]          # of the raw logits, as vLLM reports
+            delta = state.append(token, logprobs, abort=check_abort(deadline, cancel))   # detokenize, stop checks
             if delta.finish_reason is None:
                 yield delta
                 logits, delta = runner.next_logits(token), None               # decode: (1, V)
     finally:
         runner.release()                                     # also when the consumer stops iterating early
-    if speculative:
-        delta.result.speculative = runner.stats.to_dict()
+    delta.result.speculative = runner.report()
     yield delta

@@ -11,30 +11,33 @@ token. GQA is why kv_heads (3) and not query heads (9) appear there: the cache i
 The cache is preallocated for prompt + max_tokens (so appending never reallocates or copies) and shared by a batch of
 sequences that all have the same length (same-length prompts decoded in lock step). Ragged batches, where every
 sequence has its own length, are the paged cache's job (serving/paged_cache.py). Both caches speak the protocol the
-model's forward uses (model.py) and both store float32 or int8 (kv_storage.py).
+model's forward uses (attention_backend.ForwardCache) and both store by any codec of kv_storage.CODECS (float32, int8).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .attention_backend import AttentionBackend
 from .backend import DTYPE, check_count, check_memory
 from .config import ModelConfig
 from .errors import InputError
-from .kv_storage import KVStorage, bytes_per_vector, check_storage
+from .kv_storage import KVStorage, check_storage
+
+
+def kv_bytes_per_token(config: ModelConfig, storage: str = "f32", dtype=DTYPE) -> int:
+    """Bytes of one token's keys and values in every layer: 2 (K and V) x layers x kv_heads x the bytes of one
+    (token, head) vector in `storage` (kv_storage.CODECS: head_dim values at `dtype` for f32; head_dim int8 values
+    and a 4-byte scale for int8). The one KV-bytes formula: the caches, the engine, bench/ and the lessons count
+    through it."""
+    per_vector = check_storage(storage).bytes_per_vector(config.head_dim, dtype)
+    return 2 * config.n_layers * config.n_kv_heads * per_vector
 
 
 def estimate_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype=DTYPE, storage: str = "f32") -> int:
-    """Bytes of K and V for `tokens` tokens of `batch` sequences: 2 * layers * batch * kv_heads * tokens * (bytes of
-    one head_dim vector: head_dim * itemsize, or head_dim + a 4-byte scale for int8 storage). Equal to a cache's
-    `bytes_used` at that length (tests/test_kv_cache.py checks it)."""
-    per_vector = bytes_per_vector(config.head_dim, storage, dtype)
-    return 2 * config.n_layers * batch * config.n_kv_heads * tokens * per_vector
-
-
-def estimate_int8_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1) -> int:
-    """estimate_kv_bytes for int8 storage (lesson 13 prints both)."""
-    return estimate_kv_bytes(config, tokens, batch, storage="int8")
+    """Bytes of K and V for `tokens` tokens of `batch` sequences: batch x tokens x kv_bytes_per_token. Equal to a
+    cache's `bytes_used` at that length (tests/test_kv_cache.py checks it)."""
+    return batch * tokens * kv_bytes_per_token(config, storage, dtype)
 
 
 def check_sizes(config: ModelConfig, max_len, batch, nbytes_of, xp) -> tuple[int, int]:
@@ -52,10 +55,11 @@ def check_sizes(config: ModelConfig, max_len, batch, nbytes_of, xp) -> tuple[int
 class KVCache:
     """K and V for `batch` sequences, each (layers, batch, kv_heads, max_len, head_dim), filled to `length`.
 
-    The model's protocol (model.py): `attend(layer, q, k, v, positions, attention)` once per layer of a forward
-    pass stores the new keys at [length, length + T) and attends to [0, length + T); `advance(T)` after the pass
-    moves `length` on. Invariant: the T tokens passed in sit at positions length, length + 1, ... (prefill.py and
-    decode.py make them so). storage "f32" or "int8" (kv_storage.py): attention sees float32 either way.
+    The model's protocol (attention_backend.ForwardCache): `attend(layer, q, k, v, positions, attention)` once per
+    layer of a forward pass stores the new keys at [length, length + T) and attends to [0, length + T); `advance(T)`
+    after the pass moves `length` on. Invariant: the T tokens passed in sit at positions length, length + 1, ...
+    (prefill.py and decode.py make them so). storage: a codec name of kv_storage.CODECS ("f32", "int8"); attention
+    sees float32 either way.
     """
 
     def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np, dtype=DTYPE, storage: str = "f32"):
@@ -65,7 +69,8 @@ class KVCache:
         self.config, self.max_len, self.batch, self.xp = config, max_len, batch, xp
         shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
         self.store = KVStorage(shape, storage, xp, dtype)   # k, v (layers, batch, kv_heads, max_len, head_dim)
-        self.storage, self.dtype = storage, self.store.dtype    # dtype of the stored values (int8 for "int8")
+        self.storage, self.codec = storage, self.store.codec    # the codec's name, the codec (kv_storage.CODECS)
+        self.dtype = self.store.dtype                          # dtype of the stored values (int8 for "int8")
         self.length = 0                                     # tokens stored per sequence
         self.key_positions = xp.broadcast_to(xp.arange(max_len), (batch, max_len))   # (batch, max_len)
 
@@ -74,7 +79,7 @@ class KVCache:
 
     # ------------------------------------------------------------------ the model's protocol
 
-    def attend(self, layer: int, q, k_new, v_new, positions, attention):
+    def attend(self, layer: int, q, k_new, v_new, positions, attention: AttentionBackend):
         """Store this step's keys/values of `layer` and attend to everything stored.
 
         q (B, H, T, d), k_new, v_new (B, K, T, d) -> (B, H, T, d), through `attention` (the model's choice of
@@ -131,9 +136,3 @@ class KVCache:
         """Drop the arrays (a finished or aborted request gives its memory back). The length is kept for reports."""
         self.store = None
 
-
-class Int8KVCache(KVCache):
-    """KVCache with int8 storage, under its own name for the tools that take a cache class (lesson 13, quality.py)."""
-
-    def __init__(self, config: ModelConfig, max_len: int, batch: int = 1, xp=np):
-        super().__init__(config, max_len, batch, xp, storage="int8")

@@ -19,8 +19,8 @@ from .backend import DTYPE, array_module
 def rms_norm(x, weight, eps: float):
     """RMSNorm: x / sqrt(mean(x^2) + eps) * weight.   x (..., D), weight (D,) -> (..., D)."""
     xp = array_module(x)
-    # sum * (1/D) rather than .mean() (equal to within float32 rounding): mean() adds a Python-level wrapper of
-    # ~5 us, paid 61 times per decode step. eps and 1/D are Python floats: the result stays float32.
+    # sum * (1/D) rather than .mean() (equal to within float32 rounding): mean() adds a Python-level wrapper,
+    # paid 61 times per decode step. eps and 1/D are Python floats: the result stays float32.
     mean_square = (x * x).sum(axis=-1, keepdims=True) * (1.0 / x.shape[-1])   # (..., 1)
     return x / xp.sqrt(mean_square + eps) * weight
 
@@ -37,21 +37,30 @@ def rope_table(max_positions: int, head_dim: int, base: float):
     return np.cos(angles).astype(DTYPE), np.sin(angles).astype(DTYPE)
 
 
-def apply_rope(x, cos, sin):
-    """Rotate adjacent pairs (x[2i], x[2i+1]) by their angle.   x (B, heads, T, d); cos, sin (B, T, d/2).
+def apply_rope(x, cos, sin, pairing: str = "interleaved"):
+    """Rotate each pair of dimensions by its angle.   x (B, heads, T, d); cos, sin (B, T, d/2).
 
-    Why adjacent pairs: llama.cpp's GGUF converter permutes the rows of the Q and K weights so that each rotated
-    pair sits side by side (HF's checkpoints instead pair dimension i with i + d/2, "rotate half"). Pairing
-    (i, i + d/2) on GGUF weights still answers " Paris" but its logits are off by up to 6: test logits, not words.
+    Which dimensions form pair i is the model's (ModelConfig.rope_pairing, from the architecture, as llama.cpp
+    decides it): "interleaved" pairs (x[2i], x[2i+1]), "neox" pairs (x[i], x[i + d/2]) ("rotate half").
+    Why llama is interleaved: llama.cpp's GGUF converter permutes the rows of its Q and K weights so that each
+    rotated pair sits side by side (HF's llama checkpoints pair i with i + d/2). The wrong pairing on GGUF weights
+    still answers " Paris" but its logits are off by up to 6: test logits, not words.
     """
     xp = array_module(x)
     B, n_heads, T, d = x.shape
+    cos, sin = cos[:, None], sin[:, None]                        # (B, 1, T, d/2): same angle for every head
+    if pairing == "neox":
+        halves = x.reshape(B, n_heads, T, 2, d // 2)
+        first, second = halves[..., 0, :], halves[..., 1, :]     # (B, heads, T, d/2) each
+        rotated = xp.empty(halves.shape, dtype=x.dtype)          # (B, heads, T, 2, d/2)
+        rotated[..., 0, :] = first * cos - second * sin
+        rotated[..., 1, :] = first * sin + second * cos
+        return rotated.reshape(B, n_heads, T, d)
     pairs = x.reshape(B, n_heads, T, d // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]                     # (B, heads, T, d/2) each
-    cos, sin = cos[:, None], sin[:, None]                        # (B, 1, T, d/2): same angle for every head
-    rotated = xp.empty(pairs.shape, dtype=x.dtype)               # (B, heads, T, d/2, 2); filled in place, which
-    rotated[..., 0] = even * cos - odd * sin                     # at decode is ~4 us per call cheaper than
-    rotated[..., 1] = even * sin + odd * cos                     # xp.stack (60 calls per token)
+    rotated = xp.empty(pairs.shape, dtype=x.dtype)               # (B, heads, T, d/2, 2): filled in place, not
+    rotated[..., 0] = even * cos - odd * sin                     # built by xp.stack, which would allocate a
+    rotated[..., 1] = even * sin + odd * cos                     # temporary for each half first
     return rotated.reshape(B, n_heads, T, d)
 
 

@@ -15,7 +15,7 @@ from .attention_backend import choose_attention
 from .backend import DTYPE, get_xp
 from .config import ModelConfig
 from .errors import InputError, ModelFileError
-from .model import LayerWeights, Transformer
+from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer
 from .quantize import quantize_model
 from .tokenizer import Tokenizer
 from .weights import dequantize, open_gguf, resolve_model_path
@@ -54,21 +54,10 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
                                  "metadata")
         return xp.asarray(array, dtype=DTYPE)
 
-    D, F, V = config.d_model, config.ffn_dim, config.vocab_size
-    layers = []
-    for i in range(config.n_layers):
-        p = f"blk.{i}."
-        layers.append(LayerWeights(
-            attn_norm=load(p + "attn_norm.weight", (D,)),
-            w_qkv=xp.concatenate([load(p + "attn_q.weight", (D, config.q_dim), transpose=True),
-                                  load(p + "attn_k.weight", (D, config.kv_dim), transpose=True),
-                                  load(p + "attn_v.weight", (D, config.kv_dim), transpose=True)], axis=1),
-            wo=load(p + "attn_output.weight", (config.q_dim, D), transpose=True),
-            ffn_norm=load(p + "ffn_norm.weight", (D,)),
-            w_gate_up=xp.concatenate([load(p + "ffn_gate.weight", (D, F), transpose=True),
-                                      load(p + "ffn_up.weight", (D, F), transpose=True)], axis=1),
-            w_down=load(p + "ffn_down.weight", (F, D), transpose=True),
-        ))
+    check_no_biases(config, path)
+    D, V = config.d_model, config.vocab_size
+    layers = [LayerWeights(**{w.field: load_layer_weight(load, w, config, i, xp) for w in LAYER_WEIGHTS})
+              for i in range(config.n_layers)]
     embedding = load("token_embd.weight", (V, D))
     lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
     final_norm = load("output_norm.weight", (D,))
@@ -79,6 +68,22 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
         model = quantize_model(model, "f16", embedding="f16")
         model.load_seconds = time.perf_counter() - start
     return model
+
+
+def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int, xp):
+    """One entry of LAYER_WEIGHTS for block `layer`: its GGUF tensors, each checked against its shape from the
+    config, laid side by side as columns (q | k | v, gate | up): a vector as it is, a matrix as (in, out)."""
+    parts = [load(name, shape, transpose=weight.is_matrix)
+             for name, (_, shape) in zip(weight.gguf_names(layer), weight.tensor_shapes(config))]
+    return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=1)
+
+
+def check_no_biases(config: ModelConfig, path) -> None:
+    """The forward pass adds no biases, so a file that gives a layer weight one is refused rather than run wrong."""
+    with_bias = [w.field for w in LAYER_WEIGHTS if w.has_bias(config)]
+    if with_bias:
+        raise ModelFileError(f"{path}: the layers' {', '.join(with_bias)} have biases "
+                             f"({', '.join(config.bias_tensors)}), which minitransformer does not add yet")
 
 
 def check_dtype(dtype: str) -> None:

@@ -2,12 +2,14 @@
 
     token ids -> embedding -> n_layers x [RMSNorm -> attention (RoPE, GQA, causal) -> + residual
                                           RMSNorm -> SwiGLU feed-forward         -> + residual]
-              -> RMSNorm -> lm_head (tied to the embedding) -> logits
+              -> RMSNorm -> lm_head (the embedding seen transposed when tied, else output.weight) -> logits
 
 Every activation is float32 and every matmul is 2-D: `(B, T, D) @ (D, O)` would make NumPy loop over the batch rows,
 one small matmul each, far slower than one 2-D matmul, so hidden states live as (B*T, D) and are viewed as heads only
 inside attention.
 Weights are dequantized once at load time (loading.py) and stored once, in the (in, out) layout that `x @ w` wants.
+LAYER_WEIGHTS below is the one description of a layer's weights (GGUF tensors, shapes); loading, quantization,
+the cost model, the figures and the scripts iterate it rather than naming the weights again.
 
 One forward pass serves every caller: a whole prompt, a decode step, the serving engine's flat batch of many
 sequences' tokens laid end to end (B = 1), a CUDA-graph replay, and the self-drafter's first layers (`layers=L`).
@@ -19,18 +21,19 @@ A cache is any object with
                                                           (B, K, T, d), out (B, H, T, d)
     advance(T)                                            after the pass: the T tokens are stored
 
-(kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool). `attention` is the model's one choice
-of arrays or kernels (attention_backend.py), made at load. With no cache the T tokens attend to each other.
+(attention_backend.ForwardCache: kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool).
+`attention` is the model's one choice of arrays or kernels (attention_backend.AttentionBackend), made at load.
+With no cache the T tokens attend to each other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .attention_backend import ArrayAttention
+from .attention_backend import ArrayAttention, AttentionBackend, ForwardCache
 from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
@@ -38,9 +41,60 @@ from .layers import apply_rope, rms_norm, swiglu
 from .rope import RopeTable
 
 
+@dataclass(frozen=True)
+class LayerWeight:
+    """One weight of a decoder layer: the LayerWeights field it is stored in, the GGUF tensors it is made of, and
+    its shape, in ModelConfig's sizes.
+
+    Why a table: loading reads these tensors, quantization replaces the matrices, the cost model multiplies by them,
+    the figure draws them and the profile script sums them. Written once here, a new architecture's layer (or a
+    bias) is one edit, and none of those places can disagree with the model about a shape.
+    """
+    field: str                      # the LayerWeights attribute: "w_qkv"
+    label: str                      # its short name in cost tables and figures: "qkv"
+    tensors: tuple[str, ...]        # GGUF tensors "blk.{i}.<name>.weight", side by side as columns in this order
+    columns: tuple[str, ...]        # ModelConfig size of each tensor's outputs (for a vector: its length)
+    rows: str | None = None         # ModelConfig size of the inputs, None for a vector (a norm's scale)
+
+    @property
+    def is_matrix(self) -> bool:
+        return self.rows is not None
+
+    def tensor_shapes(self, config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+        """(GGUF tensor suffix, its shape in model.py's layout: (in, out) for a matrix, (n,) for a vector)."""
+        sizes = [getattr(config, c) for c in self.columns]
+        if not self.is_matrix:
+            return [(t, (n,)) for t, n in zip(self.tensors, sizes)]
+        return [(t, (getattr(config, self.rows), n)) for t, n in zip(self.tensors, sizes)]
+
+    def shape(self, config: ModelConfig) -> tuple[int, ...]:
+        """The stored shape: the parts' columns side by side, (in, sum of outs) for a matrix, (n,) for a vector."""
+        shapes = [shape for _, shape in self.tensor_shapes(config)]
+        return (*shapes[0][:-1], sum(shape[-1] for shape in shapes))
+
+    def gguf_names(self, layer: int) -> list[str]:
+        return [f"blk.{layer}.{t}.weight" for t in self.tensors]
+
+    def has_bias(self, config: ModelConfig) -> bool:
+        """True when the file gives any of this weight's tensors a bias (ModelConfig.bias_tensors)."""
+        return any(t in config.bias_tensors for t in self.tensors)
+
+
+# One llama decoder layer, in forward order: the fields of LayerWeights, in the same order (tests/test_model.py).
+LAYER_WEIGHTS = (
+    LayerWeight("attn_norm", "attn norm", ("attn_norm",), ("d_model",)),
+    LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model"),
+    LayerWeight("wo", "wo", ("attn_output",), ("d_model",), rows="q_dim"),
+    LayerWeight("ffn_norm", "ffn norm", ("ffn_norm",), ("d_model",)),
+    LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model"),
+    LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim"),
+)
+LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
+
+
 @dataclass
 class LayerWeights:
-    """One decoder layer's weights, each in the layout its matmul wants.
+    """One decoder layer's weights, each in the layout its matmul wants (LAYER_WEIGHTS describes each field).
 
     Q, K and V are one (D, H*d + 2*K*d) matrix and gate and up one (D, 2F) matrix: x @ w_qkv is one matmul where
     three would each pay a call and a pass over x, and at decode a matrix-vector product is limited by how fast its
@@ -82,7 +136,7 @@ class Transformer:
 
     def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
                  lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0,
-                 attention=None):
+                 attention: AttentionBackend | None = None):
         self.config = config
         self.tokenizer = tokenizer
         self.embedding = embedding          # (V, D): row i is token i's vector
@@ -106,8 +160,8 @@ class Transformer:
 
     # ------------------------------------------------------------------ the forward pass, in reading order
 
-    def forward(self, token_ids, positions, cache=None, layers: int | None = None, logits_rows=None,
-                last_only: bool = False):
+    def forward(self, token_ids, positions, cache: ForwardCache | None = None, layers: int | None = None,
+                logits_rows=None, last_only: bool = False):
         """token_ids (B, T), positions (B, T) -> logits (B, T, V); with last_only (B, V) of each row's last token;
         with logits_rows (R,) only those rows of the B*T (row b*T + t), -> (R, V): the rows that will sample.
 
@@ -130,7 +184,7 @@ class Transformer:
             return self.output_logits(h[logits_rows])                      # (R, V)
         return self.output_logits(h).reshape(B, T, -1)                     # (B, T, V)
 
-    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, cache):
+    def attention_block(self, index: int, layer: LayerWeights, x, positions, cos, sin, cache: ForwardCache | None):
         """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
         B, T = positions.shape
         q, k, v = self.project_qkv(layer, x, B, T, cos, sin)   # (B, H, T, d), (B, K, T, d), (B, K, T, d)
@@ -146,16 +200,14 @@ class Transformer:
         H, K = cfg.n_heads, cfg.n_kv_heads
         qkv = x @ layer.w_qkv                                                       # (B*T, (H + 2K) * d)
         heads = qkv.reshape(B, T, H + 2 * K, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, H + 2K, T, d)
-        qk = apply_rope(heads[:, :H + K], cos, sin)            # (B, H + K, T, d): q and k rotated in one call
+        qk = apply_rope(heads[:, :H + K], cos, sin, self.rope.pairing)   # (B, H + K, T, d): q and k in one call
         return qk[:, :H], qk[:, H:], heads[:, H + K:]
 
     def output_logits(self, h):
         """The final RMSNorm and lm_head: h (R, D) last hidden states -> logits (R, V), one score per token.
 
         One matmul whatever R is: with tied embeddings lm_head is the (V, D) embedding table seen transposed (a
-        view), which BLAS reads as it is stored. (An earlier version multiplied 4096 vocabulary rows at a time as
-        (lm_head.T @ x.T).T; timed in turns on this project's 2-core machine, the one call is faster at every R from 1
-        to 64, 9.9 vs 11.1 ms at 16 rows.)
+        view), which BLAS reads as it is stored, so splitting the vocabulary into blocks only adds calls.
         """
         x = rms_norm(h, self.final_norm, self.config.norm_eps)            # (R, D)
         return x @ self.lm_head                                            # (R, V)
@@ -199,8 +251,8 @@ class Transformer:
     @property
     def weight_bytes(self) -> int:
         """Bytes of all weights as stored (the tied lm_head is a view and is not counted twice)."""
-        arrays = [self.embedding, self.final_norm] + [getattr(layer, f.name) for layer in self.layers
-                                                      for f in fields(LayerWeights)]
+        arrays = [self.embedding, self.final_norm] + [getattr(layer, w.field) for layer in self.layers
+                                                      for w in LAYER_WEIGHTS]
         if not self.config.tied_embeddings:
             arrays.append(self.lm_head)
         return sum(int(a.nbytes) for a in arrays)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 
 class RecomputeRunner:
-    """Stands where generate.py's CachedRunner stands, but keeps token ids instead of keys and values."""
+    """Stands where generate.py's CachedRunner stands (generate.Runner), but keeps token ids instead of keys and
+    values."""
 
     def __init__(self, model, prompt_ids: list[int]):
         self.model = model
@@ -29,8 +30,14 @@ class RecomputeRunner:
         n = len(self.ids)
         return self.model.forward(xp.asarray(self.ids)[None], xp.arange(n)[None], last_only=True)
 
+    def sample_next(self, logits, state) -> int:
+        return state.sample(logits)              # plain sampling (request.RequestState)
+
     kv_tokens = 0                                # nothing is cached
     kv_bytes = 0
 
     def release(self) -> None:
         pass
+
+    def report(self) -> None:
+        return None

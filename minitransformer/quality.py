@@ -73,13 +73,12 @@ def log_softmax(logits):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def window_logits(model, ids, cache_class=None):
-    """All next-token logits (T, V) of one window of ids, run as a prompt (through `cache_class` when given: the
-    keys and values then come back from the cache, so an int8 cache's rounding is in the result)."""
-    xp = model.xp
-    if cache_class is None:
-        return model.forward(xp.asarray([ids]), xp.arange(len(ids))[None])[0]
-    return prefill(model, ids, cache_class(model.config, len(ids), xp=xp), all_logits=True)[0]
+def window_logits(model, ids, storage: str = "f32"):
+    """All next-token logits (T, V) of one window of ids, run as a prompt through a KV cache stored as `storage`
+    (a codec of kv_storage.CODECS): the keys and values come back from the cache, so an int8 cache's rounding is in
+    the result (float32 storage gives exactly the logits of a forward without a cache)."""
+    cache = KVCache(model.config, len(ids), xp=model.xp, storage=storage)
+    return prefill(model, ids, cache, all_logits=True)[0]
 
 
 @dataclass
@@ -116,7 +115,8 @@ class Scores:
 
 
 def score_corpus(settings: dict, ids: list[int], window: int = 256) -> dict[str, Scores]:
-    """settings: name -> (model, cache_class or None); the first is the reference (float32).
+    """settings: name -> (model, KV storage: a codec name of kv_storage.CODECS); the first is the reference
+    (float32 weights and cache).
 
     The corpus ids are cut into windows of `window` tokens, each run on its own (its first token is context only).
     """
@@ -127,8 +127,8 @@ def score_corpus(settings: dict, ids: list[int], window: int = 256) -> dict[str,
             break
         targets = np.asarray(chunk[1:])                                              # (T-1,)
         reference = None
-        for name, (model, cache_class) in settings.items():
-            logp = log_softmax(window_logits(model, chunk, cache_class))[:-1]        # (T-1, V)
+        for name, (model, storage) in settings.items():
+            logp = log_softmax(window_logits(model, chunk, storage))[:-1]            # (T-1, V)
             if reference is None:
                 reference = logp
             s = scores[name]
@@ -139,10 +139,10 @@ def score_corpus(settings: dict, ids: list[int], window: int = 256) -> dict[str,
     return scores
 
 
-def greedy(model, prompt_ids: list[int], n: int, cache_class=KVCache) -> tuple[list[int], float]:
+def greedy(model, prompt_ids: list[int], n: int, storage: str = "f32") -> tuple[list[int], float]:
     """n greedy tokens after the prompt through the stages (prefill, decode_step) -> (tokens, seconds of the n - 1
-    decode steps). `cache_class` picks the KV cache (KVCache or quantize.Int8KVCache)."""
-    cache = cache_class(model.config, len(prompt_ids) + n, xp=model.xp)
+    decode steps), the keys and values stored as `storage` (a codec name of kv_storage.CODECS)."""
+    cache = KVCache(model.config, len(prompt_ids) + n, xp=model.xp, storage=storage)
     tokens = [int(to_host(prefill(model, prompt_ids, cache)).argmax(-1)[0])]
     start = time.perf_counter()
     for _ in range(n - 1):
@@ -154,10 +154,10 @@ def greedy(model, prompt_ids: list[int], n: int, cache_class=KVCache) -> tuple[l
 def score_greedy(settings: dict, scores: dict[str, Scores], prompts: list[list[int]], n: int = 64) -> None:
     """Add greedy agreement and decode speed to `scores`, for the same settings as score_corpus."""
     reference: dict[int, list[int]] = {}                 # prompt index -> the first setting's (float32) tokens
-    for name, (model, cache_class) in settings.items():
+    for name, (model, storage) in settings.items():
         s = scores[name]
         for i, prompt in enumerate(prompts):
-            tokens, seconds = greedy(model, prompt, n, cache_class or KVCache)
+            tokens, seconds = greedy(model, prompt, n, storage)
             expected = reference.setdefault(i, tokens)
             s.greedy_same.append(next((j for j, (a, b) in enumerate(zip(tokens, expected)) if a != b), n))
             s.greedy_total += n

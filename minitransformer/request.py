@@ -3,8 +3,10 @@ speculative runner (drafted tokens).
 
     make_request(model, prompt, params)  tokenize (through the chat template when chat) and check the limits -> Request
     RequestState(request, ...)           its output so far: detokenizer, random stream, metrics, logprobs
-    state.append(token) -> Delta         the stages after sampling: detokenize, stop checks, stream the new text;
-                                         the Delta that finishes the request carries its Result
+    state.sample(logits) -> token        this request's next token (sampling.py's pipeline, one row)
+    state.append(token, logprobs)        the stages after sampling: record the token's logprobs, detokenize, stop
+      -> Delta                           checks, stream the new text; the Delta that finishes the request carries
+                                         its Result
 
 Whatever loop produced the token, finishing (the stop rules, cutting a stop string, the 12-field Result) happens here
 and only here, so a request's text and finish reason cannot depend on which loop served it.
@@ -22,9 +24,9 @@ import numpy as np
 from .detokenizer import IncrementalDetokenizer
 from .errors import InputError
 from .metrics import RequestMetrics, Usage, now
-from .sampling import make_generator, sample
+from .sampling import make_generator, sample_tokens
 from .sampling_params import SamplingParams
-from .stopping import StopDecision, check_stop, mask_tokens, tokens_to_suppress
+from .stopping import StopDecision, check_stop, tokens_to_suppress
 
 _request_ids = itertools.count()
 
@@ -97,8 +99,13 @@ class RequestState:
         self._logprobs_streamed = 0                                     # entries already carried by a Delta
         self.decision: StopDecision | None = None
 
-    params = property(lambda self: self.request.params)
-    prompt_token_ids = property(lambda self: self.request.prompt_token_ids)
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
 
     @property
     def suppressed(self) -> tuple[int, ...]:
@@ -106,15 +113,18 @@ class RequestState:
         return tokens_to_suppress(self.params, len(self.output_ids), self.tokenizer.eos_id)
 
     def sample(self, logits) -> int:
-        """This request's next token from logits (1, V), drawn with its own generator (vLLM's order: sampling.py),
-        EOS and the stop ids masked until min_tokens. The Engine samples many requests in one batched call."""
-        logits = mask_tokens(logits, [self.suppressed])
-        return int(sample(logits, [self.params], [self.generator], [self.prompt_token_ids], [self.output_ids])[0])
+        """This request's next token from raw logits (1, V): sampling.py's pipeline on one row, with the request's
+        own generator and EOS and the stop ids suppressed until min_tokens. The Engine samples many requests in one
+        call (sampling.next_tokens), the same pipeline."""
+        return int(sample_tokens(logits, [self])[0])
 
-    def append(self, token: int, abort: StopDecision | None = None) -> Delta:
-        """The stages after sampling one token: detokenize, check the stop rules, and stream the new text. The Delta
-        that finishes the request carries its Result (finish_reason set). abort: a timeout or cancel noticed now
+    def append(self, token: int, logprobs: dict | None = None, abort: StopDecision | None = None) -> Delta:
+        """The stages after sampling one token: record its logprobs (sampling.request_logprobs' entry, when the
+        request asked for them), detokenize, check the stop rules, and stream the new text. The Delta that finishes
+        the request carries its Result (finish_reason set). abort: a timeout or cancel noticed now
         (stopping.check_abort), which ends the request after this token unless a stop rule already does."""
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
         self.output_ids.append(token)
         self.metrics.mark_token()
         new_chars = self.detokenizer.add_token(token)
@@ -140,7 +150,7 @@ class RequestState:
         return Delta(final_text, list(new_tokens), decision.finish_reason, result, self._new_logprobs())
 
     def _new_logprobs(self) -> list[dict] | None:
-        """The logprob entries no Delta has carried yet (the sampler records them before append)."""
+        """The logprob entries no Delta has carried yet (append records each token's entry first)."""
         if self.logprobs is None:
             return None
         new, self._logprobs_streamed = self.logprobs[self._logprobs_streamed:], len(self.logprobs)

@@ -1,4 +1,6 @@
-"""The RoPE table: cos and sin of every rotation angle, precomputed for the positions in use (layers.rope_table).
+"""The RoPE table: cos and sin of every rotation angle, precomputed for the positions in use (layers.rope_table),
+and the model's pairing of dimensions (ModelConfig.rope_pairing, from its architecture) that layers.apply_rope
+rotates with them.
 
 It covers what is used, not the context the model file declares: a GGUF may declare billions of positions, tens of
 GiB of table. At load it covers ROPE_TABLE_POSITIONS (or the whole context, if shorter, as for the default model);
@@ -20,10 +22,12 @@ ROPE_TABLE_POSITIONS = 8192     # positions covered at load (fewer if the contex
 
 
 class RopeTable:
-    """cos, sin: (positions, head_dim / 2) float32 each, on the model's device; row p rotates position p."""
+    """cos, sin: (positions, head_dim / 2) float32 each, on the model's device; row p rotates position p.
+    pairing: which dimensions each angle rotates together, "interleaved" or "neox" (layers.apply_rope)."""
 
     def __init__(self, config: ModelConfig, xp):
         self.config, self.xp = config, xp
+        self.pairing = config.rope_pairing
         self.cos = self.sin = None
         self.positions = 0
         self.reserve(min(config.context_length, ROPE_TABLE_POSITIONS))

@@ -2,7 +2,16 @@
 
 The order is vLLM v1's sampler (vllm/v1/sample/sampler.py), so every knob means what it means there:
 
-    penalties -> greedy argmax kept aside -> temperature -> min_p -> top_k -> top_p -> draw
+    suppression (min_tokens) -> penalties -> greedy argmax kept aside -> temperature -> min_p -> top_k -> top_p
+    -> draw -> logprobs (of the raw logits)
+
+This file is the one place that order is written. Every loop samples requests through it: `next_tokens(logits,
+states)` runs the whole stage for a batch of requests (the serving Engine), `sample_tokens` the same without the
+logprobs (generate.py's loop, one row, through request.RequestState.sample), `distribution` stops before the draw
+(the speculative runner's target and draft distributions), and `request_logprobs` reports what each request asked
+for. A request is anything with the five attributes of `SamplingState` (request.RequestState is one; `SamplingRow`
+spells one out for callers without a request); `sample`, `filtered_probs` and `apply_penalties` are the row-wise
+stages beneath, which the lessons call directly.
 
 Everything is batched over rows, each row with its own SamplingParams and its own random generator: generate.py
 calls it with one row, the serving engine with many. A seeded request must give the same tokens whatever it is
@@ -17,7 +26,8 @@ Shapes: B rows (requests), V vocabulary.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -37,7 +47,90 @@ def make_generator(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-# --- the stage --------------------------------------------------------------------------------------------------
+# --- the stage, for requests ------------------------------------------------------------------------------------
+
+class SamplingState(Protocol):
+    """What the sampler reads of one request. request.RequestState is one (so generate()'s loop, the Engine's
+    Sequence and the speculative runner all sample the same request the same way); SamplingRow is another."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def output_ids(self) -> Sequence[int]: ...               # tokens generated so far (the penalties count them)
+
+    @property
+    def suppressed(self) -> Sequence[int]: ...               # ids that must not come next (stopping.tokens_to_suppress)
+
+    @property
+    def generator(self) -> np.random.Generator | None: ...   # the request's own random stream (None: greedy only)
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """A SamplingState spelled out, for a caller without a request: a drafter sampling ahead of the verified
+    output, a lesson."""
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_ids: Sequence[int]
+    suppressed: Sequence[int] = ()
+    generator: np.random.Generator | None = None
+
+
+def next_tokens(logits, states: Sequence[SamplingState]) -> tuple[np.ndarray, list[dict | None]]:
+    """The whole stage for a batch of requests.   raw logits (B, V) -> (B,) int64 token ids on the host, and row b's
+    logprobs entry (compute_logprobs' dict; None when its request asked for none)."""
+    tokens = sample_tokens(logits, states)                                       # (B,)
+    return tokens, request_logprobs(logits, tokens, states)
+
+
+def sample_tokens(logits, states: Sequence[SamplingState]) -> np.ndarray:
+    """suppression -> penalties -> filters -> draw.   raw logits (B, V) -> (B,) int64 token ids on the host."""
+    masked = mask_tokens(logits, [s.suppressed for s in states])                 # (B, V), a copy only if needed
+    return sample(masked, [s.params for s in states], [s.generator for s in states],
+                  [s.prompt_token_ids for s in states], [s.output_ids for s in states])
+
+
+def distribution(logits, states: Sequence[SamplingState]):
+    """The distribution sample_tokens draws from: suppression -> penalties -> temperature, min_p, top_k, top_p
+    (a one-hot at the argmax for a greedy row).   raw logits (B, V) -> probabilities (B, V) on the device."""
+    params = [s.params for s in states]
+    masked = mask_tokens(logits, [s.suppressed for s in states])                 # (B, V)
+    processed = process_logits(masked, params, [s.prompt_token_ids for s in states], [s.output_ids for s in states])
+    return filtered_probs(processed, params)
+
+
+def request_logprobs(logits, tokens, states: Sequence[SamplingState]) -> list[dict | None]:
+    """Row b's logprobs of tokens[b] with the params.logprobs alternatives its request asked for (None: it asked for
+    none), from the RAW logits as vLLM reports them.   logits (B, V), tokens (B,). One compute_logprobs call over
+    the rows that asked, each row's alternatives then cut to its own count."""
+    wanted = [b for b, s in enumerate(states) if s.params.logprobs is not None]
+    entries: list[dict | None] = [None] * len(states)
+    if wanted:
+        tokens = np.asarray(tokens, dtype=INDEX_DTYPE)                           # (B,) on the host
+        k = max(states[b].params.logprobs for b in wanted)
+        for b, entry in zip(wanted, compute_logprobs(logits[wanted], tokens[wanted], k)):
+            entry["top"] = entry["top"][:states[b].params.logprobs]
+            entries[b] = entry
+    return entries
+
+
+def mask_tokens(logits, suppressed_rows):
+    """logits (R, V) with row r's ids in suppressed_rows[r] set to -inf, so the sampler cannot draw them: a copy when
+    any row has some (the raw logits stay as they are for logprobs), the same array when none has."""
+    if not any(suppressed_rows):
+        return logits
+    logits = logits.copy()
+    for row, ids in enumerate(suppressed_rows):
+        if ids:
+            logits[row, list(ids)] = -float("inf")
+    return logits
+
+
+# --- the stages, row by row -------------------------------------------------------------------------------------
 
 def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator | None],
            prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]) -> np.ndarray:
@@ -53,7 +146,7 @@ def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.ran
     if not len(params) == len(generators) == len(prompt_ids) == len(output_ids) == B:
         raise ValueError(f"sample(): {B} rows of logits but {len(params)} params, {len(generators)} generators, "
                          f"{len(prompt_ids)} prompts and {len(output_ids)} outputs")
-    logits = apply_penalties(logits, params, prompt_ids, output_ids)            # (B, V)
+    logits = process_logits(logits, params, prompt_ids, output_ids)            # (B, V)
 
     tokens = np.empty(B, dtype=INDEX_DTYPE)                                      # (B,) on the host
     greedy = [b for b in range(B) if params[b].greedy]
@@ -69,6 +162,13 @@ def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.ran
         uniforms = [generators[b].random() for b in drawn]                       # exactly one draw per sampled row
         tokens[drawn] = _inverse_cdf(probs, uniforms)
     return tokens
+
+
+def process_logits(logits, params: Sequence[SamplingParams], prompt_ids: Sequence[Sequence[int]],
+                   output_ids: Sequence[Sequence[int]]):
+    """Every stage that changes the logits before the greedy choice and the filters (today the penalties; a new
+    logits-level option adds its stage here, and both sample() and distribution() run it).   (B, V) -> (B, V)."""
+    return apply_penalties(logits, params, prompt_ids, output_ids)
 
 
 def apply_penalties(logits, params: Sequence[SamplingParams], prompt_ids: Sequence[Sequence[int]],

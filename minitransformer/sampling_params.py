@@ -1,17 +1,26 @@
 """SamplingParams: how one request wants its tokens chosen, with vLLM's names, defaults and ranges.
 
 Checked once, when the request is made, so a bad value is one clear InputError before any model work (the CLI
-turns it into exit code 2) and the sampler itself (sampling.py) never has to doubt its inputs.
+turns it into exit code 2, the HTTP server into a 400 naming the field) and the sampler itself (sampling.py) never
+has to doubt its inputs. SamplingParams is the one validator: the CLI and the server only convert what they read
+into these fields and let it check them.
+
+Each field also says how it is offered to users (`option`: the help text, the CLI flag's metavar and name, and
+whether the HTTP endpoints take it under its own name), and `sampling_options()` lists them: cli/options.py builds
+one flag per field from it and server/protocol.py reads one JSON field per field. A new sampling option is a field
+here and its stage in sampling.py; the CLI flag and the HTTP field follow.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from .backend import is_int
 from .errors import InputError
 
 # vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
@@ -36,6 +45,15 @@ MAX_STOP_CHARS = 4096               # all stop strings together
 MAX_STOP_TOKEN_IDS = 64
 
 
+def option(help: str, metavar: str | None = None, *, flag: str | None = None, cli_default=None,
+           http: bool = True) -> dict:
+    """A field's metadata: how users reach it. help: the CLI's help text ({default} is the CLI default); metavar:
+    the CLI's placeholder; flag: the CLI flag without "--" (default: the name with dashes); cli_default: when the CLI
+    defaults otherwise than the library (None: the field's default); http: False when the endpoints read it
+    themselves (under other names or with other defaults), True when the JSON field is the field's name."""
+    return {"help": help, "metavar": metavar, "flag": flag, "cli_default": cli_default, "http": http}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """vLLM's sampling settings (names, defaults and ranges), validated once when the request is made.
@@ -43,21 +61,33 @@ class SamplingParams:
     Invariants after construction: numbers are plain Python ints / floats (a NumPy float64 scalar would silently
     promote float32 logits to float64), `stop` and `stop_token_ids` are tuples, min_tokens <= max_tokens.
     """
-    max_tokens: int = 16              # vLLM's default
-    min_tokens: int = 0
-    temperature: float = 1.0          # 0 (below 1e-5) = greedy
-    top_p: float = 1.0                # (0, 1]; 1 = off
-    top_k: int = 0                    # 0 or -1 = off, else >= 1
-    min_p: float = 0.0                # [0, 1]; 0 = off
-    repetition_penalty: float = 1.0   # > 0; prompt + output tokens: logit > 0 ? l / r : l * r
-    presence_penalty: float = 0.0     # [-2, 2], output tokens only, once per distinct token
-    frequency_penalty: float = 0.0    # [-2, 2], output tokens only, times the token's count
-    seed: int | None = None
-    stop: tuple[str, ...] = ()        # a list or a single str is accepted too
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    logprobs: int | None = None       # number of top log-probs per generated token
+    max_tokens: int = field(default=16, metadata=option(       # vLLM's default
+        "most new tokens (default {default})", "N", http=False))
+    min_tokens: int = field(default=0, metadata=option("no stop (EOS, stop ids, stop strings) before this many tokens",
+                                                       "N"))
+    temperature: float = field(default=1.0, metadata=option(   # 0 (below 1e-5) = greedy
+        "0 = greedy (the default here, so runs repeat exactly)", "T", cli_default=0.0))
+    top_p: float = field(default=1.0, metadata=option(         # (0, 1]; 1 = off
+        "keep the smallest set of tokens with this much probability", "P"))
+    top_k: int = field(default=0, metadata=option(             # 0 or -1 = off, else >= 1
+        "keep the k most probable tokens (0 or -1: off)", "K"))
+    min_p: float = field(default=0.0, metadata=option(         # [0, 1]; 0 = off
+        "drop tokens below min_p x the top probability", "P"))
+    repetition_penalty: float = field(default=1.0, metadata=option(   # > 0; prompt + output: logit > 0 ? l / r : l * r
+        "> 1 discourages tokens already in prompt or output", "R"))
+    presence_penalty: float = field(default=0.0, metadata=option(     # [-2, 2], output only, once per distinct token
+        "subtracted once from every token already generated", "X"))
+    frequency_penalty: float = field(default=0.0, metadata=option(    # [-2, 2], output only, times the token's count
+        "subtracted per occurrence in the generated tokens", "X"))
+    seed: int | None = field(default=None, metadata=option("seed of this request's own random generator", "S"))
+    stop: tuple[str, ...] = field(default=(), metadata=option(        # a list or a single str is accepted too
+        "stop when the text contains STR (repeatable)", "STR"))
+    stop_token_ids: tuple[int, ...] = field(default=(), metadata=option(
+        "stop at this token id (repeatable)", "ID", flag="stop-token-id"))
+    ignore_eos: bool = field(default=False, metadata=option("keep going past the end-of-sequence token"))
+    include_stop_str_in_output: bool = field(default=False, metadata=option("keep the matched stop string in the text"))
+    logprobs: int | None = field(default=None, metadata=option(       # top log-probs per generated token
+        "report the K most probable tokens at every step", "K", http=False))
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)    # noqa: E731 (frozen dataclass)
@@ -110,7 +140,7 @@ class SamplingParams:
 
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise InputError(f"stop must be a string or a list of strings, got {_show(self.stop)}")
         _check_stop_size(stop)          # before the per-character checks below: their cost is what it bounds
         if any(s == "" for s in stop):
             raise InputError("a stop string must not be empty")
@@ -122,13 +152,14 @@ class SamplingParams:
                                  "contains")
         set_("stop", tuple(stop))
 
-        ids = (self.stop_token_ids,) if _is_int(self.stop_token_ids) else self.stop_token_ids
+        ids = (self.stop_token_ids,) if is_int(self.stop_token_ids) else self.stop_token_ids
         if not isinstance(ids, (list, tuple)):
-            raise InputError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+            raise InputError(f"stop_token_ids must be a list of non-negative integers, got "
+                             f"{_show(self.stop_token_ids)}")
         if len(ids) > MAX_STOP_TOKEN_IDS:
             raise InputError(f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed (each "
                              "is checked after every token)")
-        bad = [i for i in ids if not (_is_int(i) and i >= 0)]
+        bad = [i for i in ids if not (is_int(i) and i >= 0)]
         if bad:                     # the entry itself, not the tuple the CLI gathered it into
             raise InputError(f"stop_token_ids must be non-negative integers (token ids), got {_show(bad[0])}")
         set_("stop_token_ids", tuple(int(i) for i in ids))
@@ -139,7 +170,7 @@ class SamplingParams:
             set_(name, bool(getattr(self, name)))
 
         if self.logprobs is not None:
-            if not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS:
+            if not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise InputError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}")
             set_("logprobs", int(self.logprobs))
 
@@ -160,17 +191,15 @@ def _check_stop_size(stop) -> None:
                          "(they are compared with the text after every token)")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _show(value) -> str:
-    """A value as the user wrote it: 0 stays "0", a string keeps its quotes."""
-    return str(value) if isinstance(value, numbers.Number) else repr(value)
+def _show(value, limit: int = 80) -> str:
+    """A value as the user wrote it: 0 stays "0", a string keeps its quotes; cut after `limit` characters (a
+    client may send a list of a million entries)."""
+    text = str(value) if isinstance(value, numbers.Number) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _integer(name: str, value) -> int:
-    if not _is_int(value):
+    if not is_int(value):
         raise InputError(f"{name} must be an integer, got {_show(value)}")
     return int(value)
 
@@ -178,6 +207,42 @@ def _integer(name: str, value) -> int:
 def _real(name: str, value) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
         raise InputError(f"{name} must be a number, got {_show(value)}")
-    if math.isinf(value):
+    try:
+        number = float(value)
+    except OverflowError:       # an integer has no size limit (JSON's neither); the sampler computes in floats
+        raise InputError(f"{name} must be a number a float can hold, got an integer of {len(str(abs(value)))} "
+                         "digits") from None
+    if math.isinf(number):
         raise InputError(f"{name} must be finite, got {_show(value)}")
-    return float(value)         # NaN passes here and fails the range check that follows (NaN compares False)
+    return number               # NaN passes here and fails the range check that follows (NaN compares False)
+
+
+# ---------------------------------------------------------------------------------------------------- as options
+
+@dataclass(frozen=True)
+class SamplingOption:
+    """One SamplingParams field as the CLI and the HTTP API offer it (from its `option` metadata and its type).
+    kind: the type of one value (int, float, bool, str); repeated: the field holds several (a tuple)."""
+    name: str
+    kind: type
+    repeated: bool
+    default: object                  # the CLI's default
+    help: str
+    metavar: str | None
+    flag: str                        # "--top-p"
+    http: bool
+
+
+def sampling_options() -> list[SamplingOption]:
+    """Every SamplingParams field, in order, as an option (see the module docstring)."""
+    hints = typing.get_type_hints(SamplingParams)
+    out = []
+    for f in fields(SamplingParams):
+        hint = hints[f.name]
+        repeated = typing.get_origin(hint) is tuple
+        kinds = [a for a in typing.get_args(hint) if a not in (type(None), Ellipsis)]   # int | None -> int
+        meta = f.metadata
+        default = f.default if meta["cli_default"] is None else meta["cli_default"]
+        out.append(SamplingOption(f.name, kinds[0] if kinds else hint, repeated, default, meta["help"],
+                                  meta["metavar"], "--" + (meta["flag"] or f.name.replace("_", "-")), meta["http"]))
+    return out

@@ -95,7 +95,8 @@ def find_stop_string(text: str, new_chars: int, stops: Sequence[str]) -> tuple[i
 
 
 def tokens_to_suppress(params, num_output: int, eos_id: int | None) -> tuple[int, ...]:
-    """Token ids the sampler must not draw next (set their logits to -inf): EOS and the stop ids before min_tokens.
+    """Token ids the sampler must not draw next (sampling.mask_tokens sets their logits to -inf): EOS and the stop
+    ids before min_tokens.
 
     vLLM's MinTokensLogitsProcessor masks all stop token ids -- EOS too, unless ignore_eos -- while fewer than
     min_tokens tokens have been produced, so the first min_tokens tokens can never be a stop token.
@@ -104,18 +105,6 @@ def tokens_to_suppress(params, num_output: int, eos_id: int | None) -> tuple[int
         return ()
     eos = () if params.ignore_eos or eos_id is None else (eos_id,)
     return tuple(dict.fromkeys((*eos, *params.stop_token_ids)))   # no duplicates, order kept
-
-
-def mask_tokens(logits, suppressed_rows):
-    """logits (R, V) with row r's ids in suppressed_rows[r] set to -inf, so the sampler cannot draw them: a copy when
-    any row has some (the raw logits stay as they are for logprobs), the same array when none has."""
-    if not any(suppressed_rows):
-        return logits
-    logits = logits.copy()
-    for row, ids in enumerate(suppressed_rows):
-        if ids:
-            logits[row, list(ids)] = -float("inf")
-    return logits
 
 
 def check_abort(deadline: float | None, cancelled) -> StopDecision | None:

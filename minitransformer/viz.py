@@ -7,8 +7,9 @@
     step_time_cache_vs_no_cache.png  the time of every step of one request, with and without the KV cache
     kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
     roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
+    batching_sweep.png               decode tokens/s and ITL over batch sizes, next to an H200's roofline (viz_batching)
     request_flow.png ... draft_and_verify.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
-                                     viz_flow.py, viz_shapes.py, viz_concepts.py
+                                     viz_flow.py, viz_shapes.py, viz_attention.py, viz_capacity.py, viz_concepts.py
 
 Measurements (measure_*, in viz_measure.py) come apart from the drawings (plot_*, here), so a reader can rerun one
 without the other;
@@ -35,6 +36,10 @@ from .kv_cache import estimate_kv_bytes
 from .loading import load_model
 from .measure import Probe, Quietness
 from .sampling_params import SamplingParams
+from .viz_attention import draw_query_vs_cache
+from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_batch_sweep
+from .viz_capacity import draw_users_that_fit
+from .viz_timeline import draw_request_timeline, run_request_timeline
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
 from .viz_measure import (FULL, QUICK, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
                           measure_peaks, measure_ttft, text_ids)
@@ -42,11 +47,12 @@ from .viz_flow import draw_request_flow, run_request_flow
 from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
-           "kv_cache_bytes.png", "roofline.png")
-CONCEPT_FIGURES = ("request_flow.png", "kv_cache_growth.png", "prefill_vs_decode_shapes.png", "paged_attention.png",
+           "kv_cache_bytes.png", "roofline.png", "batching_sweep.png")
+CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png", "prefill_vs_decode_shapes.png",
+                   "users_that_fit.png", "paged_attention.png",
                    "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
-         "request_flow.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
+         "batching_sweep.png", "request_flow.png", "request_timeline.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
 DPI = 100
 
 
@@ -82,12 +88,14 @@ def plot_ttft(data: dict, where: str, path: Path) -> None:
     tokens, ttft = data["tokens"], np.array(data["ttft_s"]) * 1e3
     ax.plot(tokens, ttft, "o-", label=f"TTFT, fastest of {_runs(data['repeats'])} (bar: up to the slowest)")
     _slowest_bars(ax, tokens, ttft, np.array(data["ttft_max_s"]) * 1e3)
-    for n, t, p in zip(tokens, ttft, data["prefill_s"]):           # prefill throughput at each point
-        ax.annotate(f"{n / p:.0f} tok/s", (n, t), textcoords="offset points", xytext=(4, -12), fontsize=7)
+    # prefill throughput at each point, as a table beside the line (labels on the points overlapped at short prompts)
+    rates = "\n".join(f"{n:>5,}: {n / p:>4.0f}" for n, p in zip(tokens, data["prefill_s"]))
+    ax.text(0.03, 0.80, f"prefill tok/s\n(prompt tokens /\nprefill seconds)\n{rates}", transform=ax.transAxes,
+            va="top", fontsize=7.5, family="monospace", bbox=dict(facecolor="white", edgecolor="lightgrey"))
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("time to first token (ms)")
     ax.set_ylim(bottom=0)
-    ax.legend(title="labels: prompt tokens / prefill seconds", title_fontsize=7)
+    ax.legend(loc="upper left")
     _save(fig, path)
 
 
@@ -168,7 +176,7 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
 # what each measured figure needs measured first; the concept diagrams run their own scenario
 NEEDS = {"ttft_vs_prompt_length.png": ("ttft",), "itl_vs_context_length.png": ("itl", "peaks"),
          "step_time_cache_vs_no_cache.png": ("steps",), "kv_cache_bytes.png": ("kv",),
-         "roofline.png": ("ttft", "itl", "peaks")}
+         "roofline.png": ("ttft", "itl", "peaks"), "batching_sweep.png": ("batch",)}
 
 
 def select_figures(only: str | None) -> list[str]:
@@ -203,12 +211,15 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     names, sweep = select_figures(only), QUICK if quick else FULL
+    batches = QUICK_BATCHES if quick else BATCHES
     needs = {need for name in names for need in NEEDS.get(name, ())}
     measures = {"ttft": ("TTFT over prompt lengths", measure_ttft, len(sweep.prompt_lengths)),
                 "itl": ("ITL over context lengths", measure_itl, len(sweep.context_lengths)),
                 "steps": ("cache vs no cache", measure_cache_vs_no_cache, 2 * sweep.step_runs),
                 "kv": ("KV cache bytes", measure_kv_bytes, len(sweep.kv_batches)),
-                "peaks": ("bandwidth and GEMM peaks", measure_peaks, 2)}      # (progress label, function, ticks)
+                "peaks": ("bandwidth and GEMM peaks", measure_peaks, 2),      # (progress label, function, ticks)
+                "batch": ("decode steps over batch sizes", lambda model, _, tick: measure_batch_sweep(
+                    model, batches, tick=tick), len(batches))}
     timed = [name for name in names if name in TIMED]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,6 +239,9 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         if "request_flow.png" in names:
             stage("request flow (timed run)")
             m["flow"] = run_request_flow(model, repeats=1 if quick else 3)
+        if "request_timeline.png" in names:
+            stage("request timeline (timed run)")
+            m["timeline"] = run_request_timeline(model)
         quiet = probe.finish() if probe else None
         if quiet:
             progress.console.print(quiet.line(), markup=False, highlight=False, soft_wrap=True)
@@ -242,8 +256,12 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, plain, p),
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
                                                         where, p),
+                "batching_sweep.png": lambda p: draw_batching_sweep(model, m["batch"], where, p),
                 "request_flow.png": lambda p: draw_request_flow(model, p, flow_where, data=m["flow"]),
+                "request_timeline.png": lambda p: draw_request_timeline(model, p, flow_where, data=m["timeline"]),
                 "kv_cache_growth.png": lambda p: draw_kv_cache_growth(model, p),
+                "query_vs_cache.png": lambda p: draw_query_vs_cache(model, p),
+                "users_that_fit.png": lambda p: draw_users_that_fit(model, p),
                 "prefill_vs_decode_shapes.png": lambda p: draw_prefill_vs_decode_shapes(model, p),
                 "paged_attention.png": lambda p: draw_paged_attention(model, p),
                 "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p)}

@@ -96,7 +96,7 @@ def draw_paged_attention(model, path) -> dict:
         for j, block in enumerate(seq["block_table"]):
             start, end = j * B, min((j + 1) * B, seq["num_computed_tokens"]) - 1
             shared = counts[block] > 1
-            ax.add_patch(Rectangle((x0 + j * 1.2, y), 1.1, 0.8, facecolor=SHARED_COLOUR if shared else "white",
+            ax.add_patch(Rectangle((x0 + j * 1.2, y), 1.1, 0.8, facecolor=SHARED_COLOUR if shared else USED,
                                    edgecolor=colour, lw=1.6))
             positions = f"{start}-{end}" if end >= start else "(empty)"
             ax.text(x0 + j * 1.2 + 0.55, y + 0.55, f"L{j}", ha="center", va="center", fontsize=8)

@@ -21,6 +21,7 @@ from .backend import to_host
 from .bench.layer_cost import layer_products
 from .decode import decode_step
 from .kv_cache import KVCache
+from .model import LAYER_MATRICES
 from .prefill import prefill
 from .sampling import sample
 from .sampling_params import SamplingParams
@@ -113,10 +114,9 @@ ACTIVATION, WEIGHT, CACHE = "#9ec5e8", "#f5b971", "#9ad19a"
 
 
 def layer_weight_shapes(model) -> dict[str, tuple[int, int]]:
-    """(in, out) of the four weight matrices of layer 0, read from the loaded arrays (model.py's fused layout)."""
+    """(in, out) of each weight matrix of layer 0 (model.LAYER_MATRICES), read from the loaded arrays, by label."""
     layer = model.layers[0]
-    return {"qkv": tuple(layer.w_qkv.shape), "wo": tuple(layer.wo.shape), "gate|up": tuple(layer.w_gate_up.shape),
-            "down": tuple(layer.w_down.shape)}
+    return {m.label: tuple(getattr(layer, m.field).shape) for m in LAYER_MATRICES}
 
 
 def shapes_data(model, prompt_tokens: int = SHAPES_PROMPT_TOKENS) -> dict:

@@ -31,10 +31,10 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import (matrix_shapes, measure_copy_bandwidth,  # noqa: E402
-                                           measure_gemm_flops, time_matmul_rows)
+from minitransformer.bench.machine import measure_copy_bandwidth, measure_gemm_flops, time_matmul_rows  # noqa: E402
 from minitransformer.bench.serve_workload import make_prompts  # noqa: E402
 from minitransformer.measure import Probe, machine_peaks  # noqa: E402
+from minitransformer.model import LAYER_MATRICES  # noqa: E402
 from minitransformer.serving.engine import Engine  # noqa: E402
 
 # stage -> [(module path suffix, function name, "cum" | "own")]: a stage's seconds are the sum of these functions'
@@ -86,7 +86,7 @@ def matmul_flops(model, engine: Engine) -> float:
     """The matmul FLOPs of what the engine ran: 2 per weight per token through the layers, and 2 * D * V per
     sampled row for the lm_head (attention's own products are left out: under 3% here)."""
     c = model.config
-    layer_params = sum(i * o for i, o in matrix_shapes(c))                 # w_qkv, wo, w_gate_up, w_down
+    layer_params = sum(i * o for i, o in (m.shape(c) for m in LAYER_MATRICES))   # w_qkv, wo, w_gate_up, w_down
     tokens = sum(r.num_batched_tokens for r in engine.step_log)
     sampled = engine.stats.num_generation_tokens
     return 2.0 * c.n_layers * layer_params * tokens + 2.0 * c.d_model * c.vocab_size * sampled
@@ -142,12 +142,14 @@ def main(argv=None) -> int:
                   f"{decode_bytes / 2**20:.0f} MiB, {decode_bytes / bandwidth * 1e3:.1f} ms at the copy bandwidth.")
 
     rows = (1, 4, 16, 64, 512)
-    timings = time_matmul_rows(model.xp, model.layers[0].w_gate_up, rows, repeats=10)
-    mm = Table("rows x (T, 576) @ w_gate_up (576, 3072)", "ms (fastest)", "median", "spread", "us per row",
+    w_gate_up = model.layers[0].w_gate_up                                               # (D, 2F)
+    D, cols = w_gate_up.shape
+    timings = time_matmul_rows(model.xp, w_gate_up, rows, repeats=10)
+    mm = Table(f"rows x (T, {D}) @ w_gate_up ({D}, {cols})", "ms (fastest)", "median", "spread", "us per row",
                "GFLOP/s")
     for T, t in timings.items():
         mm.add_row(str(T), f"{t.min * 1e3:.3f}", f"{t.median * 1e3:.3f}", f"{t.spread * 1e3:.3f}",
-                   f"{t.min / T * 1e6:.1f}", f"{2 * T * 576 * 3072 / t.min / 1e9:.0f}")
+                   f"{t.min / T * 1e6:.1f}", f"{2 * T * D * cols / t.min / 1e9:.0f}")
     console.print("\n[bold]4. One FFN matmul against the number of rows[/bold] (timed in turns):")
     console.print(mm)
     console.print(probe.finish().line())

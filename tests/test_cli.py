@@ -188,7 +188,8 @@ def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, ca
     """--speculative gives plain greedy's tokens with the acceptance numbers in --json; --weights / --kv-cache run
     the quantized model and int8 cache (the same result as the Python API with the same settings)."""
     from minitransformer import SamplingParams, generate, load_model
-    from minitransformer.quantize import estimate_int8_kv_bytes, quantize_model
+    from minitransformer import estimate_kv_bytes
+    from minitransformer.quantize import quantize_model
 
     base = ["generate", "the cat the cat the cat", "--max-tokens", "8", "--ignore-eos", "--json",
             "--model", str(tiny_model_path)]
@@ -205,7 +206,8 @@ def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, ca
                         kv_cache="int8")
     assert quantized["token_ids"] == expected.token_ids
     config = load_model(tiny_model_path).config
-    assert quantized["kv_cache"]["bytes"] == estimate_int8_kv_bytes(config, quantized["kv_cache"]["tokens"]) > 0
+    assert quantized["kv_cache"]["bytes"] == estimate_kv_bytes(config, quantized["kv_cache"]["tokens"],
+                                                               storage="int8") > 0
 
 
 @pytest.mark.parametrize("options, message", [

@@ -219,7 +219,6 @@ MEMORY_SCRIPT = r"""
 import json, resource, sys, time
 from minitransformer import SamplingParams, generate, load_model
 from minitransformer.kv_cache import KVCache
-from minitransformer.quantize import Int8KVCache
 from minitransformer.serving import Engine
 from minitransformer.serving.graph_runner import DecodeGraphs
 
@@ -236,7 +235,7 @@ cases = {
     "Engine long max_num_seqs=10**6": lambda: Engine(LONG, max_num_seqs=10**6, kv_cache_bytes=10**15),
     "Engine long kv_cache_bytes=10**15": lambda: Engine(LONG, kv_cache_bytes=10**15),
     "KVCache 10**9 tokens": lambda: KVCache(LONG.config, 10**9),
-    "Int8KVCache 10**9 tokens": lambda: Int8KVCache(LONG.config, 10**9),
+    "Int8KVCache 10**9 tokens": lambda: KVCache(LONG.config, 10**9, storage="int8"),
     "generate max_tokens=16M": lambda: generate(LONG, "hi", SamplingParams(max_tokens=16_000_000)),
     "RoPE position 3e9": lambda: LONG.forward([[1]], [[3_000_000_000]]),
     "graph buffers 10**9 blocks": lambda: DecodeGraphs(tiny, Engine(tiny, num_blocks=4).cache, 16, 10**9, 4,

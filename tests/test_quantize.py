@@ -14,14 +14,16 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minitransformer import KVCache, Transformer
+from minitransformer import KVCache, Transformer, estimate_kv_bytes
 from minitransformer.errors import InputError
+from minitransformer.kv_storage import CODECS
 from minitransformer.model import LayerWeights
 from minitransformer.prefill import prefill
 from minitransformer.quality import Scores, greedy, score_corpus, score_greedy, stdlib_corpus
-from minitransformer.quantize import (GROUP, Int8KVCache, QuantizedLinear, dequantize_int4, dequantize_int8,
-                                      dequantize_kv, estimate_int8_kv_bytes, expected_weight_bytes, quantize_int4,
-                                      quantize_int8, quantize_kv, quantize_model, unpack_int4)
+from minitransformer.quantize import (GROUP, QuantizedLinear, dequantize_int4, dequantize_int8, expected_weight_bytes,
+                                      quantize_int4, quantize_int8, quantize_model, unpack_int4)
+
+quantize_kv, dequantize_kv = CODECS["int8"].encode, CODECS["int8"].decode    # the int8 KV codec (kv_storage.py)
 
 EPS32 = 2.0 ** -23
 
@@ -174,7 +176,7 @@ def test_int8_cache_protocol_and_bytes(tiny_model):
     from minitransformer.attention_backend import ArrayAttention
     from minitransformer.layers import causal_attention
     c = tiny_model.config
-    cache = Int8KVCache(c, max_len=12, batch=2)
+    cache = KVCache(c, max_len=12, batch=2, storage="int8")
     rng = np.random.default_rng(4)
     k1, v1 = (rng.normal(size=(2, c.n_kv_heads, 5, c.head_dim)).astype(np.float32) for _ in range(2))
     q = rng.normal(size=(2, c.n_heads, 5, c.head_dim)).astype(np.float32)
@@ -188,7 +190,7 @@ def test_int8_cache_protocol_and_bytes(tiny_model):
     np.testing.assert_array_equal(k, dequantize_kv(kq, ks))                   # attention sees what is stored
     np.testing.assert_array_equal(out, causal_attention(q, k, v, positions, positions))
     per_token_head = 2 * c.n_layers * 2 * c.n_kv_heads * (c.head_dim + 4)      # K and V, layers, batch 2
-    assert cache.bytes_used == 5 * per_token_head == estimate_int8_kv_bytes(c, 5, 2)
+    assert cache.bytes_used == 5 * per_token_head == estimate_kv_bytes(c, 5, 2, storage="int8")
     assert cache.bytes_reserved == 12 * per_token_head
     f32 = KVCache(c, max_len=12, batch=2)
     assert f32.bytes_reserved / cache.bytes_reserved == 4 * c.head_dim / (c.head_dim + 4)
@@ -200,14 +202,14 @@ def test_int8_cache_protocol_and_bytes(tiny_model):
 
 
 def test_int8_cache_decodes_like_its_own_prefill(tiny_model):
-    """Prefill + 3 decode steps through Int8KVCache give the logits of one prefill over all tokens through it:
+    """Prefill + 3 decode steps through an int8 KVCache give the logits of one prefill over all tokens through it:
     each step's keys are quantized once, when stored, whichever way they arrive."""
     ids = [5, 70, 3, 9, 120, 44, 7]
-    cache = Int8KVCache(tiny_model.config, len(ids))
+    cache = KVCache(tiny_model.config, len(ids), storage="int8")
     prefill(tiny_model, ids[:4], cache)
     stepped = [tiny_model.forward(np.array([[t]]), np.array([[cache.length]]), cache, last_only=True)
                for t in ids[4:]]
-    whole = prefill(tiny_model, ids, Int8KVCache(tiny_model.config, len(ids)), all_logits=True)[0]
+    whole = prefill(tiny_model, ids, KVCache(tiny_model.config, len(ids), storage="int8"), all_logits=True)[0]
     np.testing.assert_allclose(np.concatenate(stepped), whole[4:], rtol=1e-4, atol=1e-4)
     f32 = prefill(tiny_model, ids, KVCache(tiny_model.config, len(ids)), all_logits=True)[0]
     assert 0 < np.abs(whole - f32).max() < 0.01 * np.abs(f32).max()      # quantized, and within 1% of the scale
@@ -215,14 +217,14 @@ def test_int8_cache_decodes_like_its_own_prefill(tiny_model):
 
 
 def test_generate_runs_on_the_int8_cache(tiny_model):
-    """generate(kv_cache="int8") stores the request's keys in Int8KVCache: its bytes are the int8 estimate, its
-    tokens those of the same loop run directly on an Int8KVCache, and bad names or --no-cache are refused."""
+    """generate(kv_cache="int8") stores the request's keys in an int8 KVCache: its bytes are the int8 estimate, its
+    tokens those of the same loop run directly on an int8 KVCache, and bad names or --no-cache are refused."""
     from minitransformer import SamplingParams, generate
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ids = [5, 70, 3, 9]
     out = generate(tiny_model, ids, params, kv_cache="int8")
-    assert out.kv_cache_bytes == estimate_int8_kv_bytes(tiny_model.config, out.kv_cache_tokens)
-    cache = Int8KVCache(tiny_model.config, len(ids) + 6)
+    assert out.kv_cache_bytes == estimate_kv_bytes(tiny_model.config, out.kv_cache_tokens, storage="int8")
+    cache = KVCache(tiny_model.config, len(ids) + 6, storage="int8")
     logits, expected = prefill(tiny_model, ids, cache), []
     for _ in range(6):
         expected.append(int(np.argmax(logits[0])))
@@ -245,7 +247,7 @@ def test_corpus_is_the_stdlib_docstrings_in_a_fixed_order():
 def test_scores_against_an_independent_perplexity(tiny_model):
     ids = tiny_model.tokenizer.encode("the quick brown fox jumps over the lazy dog; " * 3)[:50]
     q = quantize_model(tiny_model, "int4")
-    scores = score_corpus({"f32": (tiny_model, None), "same": (tiny_model, KVCache), "int4": (q, None)}, ids, 20)
+    scores = score_corpus({"f32": (tiny_model, "f32"), "same": (tiny_model, "f32"), "int4": (q, "f32")}, ids, 20)
     nll, n = 0.0, 0
     for start in range(0, len(ids) - 1, 20):
         chunk = ids[start:start + 20]
@@ -266,11 +268,11 @@ def test_greedy_agreement_and_decode_speed(tiny_model):
     prompts = [[5, 70, 3], [9, 120]]
     q = quantize_model(tiny_model, "int8")
     scores = {name: Scores() for name in ("f32", "again", "int8")}
-    score_greedy({"f32": (tiny_model, None), "again": (tiny_model, None), "int8": (q, Int8KVCache)}, scores,
+    score_greedy({"f32": (tiny_model, "f32"), "again": (tiny_model, "f32"), "int8": (q, "int8")}, scores,
                  prompts, n=10)
     assert scores["f32"].greedy_agreement == scores["again"].greedy_agreement == 1.0
     assert scores["f32"].greedy_same == [10, 10] and scores["f32"].decode_tokens == 18
-    own = [greedy(q, p, 10, Int8KVCache)[0] for p in prompts]
+    own = [greedy(q, p, 10, "int8")[0] for p in prompts]
     ref = [greedy(tiny_model, p, 10)[0] for p in prompts]
     prefix = [next((j for j in range(10) if a[j] != b[j]), 10) for a, b in zip(own, ref)]
     assert scores["int8"].greedy_same == prefix

@@ -74,10 +74,10 @@ def test_every_request_gives_the_tokens_it_gives_alone_on_the_tiny_model(tiny_mo
 
 
 def test_int8_paged_cache_gives_the_tokens_of_the_int8_contiguous_cache(tiny_model):
-    """Engine(kv_cache="int8") stores every (token, head) with the same quantize_kv as Int8KVCache, so each request
-    gives the tokens generate(kv_cache="int8") gives alone; the pool's bytes are the int8 formula's, and a block holds
-    4d / (d + 4) times fewer bytes than a float32 block."""
-    from minitransformer.quantize import estimate_int8_kv_bytes
+    """Engine(kv_cache="int8") stores every (token, head) with the same int8 codec as KVCache(storage="int8"), so each
+    request gives the tokens generate(kv_cache="int8") gives alone; the pool's bytes are the int8 formula's, and a
+    block holds 4d / (d + 4) times fewer bytes than a float32 block."""
+    from minitransformer import estimate_kv_bytes
     cfg = tiny_model.config
     engine = Engine(tiny_model, max_num_seqs=3, num_blocks=16, block_size=4, max_num_batched_tokens=10,
                     kv_cache="int8")
@@ -88,8 +88,9 @@ def test_int8_paged_cache_gives_the_tokens_of_the_int8_contiguous_cache(tiny_mod
     for rid, (prompt, params) in requests.items():
         ref = generate(tiny_model, prompt, params, kv_cache="int8")
         assert results[rid].token_ids == ref.token_ids, rid
-        assert results[rid].kv_cache_bytes == estimate_int8_kv_bytes(cfg, results[rid].kv_cache_tokens)
-    assert engine.cache.bytes_total == 16 * estimate_int8_kv_bytes(cfg, 4) == 16 * engine.cache.bytes_per_block
+        assert results[rid].kv_cache_bytes == estimate_kv_bytes(cfg, results[rid].kv_cache_tokens, storage="int8")
+    per_block = estimate_kv_bytes(cfg, 4, storage="int8")
+    assert engine.cache.bytes_total == 16 * per_block == 16 * engine.cache.bytes_per_block
     f32 = Engine(tiny_model, num_blocks=16, block_size=4)
     assert f32.cache.bytes_per_block / engine.cache.bytes_per_block == 4 * cfg.head_dim / (cfg.head_dim + 4)
     assert engine.block_manager.num_free_blocks == 16

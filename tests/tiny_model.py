@@ -73,9 +73,10 @@ def tiny_tensors(vocab: int, seed: int = 0, tied: bool = True) -> dict[str, np.n
 
 
 def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied: bool = True,
-                     types: dict | None = None) -> Path:
+                     types: dict | None = None, extra: dict | None = None) -> Path:
     """Write the tiny model to `path` and return it. `types` overrides the storage type of tensors by suffix
-    (e.g. {"attn_v.weight": Q.Q8_1}) to produce files the loader must refuse."""
+    (e.g. {"attn_v.weight": Q.Q8_1}) to produce files the loader must refuse; `extra` adds float32 tensors by name
+    (e.g. a bias)."""
     path = Path(path)
     d = DIMS
     tokens, token_types = vocabulary()
@@ -102,7 +103,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied:
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    for name, values in tiny_tensors(len(tokens), seed, tied).items():
+    for name, values in {**tiny_tensors(len(tokens), seed, tied), **(extra or {})}.items():
         kind = next((k for suffix, k in kinds.items() if name.endswith(suffix)), Q.F32)
         if kind == Q.F32:
             writer.add_tensor(name, values)

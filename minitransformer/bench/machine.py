@@ -10,7 +10,8 @@ The machine's ridge point, peak FLOP/s / peak bytes/s, separates the two regimes
     measure_gemm_flops      float32 n x n matmul FLOP/s (2 n^3 FLOPs per product)
     measure_matmul_rows     one weight matrix times T rows, for small T: what a batch or a verify pass costs here
                             (copy_timing, gemm_timing and time_matmul_rows give the Timing behind each number)
-    forward_cost            FLOPs and bytes of one forward pass (prefill: new_tokens = P; decode: 1 at context S)
+    forward_cost            FLOPs and bytes of one forward pass (prefill: new_tokens = P; decode: 1 at context S),
+                            layer_cost.py's products of one layer added up over the pass
     roofline_tokens_per_s   the decode upper bound: bandwidth / bytes read per token
     H200                    a GPU's two peaks from its datasheet, for the same arithmetic on a machine we lack
 
@@ -23,6 +24,7 @@ the H200's numbers next to this machine's measured ones.
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,8 +33,10 @@ import numpy
 
 from ..backend import synchronize
 from ..config import ModelConfig
-from ..layers import causal_pairs
+from ..kv_cache import kv_bytes_per_token
 from ..measure import Timing, interleaved, time_calls
+from ..model import LAYER_WEIGHTS
+from .layer_cost import layer_products
 
 
 def _sync(xp):
@@ -112,52 +116,42 @@ class PhaseCost:
         return self.flops / self.bytes
 
 
-def matrix_shapes(config: ModelConfig) -> list[tuple[int, int]]:
-    """(in, out) of each weight matrix one decoder layer multiplies every token by (model.py's fused layout)."""
-    c = config
-    return [(c.d_model, c.q_dim + 2 * c.kv_dim),     # w_qkv
-            (c.q_dim, c.d_model),                   # wo
-            (c.d_model, 2 * c.ffn_dim),             # w_gate_up
-            (c.ffn_dim, c.d_model)]                 # w_down
-
-
 def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, batch: int = 1,
                  weight_bytes: float | None = None, dtype_bytes: int = 4) -> PhaseCost:
     """FLOPs and bytes of one forward of `new_tokens` tokens per sequence after `context_tokens` cached ones.
 
     Prefill of P tokens: forward_cost(cfg, P). A decode step at context S: forward_cost(cfg, 1, S).
-    What is counted (the engine's forward with last_only=True, as prefill.py and decode.py call it):
+    The layers' share is layer_cost.layer_products, the one cost model, times n_layers; the pass adds the lm_head
+    and the cache writes (the engine's forward with last_only=True, as prefill.py and decode.py call it):
     - FLOPs: 2 per weight per token for the layer matmuls (N = batch * new_tokens rows), 2 * D * V per sequence for
       the lm_head (only the last position's logits are computed), and attention's two matmuls, q k^T and probs v,
       4 * H * d per (query, key) pair that layers.causal_attention computes (layers.causal_pairs): every pair for
       up to 64 new tokens (the future ones masked), and for a longer prompt each block of 64 queries against only
       the keys it can see, about half of all new_tokens x (context + new) pairs.
       Norms, RoPE, softmax and SiLU are elementwise and left out (under 1% of the FLOPs here).
-    - bytes: every weight read once (`weight_bytes` if given, e.g. Transformer.weight_bytes; otherwise the
-      matrices, norms and lm_head at dtype_bytes each), the KV cache read (all context + new keys and values, every
-      layer) and written (the new ones), and activations: each matmul's input read and output written, and the
-      attention scores (B, H, T, S) written and read back once. Caches between DRAM and the ALUs are ignored, so
-      these are the bytes of an implementation that keeps nothing on chip between operations.
+    - bytes: every weight read once (`weight_bytes` if given, e.g. Transformer.weight_bytes; otherwise the layer
+      weights of model.LAYER_WEIGHTS, the final norm and lm_head at dtype_bytes each), the KV cache read (all
+      context + new keys and values, every layer) and written (the new ones), and activations: each weight
+      matmul's input read and output written, and the attention scores (B, H, T, S) written and read back once.
+      Caches between DRAM and the ALUs are ignored, so these are the bytes of an implementation that keeps nothing
+      on chip between operations, except two activations layer_products counts and this leaves out: q read by
+      q k^T and the attention output written by probs v (lessons 02 and 07 print these totals as they are).
     """
     c = config
     rows = batch * new_tokens                                   # N: tokens going through the layer matmuls
-    keys = context_tokens + new_tokens                          # S: keys each new query attends to
-    matrices = matrix_shapes(c)
-    layer_params = sum(i * o for i, o in matrices)
-    matmul_flops = 2 * c.n_layers * layer_params * rows + 2 * c.d_model * c.vocab_size * batch
-    pairs = batch * causal_pairs(new_tokens, keys)              # (query, key) pairs computed per head
-    attention_flops = c.n_layers * 4 * c.n_heads * c.head_dim * pairs
+    products = layer_products(c, new_tokens, context_tokens, batch, dtype_bytes)   # one layer's, whole batch
+    layer_flops = sum(p.flops for p in products)
+    layer_traffic = sum(p.bytes - p.weight_bytes for p in products)     # activations and the cache read
+    q_and_attention_out = 2 * rows * c.q_dim * dtype_bytes               # the two left out (docstring)
 
     if weight_bytes is None:
-        norms = (2 * c.n_layers + 1) * c.d_model
-        weight_bytes = (c.n_layers * layer_params + c.d_model * c.vocab_size + norms) * dtype_bytes
-    kv_read = 2 * c.n_layers * batch * c.n_kv_heads * keys * c.head_dim * dtype_bytes
-    kv_written = 2 * c.n_layers * batch * c.n_kv_heads * new_tokens * c.head_dim * dtype_bytes
-    matmul_io = c.n_layers * rows * sum(i + o for i, o in matrices) + batch * (c.d_model + c.vocab_size)
-    scores_io = c.n_layers * 2 * c.n_heads * pairs
-    activation_bytes = (matmul_io + scores_io) * dtype_bytes
-    return PhaseCost(flops=float(matmul_flops + attention_flops),
-                     bytes=float(weight_bytes + kv_read + kv_written + activation_bytes))
+        layer_params = sum(math.prod(w.shape(c)) for w in LAYER_WEIGHTS)     # matrices and norms
+        weight_bytes = (c.n_layers * layer_params + c.d_model * c.vocab_size + c.d_model) * dtype_bytes
+    kv_written = batch * new_tokens * kv_bytes_per_token(c, dtype=f"f{dtype_bytes}")   # K and V, every layer
+    logits_io = batch * (c.d_model + c.vocab_size) * dtype_bytes        # the last rows in, their logits out
+    return PhaseCost(flops=float(c.n_layers * layer_flops + 2 * c.d_model * c.vocab_size * batch),
+                     bytes=float(weight_bytes + c.n_layers * (layer_traffic - q_and_attention_out) + kv_written
+                                 + logits_io))
 
 
 def roofline_tokens_per_s(weight_bytes: float, bandwidth: float) -> float:

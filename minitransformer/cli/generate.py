@@ -13,12 +13,12 @@ import sys
 import threading
 
 from ..errors import InputError
-from .options import load_model_from_args, sampling_params, speculative_from_cli
+from .options import check_speculative_flags, load_model_from_args, sampling_params, speculative_from_cli
 
 
 def cmd_generate(args) -> int:
     from ..generate import generate, stream
-    from ..speculative import MAX_SPECULATIVE_TOKENS, check_cli, describe
+    from ..speculative import MAX_SPECULATIVE_TOKENS, describe
 
     params = sampling_params(args)
     if args.timeout is not None and not args.timeout > 0:
@@ -26,7 +26,7 @@ def cmd_generate(args) -> int:
     if not 1 <= args.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
         raise InputError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
                          f"got {args.num_speculative_tokens}")
-    check_cli(args.speculative, args.draft_model)             # a typo here is found before the model loads
+    check_speculative_flags(args.speculative, args.draft_model)   # a typo here is found before the model loads
     model = load_model_from_args(args)
     speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
     with _ctrl_c_cancels() as cancel:

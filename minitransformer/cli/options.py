@@ -5,10 +5,11 @@ Kept apart so both subcommands spell, check and load them the same way.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from ..errors import InputError
+from ..kv_storage import CODECS
+from ..sampling_params import SamplingParams, sampling_options
 
 
 def add_model_options(parser) -> None:
@@ -23,8 +24,9 @@ def add_model_options(parser) -> None:
                         help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13), "
                              "or f16: float16 storage, float32 accumulation (on the CPU slower than f32, since NumPy "
                              "has no half GEMM: it is there to check the GPU's arithmetic anywhere)")
-    parser.add_argument("--kv-cache", choices=("f32", "int8"), default="f32",
-                        help="keys and values stored as float32 (default) or int8 with a scale per token and head")
+    parser.add_argument("--kv-cache", choices=tuple(CODECS), default="f32",
+                        help="keys and values stored as " + "; ".join(f"{codec.name}: {codec.help}"
+                                                                       for codec in CODECS.values()))
 
 
 def load_model_from_args(args):
@@ -40,61 +42,66 @@ def load_model_from_args(args):
     return model
 
 
+def check_speculative_flags(name: str | None, draft_model: str | None, n_layers: int | None = None) -> None:
+    """`--speculative` and `--draft-model` checked as typed, before any model is loaded (n_layers: the loaded
+    model's, to bound self:L). The library parses and checks the name (speculative.parse_method, check_layers);
+    this layer names the flags."""
+    from ..speculative import check_layers, parse_method
+
+    if name is not None:
+        try:
+            parsed = parse_method(name)
+            if parsed is None:
+                raise InputError(f"--speculative must be ngram, self:L (L = layers that draft) or model, got {name!r}")
+            if parsed[0] == "self":
+                check_layers(parsed[1], n_layers)
+        except InputError as exc:
+            message = str(exc)
+            raise InputError(message if message.startswith("--") else "--" + message) from None
+    if name != "model" and draft_model:
+        raise InputError("--draft-model is used only with --speculative model")
+    if name == "model" and not draft_model:
+        raise InputError("--speculative model needs --draft-model PATH (a GGUF with the same vocabulary)")
+
+
 def speculative_from_cli(name: str | None, draft_model: str | None, device: str = "cpu",
                          n_layers: int | None = None):
     """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes (a loaded
     draft model for "model")."""
     from ..loading import load_model
-    from ..speculative import check_cli
 
-    check_cli(name, draft_model, n_layers)
+    check_speculative_flags(name, draft_model, n_layers)
     if name != "model":
         return name
     return load_model(draft_model, device=device)
 
 
 def add_sampling_options(parser, max_tokens: int) -> None:
-    """The SamplingParams fields, named as vLLM names them (the ranges are checked by SamplingParams)."""
-    add = parser.add_argument
-    add("--max-tokens", type=int, metavar="N", default=max_tokens, help=f"most new tokens (default {max_tokens})")
-    add("--min-tokens", type=int, metavar="N", default=0,
-        help="no stop (EOS, stop ids, stop strings) before this many tokens")
-    add("--temperature", type=float, metavar="T", default=0.0,
-        help="0 = greedy (the default here, so runs repeat exactly)")
-    add("--top-k", type=int, metavar="K", default=0, help="keep the k most probable tokens (0 or -1: off)")
-    add("--top-p", type=float, metavar="P", default=1.0,
-        help="keep the smallest set of tokens with this much probability")
-    add("--min-p", type=float, metavar="P", default=0.0, help="drop tokens below min_p x the top probability")
-    add("--repetition-penalty", type=float, metavar="R", default=1.0,
-        help="> 1 discourages tokens already in prompt or output")
-    add("--presence-penalty", type=float, metavar="X", default=0.0,
-        help="subtracted once from every token already generated")
-    add("--frequency-penalty", type=float, metavar="X", default=0.0,
-        help="subtracted per occurrence in the generated tokens")
-    add("--seed", type=int, metavar="S", help="seed of this request's own random generator")
-    add("--stop", action="append", default=[], metavar="STR", help="stop when the text contains STR (repeatable)")
-    add("--stop-token-id", action="append", type=int, default=[], metavar="ID",
-        help="stop at this token id (repeatable)")
-    add("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
-    add("--include-stop-str-in-output", action="store_true", help="keep the matched stop string in the text")
-    add("--logprobs", type=int, metavar="K", help="report the K most probable tokens at every step")
+    """One flag per SamplingParams field, named as vLLM names it and described by the field's own metadata
+    (sampling_params.sampling_options); the ranges are checked by SamplingParams. max_tokens: this subcommand's
+    default."""
+    for option in sampling_options():
+        default = max_tokens if option.name == "max_tokens" else option.default
+        help = option.help.format(default=default)
+        if option.kind is bool:
+            parser.add_argument(option.flag, dest=option.name, action="store_true", help=help)
+        elif option.repeated:
+            parser.add_argument(option.flag, dest=option.name, action="append", type=option.kind, default=[],
+                                metavar=option.metavar, help=help)
+        else:
+            parser.add_argument(option.flag, dest=option.name, type=option.kind, default=default,
+                                metavar=option.metavar, help=help)
 
 
 def sampling_params(args):
     """SamplingParams from the parsed options: every range is checked there, before the model is loaded, and an
     error names the option as it was typed (--top-p, not top_p)."""
-    from ..sampling import SamplingParams
-
+    options = sampling_options()
     try:
-        return SamplingParams(
-            max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, seed=args.seed,
-            stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), ignore_eos=args.ignore_eos,
-            include_stop_str_in_output=args.include_stop_str_in_output, logprobs=args.logprobs)
+        return SamplingParams(**{o.name: tuple(getattr(args, o.name)) if o.repeated else getattr(args, o.name)
+                                 for o in options})
     except InputError as exc:
         message = str(exc)
-        for field in dataclasses.fields(SamplingParams):
-            flag = "--stop-token-id" if field.name == "stop_token_ids" else "--" + field.name.replace("_", "-")
-            message = re.sub(rf"(?<![-\w]){field.name}(?!\w)", flag, message)
+        for option in options:
+            message = re.sub(rf"(?<![-\w]){option.name}(?!\w)", option.flag, message)
         raise InputError(message) from None

@@ -1,12 +1,12 @@
-"""Quantization: int8 / int4 / float16 weights and an int8 KV cache, the levers that cut memory and bandwidth
-(lesson 13).
+"""Quantization: int8 / int4 / float16 weights, the levers that cut memory and bandwidth (lesson 13).
 
 Decode reads every weight once per token (decode.py), so its speed is about bytes / bandwidth: fewer bytes per weight
 is a direct lever, paid for in quality, which quality.py measures. Our own formats, both kept in the (out, in) layout
 of GGUF (one row per output channel), so a row block is a block of output channels and holds whole groups:
 
 - int8, symmetric per output channel: scale[o] = max_i |w[o, i]| / 127, q = round(w / scale) in [-127, 127].
-  1 byte per weight + one float32 scale per row. Error per element <= scale[o] / 2.
+  1 byte per weight + one float32 scale per row. Error per element <= scale[o] / 2. The arithmetic is
+  backend.quantize_int8_rows, the same the int8 KV cache applies to each (token, head) vector.
 - int4, groups of 32 inputs with a scale and a minimum (the idea of llama.cpp's Q4_1): scale = (max - min) / 15,
   q = round((w - min) / scale) in [0, 15], w ~ q * scale + min. Two values per byte, packed our own way: byte k of a
   row holds value 2k in its low nibble and 2k + 1 in its high nibble (ggml's Q4_1 pairs j with j + 16 instead:
@@ -20,8 +20,9 @@ of GGUF (one row per output channel), so a row block is a block of output channe
 `QuantizedLinear` stands where a float (in, out) matrix stood in `x @ w` and dequantizes on the fly, a block of output
 rows at a time (bounded extra memory: one float32 block of at most `block_bytes`), or, for decode-sized inputs, through
 the CUDA dequantize-GEMV kernel (kernels/dequant_gemv.cu) when `use_kernel` is set. `quantize_model` builds a
-Transformer from these without touching model.py. The int8 KV cache is a storage option of both caches
-(kv_storage.py: one float32 scale per (token, head)); its names are re-exported here for lesson 13.
+Transformer from these without touching model.py. The int8 KV cache is not here: it is a storage codec of both
+caches (kv_storage.CODECS, one float32 scale per (token, head)), chosen by KVCache(storage="int8"),
+generate(kv_cache="int8") or Engine(kv_cache="int8"), and counted by estimate_kv_bytes(..., storage="int8").
 
 All float math in float32 with Python-float constants (backend.py says why: float64 scalars promote arrays).
 
@@ -30,11 +31,10 @@ Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quanti
 `from minitransformer.quantize import X` works.
 """
 
-from ..kv_cache import Int8KVCache, estimate_int8_kv_bytes
-from ..kv_storage import dequantize_kv, quantize_kv
+from ..backend import INT8_MAX
 from .linear import (DEFAULT_BLOCK_BYTES, KERNEL_MAX_ROWS, QuantizedLinear, expected_weight_bytes, quantize_model,
                      quantized_bytes, set_use_kernel)
-from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, INT8_MAX, SCHEMES, dequantize_float16, dequantize_int4,
+from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, SCHEMES, dequantize_float16, dequantize_int4,
                       dequantize_int8, quantize_float16, quantize_int4, quantize_int8, unpack_int4)
 
 __all__ = [
@@ -42,5 +42,4 @@ __all__ = [
     "quantize_int4", "unpack_int4", "dequantize_int4", "FLOAT16_MAX", "quantize_float16", "dequantize_float16",
     "DEFAULT_BLOCK_BYTES", "KERNEL_MAX_ROWS", "quantized_bytes", "QuantizedLinear", "quantize_model",
     "set_use_kernel", "expected_weight_bytes",
-    "quantize_kv", "dequantize_kv", "estimate_int8_kv_bytes", "Int8KVCache",
 ]

@@ -15,7 +15,7 @@ import numpy as np
 from ..backend import DTYPE, array_module, matmul_float16
 from ..config import ModelConfig
 from ..errors import InputError
-from ..model import LayerWeights, Transformer
+from ..model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer
 from .schemes import (GROUP, SCHEMES, dequantize_float16, dequantize_int4, dequantize_int8, quantize_float16,
                       quantize_int4, quantize_int8)
 
@@ -168,12 +168,12 @@ def quantize_model(model, weights: str = "int8", embedding: str | None = "int8",
                    block_bytes: int = DEFAULT_BLOCK_BYTES):
     """A new Transformer whose matrices are `weights` ("int8" | "int4" | "f16"; "f32" returns `model` itself).
 
-    Every layer matrix (q|k|v, o, gate|up, down) is quantized per output channel / per group, or rounded to float16
-    ("f16": float16 storage, float32 accumulation; use_kernel does nothing for it). The tied embedding and
-    lm_head are one (vocab, d_model) QuantizedLinear in `embedding` format (default "int8", as llama.cpp keeps
-    token_embd at 8 bits in its 4-bit files; None = same as `weights`): `embedding[ids]` dequantizes the looked-up
-    rows, `h @ lm_head` multiplies by it. Norms stay float32 and are shared with `model`, as are the tokenizer,
-    config and RoPE tables. An untied lm_head is quantized on its own.
+    Every layer matrix (model.LAYER_MATRICES: q|k|v, o, gate|up, down) is quantized per output channel / per group,
+    or rounded to float16 ("f16": float16 storage, float32 accumulation; use_kernel does nothing for it). The tied
+    embedding and lm_head are one (vocab, d_model) QuantizedLinear in `embedding` format (default "int8", as
+    llama.cpp keeps token_embd at 8 bits in its 4-bit files; None = same as `weights`): `embedding[ids]` dequantizes
+    the looked-up rows, `h @ lm_head` multiplies by it. Norms stay float32 and are shared with `model`, as are the
+    tokenizer and config; the new Transformer builds its own RoPE table. An untied lm_head is quantized on its own.
     """
     if weights == "f32":
         return model
@@ -184,8 +184,8 @@ def quantize_model(model, weights: str = "int8", embedding: str | None = "int8",
     def q(w_in_out, scheme=weights):
         return QuantizedLinear.from_float(w_in_out.T, scheme, **options)                # stored as (out, in)
 
-    layers = [LayerWeights(attn_norm=layer.attn_norm, w_qkv=q(layer.w_qkv), wo=q(layer.wo),
-                           ffn_norm=layer.ffn_norm, w_gate_up=q(layer.w_gate_up), w_down=q(layer.w_down))
+    layers = [LayerWeights(**{w.field: q(getattr(layer, w.field)) if w.is_matrix else getattr(layer, w.field)
+                              for w in LAYER_WEIGHTS})
               for layer in model.layers]
     emb_scheme = embedding or weights
     if emb_scheme == "f32":
@@ -201,18 +201,23 @@ def quantize_model(model, weights: str = "int8", embedding: str | None = "int8",
 
 def set_use_kernel(model, use_kernel: bool) -> None:
     """Route every QuantizedLinear of a quantized model through the CUDA kernel (True) or the NumPy path."""
-    for w in [model.embedding, model.lm_head] + [getattr(layer, name) for layer in model.layers
-                                                 for name in ("w_qkv", "wo", "w_gate_up", "w_down")]:
+    for w in [model.embedding, model.lm_head] + [getattr(layer, m.field) for layer in model.layers
+                                                 for m in LAYER_MATRICES]:
         if isinstance(w, QuantizedLinear):
             w.use_kernel = use_kernel
 
 
 def expected_weight_bytes(config: ModelConfig, weights: str, embedding: str | None = "int8") -> int:
     """The weight bytes `quantize_model(model, weights, embedding).weight_bytes` must report, from the config."""
-    D, F, V = config.d_model, config.ffn_dim, config.vocab_size
-    qkv_out = config.q_dim + 2 * config.kv_dim
-    per_layer = (quantized_bytes(qkv_out, D, weights) + quantized_bytes(D, config.q_dim, weights)
-                 + quantized_bytes(2 * F, D, weights) + quantized_bytes(D, F, weights) + 2 * 4 * D)   # + 2 norms
+    D, V = config.d_model, config.vocab_size
+
+    def stored_bytes(weight) -> int:
+        if not weight.is_matrix:
+            return 4 * weight.shape(config)[0]                     # a norm's scale stays float32
+        in_features, out_features = weight.shape(config)
+        return quantized_bytes(out_features, in_features, weights)
+
+    per_layer = sum(stored_bytes(w) for w in LAYER_WEIGHTS)
     emb = (embedding or weights) if weights != "f32" else "f32"
     head = 0 if config.tied_embeddings else quantized_bytes(V, D, emb)
     return config.n_layers * per_layer + quantized_bytes(V, D, emb) + head + 4 * D                  # + final norm

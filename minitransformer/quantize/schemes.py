@@ -2,15 +2,15 @@
 quantize / dequantize / unpack.
 
 Pure functions over (out, in) arrays, GGUF's layout; the package docstring (quantize/__init__.py) gives each format's
-definition and error bound, lesson 13 measures what they cost in quality. linear.py builds the matrix on them,
-kv_storage.py uses the same INT8_MAX (backend.py) for its per-vector scales.
+definition and error bound, lesson 13 measures what they cost in quality. linear.py builds the matrix on them;
+the int8 arithmetic itself is backend.quantize_int8_rows, which kv_storage.py's int8 codec calls too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DTYPE, INT8_MAX, array_module
+from ..backend import DTYPE, array_module, dequantize_int8_rows, quantize_int8_rows
 from ..errors import InputError
 
 SCHEMES = ("f32", "int8", "int4", "f16")
@@ -22,18 +22,14 @@ FLOAT16_MAX = 65504.0           # the largest finite float16: anything beyond ro
 # ------------------------------------------------------------------------------------------------- int8 weights
 
 def quantize_int8(w):
-    """w (out, in) float32 -> q (out, in) int8, scale (out,) float32, with w[o] ~ q[o] * scale[o]."""
-    xp = array_module(w)
-    w = w.astype(DTYPE, copy=False)
-    scale = xp.abs(w).max(axis=1) / float(INT8_MAX)                         # (out,)
-    scale = xp.where(scale > 0, scale, 1.0).astype(DTYPE)                   # an all-zero row: any scale works
-    q = xp.clip(xp.rint(w / scale[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return q, scale
+    """w (out, in) float32 -> q (out, in) int8, scale (out,) float32, with w[o] ~ q[o] * scale[o]: one symmetric
+    scale per output channel (backend.quantize_int8_rows, the arithmetic the int8 KV cache uses per vector)."""
+    return quantize_int8_rows(w.astype(DTYPE, copy=False))
 
 
 def dequantize_int8(q, scale):
     """q (out, in) int8, scale (out,) -> (out, in) float32."""
-    return q.astype(DTYPE) * scale[:, None]
+    return dequantize_int8_rows(q, scale)
 
 
 # ------------------------------------------------------------------------------------------------- int4 weights

@@ -1,9 +1,10 @@
 """Request bodies in, as OpenAI's API defines them (with vLLM's extensions): JSON -> a checked `ApiRequest`.
 
-The fields are OpenAI's names; the sampling ones map one to one onto SamplingParams (which already has vLLM's
-names and ranges, and checks them). What the HTTP layer adds is types: JSON has no int/float distinction and a client
-may send anything, so every field is checked here and a wrong one is a 400 naming the field (`param`), before any
-tokenizing or model work.
+The fields are OpenAI's names; the sampling ones are SamplingParams' fields under their own names (every field
+whose option says http: sampling_params.sampling_options), and SamplingParams, the one validator, checks their values.
+What the HTTP layer adds is JSON's types: JSON has no int/float distinction and a client may send anything, so each
+field's JSON type is checked here against the field's type, and a wrong one or a value SamplingParams refuses is a 400
+naming the field (`param`), before any tokenizing or model work.
 
     POST /v1/completions        prompt (a string, one string in a list, or token ids), max_tokens (default 16),
                                 logprobs (int: top alternatives per token), echo / suffix / best_of not supported
@@ -31,8 +32,9 @@ import json
 import numbers
 from dataclasses import dataclass
 
+from ..backend import is_int
 from ..errors import InputError
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, sampling_options
 from .errors import APIError, bad_request
 
 # logit_bias maps token ids to biases. A bias list is a handful of banned or favoured tokens; 300 entries is far past
@@ -45,10 +47,11 @@ PROMPT_CHARS_PER_TOKEN = 16
 # Every chat message costs at least this many tokens of its template (a turn marker and the role, at the least).
 MIN_TOKENS_PER_MESSAGE = 2
 
-# The sampling fields that pass straight through to SamplingParams (the API name is the SamplingParams name).
-SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
-                   "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float,
-                   "min_tokens": int, "ignore_eos": bool, "include_stop_str_in_output": bool}
+# The sampling fields that pass straight through to SamplingParams (the API name is the SamplingParams name), with
+# the JSON type each must have: a repeated field is an array, except that one string may stand for a list of strings
+# (OpenAI's "stop"), which SamplingParams accepts and checks itself (None: no JSON type to check here).
+SAMPLING_FIELDS = {o.name: (None if o.kind is str else list) if o.repeated else o.kind
+                   for o in sampling_options() if o.http}
 
 
 @dataclass
@@ -124,20 +127,7 @@ def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None)
         max_tokens = _get(data, "max_tokens", int, 16)            # OpenAI's and vLLM's default for completions
         logprobs = _get(data, "logprobs", int, None)
     fields = {name: value for name, kind in SAMPLING_FIELDS.items()
-              if (value := _get(data, name, kind, None)) is not None}
-    stop = data.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise bad_request(f"stop must be a string or a list of strings, got {_json_type(data['stop'])}",
-                              param="stop")
-        fields["stop"] = tuple(stop)
-    stop_ids = data.get("stop_token_ids")
-    if stop_ids is not None:
-        if not isinstance(stop_ids, list) or not all(_is_int(i) for i in stop_ids):
-            raise bad_request("stop_token_ids must be a list of integers", param="stop_token_ids")
-        fields["stop_token_ids"] = tuple(stop_ids)
+              if (value := data.get(name) if kind is None else _get(data, name, kind, None)) is not None}
     stream_options = _get(data, "stream_options", dict, None) or {}
     stream = _get(data, "stream", bool, False)
     return ApiRequest(
@@ -165,7 +155,7 @@ def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
 
 def parse_token_ids(data: dict, name: str) -> list[int]:
     ids = data.get(name)
-    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+    if not isinstance(ids, list) or not all(is_int(i) for i in ids):
         raise bad_request(f"{name} must be a list of token ids (integers), got {_json_type(ids)}", param=name)
     return ids
 
@@ -178,19 +168,13 @@ def _get(data: dict, name: str, kind: type, default, param: str | None = None):
     value = data.get(name)
     if value is None:
         return default
-    ok = {int: _is_int(value), float: isinstance(value, numbers.Real) and not isinstance(value, bool),
+    ok = {int: is_int(value), float: isinstance(value, numbers.Real) and not isinstance(value, bool),
           bool: isinstance(value, bool)}.get(kind, isinstance(value, kind))
     if not ok:
         wanted = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-                  dict: "an object"}[kind]
+                  dict: "an object", list: "an array"}[kind]
         raise bad_request(f"{param or name} must be {wanted}, got {_json_type(value)} {_short(value)}",
                           param=param or name)
-    if kind is float and _is_int(value):
-        try:
-            float(value)        # JSON integers have no size limit; the sampler computes in floats
-        except OverflowError:
-            raise bad_request(f"{param or name} must be a number a float can hold, got an integer of "
-                              f"{len(str(abs(value)))} digits", param=param or name) from None
     return value
 
 
@@ -222,7 +206,7 @@ def _prompt(prompt, limits: PromptLimits | None) -> str | list[int]:
     if isinstance(prompt, list) and limits is not None and len(prompt) > limits.max_token_ids:
         raise bad_request(f"prompt is a list of {len(prompt)} items; at most {limits.max_token_ids} token ids fit in "
                           "the context with one token to generate", param="prompt")
-    if isinstance(prompt, list) and prompt and all(_is_int(i) for i in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(i) for i in prompt):
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request(f"one prompt per request (got {len(prompt)}); send several requests", param="prompt")
@@ -257,10 +241,6 @@ def _messages(messages, limits: PromptLimits | None) -> list[dict]:
         raise bad_request(f"messages have {chars} characters in all; at most {limits.max_chars} are accepted "
                           f"({PROMPT_CHARS_PER_TOKEN} per token of the context)", param="messages")
     return out
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _json_type(value) -> str:

@@ -30,6 +30,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backend import is_int
 from ..errors import InputError
 
 
@@ -65,9 +66,9 @@ def load_api_keys(path: str | Path) -> dict[str, Tenant]:
         if not isinstance(entry, dict) or not isinstance(entry.get("tenant"), str) or not entry["tenant"]:
             raise InputError(f'{where} give an object with a non-empty "tenant" name')
         quota, priority, salt = entry.get("quota_tokens"), entry.get("priority", 0), entry.get("cache_salt")
-        if quota is not None and (not _is_int(quota) or quota < 1):
+        if quota is not None and (not is_int(quota) or quota < 1):
             raise InputError(f"{where} quota_tokens must be a positive integer, got {quota!r}")
-        if not _is_int(priority):
+        if not is_int(priority):
             raise InputError(f"{where} priority must be an integer, got {priority!r}")
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise InputError(f"{where} cache_salt must be a non-empty string (tenants that give the same one share "
@@ -86,7 +87,3 @@ def tenant_quotas(keys: dict[str, Tenant]) -> dict[str, int] | None:
     """{tenant: quota} for Engine(tenant_token_quota=...), or None when no tenant has one."""
     quotas = {t.name: t.quota_tokens for t in keys.values() if t.quota_tokens is not None}
     return quotas or None
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -7,8 +7,9 @@
 
 Each step: the scheduler picks sequences and token counts (scheduler.py) -> one forward over all their tokens
 through the paged KV cache (model_runner.py) -> every sequence whose pending tokens are done samples one token, in
-one batched sample() call -> per sequence, the same stages as generate.py (request.RequestState.append: detokenize,
-check_stop, stream a Delta, build the Result on finish), and a finished sequence's blocks are freed. A request's
+one batched sampling.next_tokens() call (which also gives each its logprobs) -> per sequence, the same stages as
+generate.py (request.RequestState.append: record the logprobs, detokenize, check_stop, stream a Delta, build the
+Result on finish), and a finished sequence's blocks are freed. A request's
 tokens do not depend on what it is batched with: its logits are its own rows of the matmuls and its own attention
 (equal to its logits alone up to float32 rounding: BLAS may sum a row in another order when the batch has other
 rows), and its sampler row uses its own generator. The tests check identical tokens; a near-tie in the logits could
@@ -32,16 +33,14 @@ from __future__ import annotations
 import collections
 import itertools
 
-import numpy as np
-
 from ..backend import check_count, keep_freed_memory
 from ..errors import InputError, QuotaError
 from ..kv_cache import estimate_kv_bytes
 from ..kv_storage import check_storage
 from ..metrics import now
 from ..request import Result, make_request
-from ..sampling import SamplingParams, compute_logprobs, sample
-from ..stopping import StopDecision, mask_tokens
+from ..sampling import SamplingParams, next_tokens
+from ..stopping import StopDecision
 from . import model_runner
 from .block_manager import BlockManager
 from .graph_runner import DecodeGraphs
@@ -99,7 +98,7 @@ class Engine:
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
-        reads_pool = model.attention.reads_pool(kv_cache)
+        reads_pool = model.attention.reads_pool(check_storage(kv_cache))
         self.cuda_graphs = (model.device == "gpu" and reads_pool) if cuda_graphs is None else bool(cuda_graphs)
         # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
         # bookkeeping is built.
@@ -205,8 +204,9 @@ class Engine:
                 self.block_manager.cache_full_blocks(seq)
             self._num_prompt_tokens += plan.num_batched_tokens - decode_tokens
             if inputs.sampled:
-                tokens = self._sample(logits, inputs.sampled)                      # (R,) on the host
-                outputs += [self._append_token(seq, int(token)) for seq, token in zip(inputs.sampled, tokens)]
+                tokens, logprobs = next_tokens(logits, inputs.sampled)             # (R,) on the host, R entries
+                outputs += [self._append_token(seq, int(token), entry)
+                            for seq, token, entry in zip(inputs.sampled, tokens, logprobs)]
         self.step_log.append(StepRecord(
             step=self.num_steps, request_ids=[s.request_id for s, _ in plan.scheduled],
             num_prefill_tokens=plan.num_batched_tokens - decode_tokens, num_decode_tokens=decode_tokens,
@@ -229,23 +229,10 @@ class Engine:
 
     # ------------------------------------------------------------------ per-sequence stages (as generate.py)
 
-    def _sample(self, logits, seqs: list[Sequence]) -> np.ndarray:
-        """One batched sample() over the rows of the sequences that predict a token this step."""
-        masked = mask_tokens(logits, [s.suppressed for s in seqs])     # min_tokens: no EOS / stop ids yet
-        tokens = sample(masked, [s.params for s in seqs], [s.generator for s in seqs],
-                        [s.prompt_token_ids for s in seqs], [s.output_ids for s in seqs])   # (R,) on the host
-        wanted = [row for row, s in enumerate(seqs) if s.logprobs is not None]
-        if wanted:                                         # of the raw logits, as vLLM reports
-            for row, entry in zip(wanted, compute_logprobs(logits[wanted], tokens[wanted],
-                                                          max(seqs[r].params.logprobs for r in wanted))):
-                entry["top"] = entry["top"][:seqs[row].params.logprobs]
-                seqs[row].logprobs.append(entry)
-        return tokens
-
-    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, logprobs: dict | None) -> RequestOutput:
         """The request's own stages (request.RequestState.append); a finished one leaves the engine."""
         self._num_generation_tokens += 1
-        delta = seq.append(token)
+        delta = seq.append(token, logprobs)
         if delta.finish_reason is not None:
             self._release(seq)
         return RequestOutput(seq.request_id, delta)

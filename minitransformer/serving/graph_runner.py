@@ -77,7 +77,7 @@ class DecodeGraphs:
     @property
     def use_kernel(self) -> bool:
         """Whether the step reads the pool in place through paged_decode (else it gathers full-width tables)."""
-        return self.model.attention.reads_pool(self.cache.storage)
+        return self.model.attention.reads_pool(self.cache.codec)
 
     def can_run(self, inputs) -> bool:
         """A decode-only step (every row one token of its own sequence) that a graph can serve."""

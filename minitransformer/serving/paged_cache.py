@@ -9,16 +9,17 @@ it writes the step's keys to their slots and asks the model's attention (attenti
 and each prefill chunk. The arrays gather a table's blocks into a contiguous (K, S, d) view and mask by position
 (blocks past a sequence's end hold positions beyond every query, so no separate length mask is needed); the
 kernels read float blocks in place (kernels/paged_decode.cu), since the pool already has the kernel's layout.
-Storage is float32 or int8 (kv_storage.py), as for the contiguous cache.
+Storage is any codec of kv_storage.CODECS (float32 or int8), as for the contiguous cache.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..attention_backend import AttentionBackend
 from ..backend import DTYPE, check_count, check_memory
 from ..config import ModelConfig
-from ..kv_cache import estimate_kv_bytes
+from ..kv_cache import kv_bytes_per_token
 from ..kv_storage import KVStorage, check_storage
 
 
@@ -48,19 +49,20 @@ def check_pool(num_blocks, block_size, bytes_per_token: int, xp) -> tuple[int, i
 
 class PagedKVCache:
     """The K and V pools of every layer, (layers, num_blocks, block_size, kv_heads, head_dim) each, stored as
-    `storage` ("f32" or "int8": kv_storage.py)."""
+    `storage` (a codec name of kv_storage.CODECS). The attention backends read it as a PagedPool
+    (attention_backend.py)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE,
                  storage: str = "f32"):
         check_storage(storage)
-        num_blocks, block_size = check_pool(num_blocks, block_size,
-                                            estimate_kv_bytes(config, 1, dtype=dtype, storage=storage), xp)
+        num_blocks, block_size = check_pool(num_blocks, block_size, kv_bytes_per_token(config, storage, dtype), xp)
         self.config, self.num_blocks, self.block_size, self.xp = config, num_blocks, block_size, xp
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         # zeros (reserve): padding slots read as finite numbers (0 * garbage NaN would poison an output row; masked
         # zeros cannot).
         self.store = KVStorage(shape, storage, xp, dtype, allocate=lambda shape, dtype: reserve(shape, dtype, xp))
-        self.storage, self.dtype = storage, self.store.dtype
+        self.storage, self.codec = storage, self.store.codec    # the codec's name, the codec (kv_storage.CODECS)
+        self.dtype = self.store.dtype                          # dtype of the stored values (int8 for "int8")
 
     k = property(lambda self: self.store.k)        # (layers, num_blocks, block_size, kv_heads, head_dim)
     v = property(lambda self: self.store.v)
@@ -72,7 +74,7 @@ class PagedKVCache:
 
     @property
     def bytes_per_block(self) -> int:
-        return estimate_kv_bytes(self.config, self.block_size, dtype=self.dtype, storage=self.storage)
+        return self.block_size * kv_bytes_per_token(self.config, self.storage, self.dtype)
 
     def where(self, slots):
         """slots (N,) -> (block, offset) of each token: the index write() stores at (a step computes it once)."""
@@ -111,7 +113,7 @@ class PagedStep:
         self.decode_positions, self.seq_lens, self.decode_tables = decode_positions, seq_lens, decode_tables
         self.where = cache.where(slots)             # once per step, not once per layer
 
-    def attend(self, layer: int, q, k, v, positions, attention):
+    def attend(self, layer: int, q, k, v, positions, attention: AttentionBackend):
         """q (1, H, N, d), k and v (1, K, N, d) -> (1, H, N, d): store the step's keys, attend row by row."""
         self.cache.write(layer, self.slots, k[0], v[0], self.where)
         D = self.num_decodes

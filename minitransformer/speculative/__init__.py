@@ -28,20 +28,21 @@ Drafters (`propose(context, k, ...)` -> k draft tokens and the distributions the
   length, where the verify pass overwrites them.
 - a second Transformer with the same vocabulary (`--draft-model PATH`): its own KV cache, rolled back the same way.
 
-Modules, in reading order: config.py (SpeculativeConfig, make_config, the CLI helpers), acceptance.py
-(processed_probs, accept_or_resample), drafters.py (n-gram, self, second model), runner.py (SpeculativeRunner,
-SpeculativeStats). Every name is re-exported here, so `from minitransformer.speculative import X` works as before.
+Modules, in reading order: config.py (SpeculativeConfig, make_config, parse_method), acceptance.py
+(processed_probs, accept_or_resample), drafters.py (the Drafter protocol; n-gram, self, second model), runner.py
+(SpeculativeRunner, SpeculativeStats). Every name is re-exported here, so `from minitransformer.speculative import X` works as before.
 """
 
 from .acceptance import accept_or_resample, processed_probs
-from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_cli, check_same_vocabulary, describe,
-                     make_config)
-from .drafters import ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter
+from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_layers, check_same_vocabulary, describe,
+                     make_config, parse_method)
+from .drafters import Drafter, ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter, make_drafter
 from .runner import SpeculativeRunner, SpeculativeStats, VerifyPass
 
 __all__ = [
-    "MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "make_config", "describe", "check_same_vocabulary",
+    "MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "make_config", "parse_method", "check_layers", "describe",
+    "check_same_vocabulary",
     "processed_probs", "accept_or_resample",
-    "NgramDrafter", "ModelDrafter", "SelfDrafter", "SecondModelDrafter",
+    "Drafter", "make_drafter", "NgramDrafter", "ModelDrafter", "SelfDrafter", "SecondModelDrafter",
     "SpeculativeStats", "SpeculativeRunner", "VerifyPass",
 ]

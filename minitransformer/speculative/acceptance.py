@@ -1,8 +1,9 @@
 """Acceptance: which token a verified row yields, so that speculative output keeps plain sampling's distribution
 (lesson 12).
 
-processed_probs is the distribution plain sampling draws from (drafters draw from it too); accept_or_resample is
-one step of Leviathan et al.'s speculative sampling (see the package docstring, speculative/__init__.py).
+processed_probs is the distribution plain sampling draws from (sampling.distribution, for one row that may run ahead
+of the verified output: drafters draw from it too); accept_or_resample is one step of Leviathan et al.'s speculative
+sampling (see the package docstring, speculative/__init__.py).
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
-from ..sampling import apply_penalties, draw_from, filtered_probs
-from ..stopping import mask_tokens, tokens_to_suppress
+from ..sampling import SamplingRow, distribution, draw_from
+from ..stopping import tokens_to_suppress
 
 
 def processed_probs(logits, params, prompt_ids, output_ids, eos_id):
-    """The distribution plain sampling draws from: min_tokens suppression -> penalties -> temperature, min_p,
-    top_k, top_p (sampling.filtered_probs; a one-hot at the argmax for greedy).   logits (1, V) -> (V,) on the host."""
-    logits = mask_tokens(logits, [tokens_to_suppress(params, len(output_ids), eos_id)])
-    penalised = apply_penalties(logits, [params], [prompt_ids], [output_ids])
-    return to_host(filtered_probs(penalised, [params])[0])
+    """The distribution plain sampling draws from after prompt_ids + output_ids (sampling.distribution: min_tokens
+    suppression -> penalties -> temperature, min_p, top_k, top_p; a one-hot at the argmax for greedy).
+    logits (1, V) -> (V,) on the host."""
+    row = SamplingRow(params, prompt_ids, output_ids, tokens_to_suppress(params, len(output_ids), eos_id))
+    return to_host(distribution(logits, [row])[0])
 
 
 def accept_or_resample(p, q, draft: int, generator) -> int:

@@ -1,7 +1,9 @@
-"""What to speculate with: SpeculativeConfig, checked by make_config from what generate(speculative=...) takes, and
-the CLI's side (checking --speculative / --draft-model, the footer line; cli/options.py loads a draft model) (lesson 12).
+"""What to speculate with: SpeculativeConfig, checked by make_config from what generate(speculative=...) takes; the
+one parser of a drafter's name ("ngram", "self:L", "model") and the check of self:L's L, which the CLI reuses for
+--speculative (cli/options.py, which names the flags); and the footer line (lesson 12).
 
-Kept apart from the drafters and the runner so that the CLI can check its flags without loading either.
+Kept apart from the drafters and the runner so that the CLI can check its flags without loading either. Errors here
+name the option (`speculative`), never a CLI flag.
 """
 
 from __future__ import annotations
@@ -33,45 +35,44 @@ def make_config(model, speculative, num_speculative_tokens: int = 4) -> Speculat
     """"ngram", "self:L", a draft Transformer, or a SpeculativeConfig -> a checked SpeculativeConfig."""
     if isinstance(speculative, SpeculativeConfig):
         config = speculative
+    elif hasattr(speculative, "forward") and hasattr(speculative, "config"):
+        config = SpeculativeConfig("model", num_speculative_tokens, draft=speculative)
     else:
-        k = num_speculative_tokens
-        if isinstance(speculative, str) and speculative == "ngram":
-            config = SpeculativeConfig("ngram", k)
-        elif isinstance(speculative, str) and speculative.startswith("self:"):
-            layers = speculative[5:]
-            if not layers.isdigit():
-                raise InputError(f"speculative 'self:L' needs a number of layers L, got {speculative!r}")
-            config = SpeculativeConfig("self", k, layers=int(layers))
-        elif hasattr(speculative, "forward") and hasattr(speculative, "config"):
-            config = SpeculativeConfig("model", k, draft=speculative)
-        else:
+        parsed = parse_method(speculative) if isinstance(speculative, str) else None
+        if parsed is None or parsed[0] == "model":          # "model" names a drafter; here the model itself is due
             raise InputError(f"speculative must be 'ngram', 'self:L' or a draft model, got {speculative!r}")
+        method, layers = parsed
+        config = SpeculativeConfig(method, num_speculative_tokens, layers=layers)
     if isinstance(config.k, bool) or not isinstance(config.k, int) or not 1 <= config.k <= MAX_SPECULATIVE_TOKENS:
         raise InputError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
                          f"got {config.k!r}")
-    n = model.config.n_layers
-    if config.method == "self" and not 1 <= config.layers < n:
-        raise InputError(f"self:L drafts with the first L layers: L must be in [1, {n - 1}] for this {n}-layer "
-                         f"model, got {config.layers}")
+    if config.method == "self":
+        check_layers(config.layers, model.config.n_layers)
     if config.method == "model":
         check_same_vocabulary(model, config.draft)
     return config
 
 
-def check_cli(name: str | None, draft_model: str | None, n_layers: int | None = None) -> None:
-    """`--speculative` and `--draft-model` checked as typed, before any model is loaded (n_layers: the loaded
-    model's, to bound self:L); the errors name the flags."""
-    if name is not None and name not in ("ngram", "model") and not name.startswith("self:"):
-        raise InputError(f"--speculative must be ngram, self:L (L = layers that draft) or model, got {name!r}")
-    if name is not None and name.startswith("self:"):
-        layers = name[5:]
-        top = "" if n_layers is None else f" and < {n_layers} (this model's layers)"
-        if not layers.isdigit() or int(layers) < 1 or (n_layers is not None and int(layers) >= n_layers):
-            raise InputError(f"--speculative self:L needs a number of layers L >= 1{top}, got {name!r}")
-    if name != "model" and draft_model:
-        raise InputError("--draft-model is used only with --speculative model")
-    if name == "model" and not draft_model:
-        raise InputError("--speculative model needs --draft-model PATH (a GGUF with the same vocabulary)")
+def parse_method(name: str) -> tuple[str, int] | None:
+    """A drafter's name -> (method, L): "ngram" -> ("ngram", 0), "model" -> ("model", 0), "self:L" -> ("self", L);
+    None for any other name (the caller says what it accepts). An L that is not a number is an InputError."""
+    if name in ("ngram", "model"):
+        return name, 0
+    if not name.startswith("self:"):
+        return None
+    layers = name[len("self:"):]
+    if not layers.isdigit():
+        raise InputError(f"speculative self:L needs a number of layers L >= 1, got {name!r}")
+    return "self", int(layers)
+
+
+def check_layers(layers: int, n_layers: int | None) -> None:
+    """self:L drafts with the model's first L layers, so 1 <= L < n_layers (n_layers None, the model not loaded
+    yet: only L >= 1)."""
+    if layers < 1 or (n_layers is not None and layers >= n_layers):
+        top = "" if n_layers is None else (f" and < {n_layers} (the first L layers of this {n_layers}-layer model "
+                                           f"draft: L must be in [1, {n_layers - 1}])")
+        raise InputError(f"speculative self:L needs a number of layers L >= 1{top}, got 'self:{layers}'")
 
 
 def describe(stats: dict) -> str:

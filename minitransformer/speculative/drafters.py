@@ -2,16 +2,44 @@
 
 NgramDrafter (prompt lookup, no model), SelfDrafter (the target's own first L layers, writing into its cache: the
 model's forward with layers=L) and SecondModelDrafter (a smaller model of the same vocabulary with its own cache).
+`Drafter` is what the runner needs of any of them; `make_drafter` picks one for a SpeculativeConfig.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
+from ..errors import InputError
 from ..kv_cache import KVCache
 from ..sampling import draw_from
 from .acceptance import processed_probs
 from .config import SpeculativeConfig
+
+
+class Drafter(Protocol):
+    """What SpeculativeRunner asks of a drafter. propose: up to k guesses after `context` (prompt_len of its tokens
+    are the prompt) and, per guess, the distribution q (V,) it was drawn from under `params`, or None when every
+    guess is a certainty (one-hot q, as n-gram lookup's). release: give back what it holds (a cache of its own)."""
+
+    def propose(self, context: list[int], k: int, params, prompt_len: int,
+                eos_id) -> tuple[list[int], list | None]: ...
+
+    def release(self) -> None: ...
+
+
+def make_drafter(model, config: SpeculativeConfig, cache: KVCache, max_len: int, seed) -> Drafter:
+    """The drafter config.method names; cache is the target's (SelfDrafter writes into it), max_len the request's
+    prompt + max_tokens, seed the request's (a model drafter draws from a stream of its own derived from it)."""
+    if config.method == "ngram":
+        return NgramDrafter(config)
+    if config.method == "self":
+        return SelfDrafter(model, config.layers, cache, seed)
+    if max_len > config.draft.config.context_length:
+        raise InputError(f"prompt + max_tokens = {max_len} exceeds the draft model's context length of "
+                         f"{config.draft.config.context_length} tokens")
+    return SecondModelDrafter(config.draft, max_len, seed)
 
 
 class NgramDrafter:
@@ -28,6 +56,9 @@ class NgramDrafter:
                 if context[start:start + n] == tail:
                     return context[start + n:start + n + k], None        # None: one-hot draft distributions
         return [], None
+
+    def release(self) -> None:
+        pass                                        # it holds nothing
 
 
 class ModelDrafter:
@@ -77,6 +108,9 @@ class SelfDrafter(ModelDrafter):
     def rewind(self, context):
         return self.cache.length                    # verified tokens: K/V of layers < L are already the target's
 
+    def release(self) -> None:
+        pass                                        # the cache is the target's: the runner releases it
+
     def forward(self, ids, start):
         xp = self.model.xp
         positions = xp.arange(start, start + len(ids))[None]                            # (1, T)
@@ -102,6 +136,9 @@ class SecondModelDrafter(ModelDrafter):
         self.cache.truncate(keep)
         self.ids = self.ids[:keep]
         return keep
+
+    def release(self) -> None:
+        self.cache.release()
 
     def forward(self, ids, start):
         xp = self.draft.xp

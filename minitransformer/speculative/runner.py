@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from ..backend import to_host
 from ..kv_cache import KVCache, estimate_kv_bytes
 from ..metrics import now
 from ..prefill import prefill
-from .acceptance import accept_or_resample, processed_probs
+from ..sampling import distribution
+from .acceptance import accept_or_resample
 from .config import SpeculativeConfig
-from .drafters import NgramDrafter, SecondModelDrafter, SelfDrafter
+from .drafters import make_drafter
 
 
 @dataclass
@@ -56,7 +57,8 @@ class SpeculativeStats:
 
 
 class SpeculativeRunner:
-    """Stands where generate.CachedRunner stands: first_logits / next_logits / sample_next / release.
+    """Stands where generate.CachedRunner stands (generate.Runner): first_logits / next_logits / sample_next /
+    release, and report() gives the stats for Result.speculative.
 
     Invariant between calls: the target cache holds K/V for context[:-1] once next_logits has run (the newest token
     is fed by the next verify pass), and `rows` are the logits of the last verify pass, row i following draft i.
@@ -68,16 +70,7 @@ class SpeculativeRunner:
         self.context = list(self.prompt)
         max_len = len(self.prompt) + self.params.max_tokens
         self.cache = KVCache(model.config, max_len, xp=model.xp, storage=storage)
-        seed = self.params.seed
-        if config.method == "ngram":
-            self.drafter = NgramDrafter(config)
-        elif config.method == "self":
-            self.drafter = SelfDrafter(model, config.layers, self.cache, seed)
-        else:
-            if max_len > config.draft.config.context_length:
-                raise InputError(f"prompt + max_tokens = {max_len} exceeds the draft model's context length of "
-                                 f"{config.draft.config.context_length} tokens")
-            self.drafter = SecondModelDrafter(config.draft, max_len, seed)
+        self.drafter = make_drafter(model, config, self.cache, max_len, self.params.seed)
         self.rows, self.drafts, self.qs, self.row = None, [], None, 0
         self.stats = SpeculativeStats(config.name, config.k)
 
@@ -125,8 +118,7 @@ class SpeculativeRunner:
         if state.params.greedy:
             token = state.sample(logits)
         else:
-            p = processed_probs(logits, state.params, state.prompt_token_ids, state.output_ids,
-                                state.tokenizer.eos_id)                                           # (V,)
+            p = to_host(distribution(logits, [state])[0])                     # (V,) what plain sampling draws from
             token = accept_or_resample(p, None if self.qs is None else self.qs[self.row], draft, state.generator)
         self.stats.draft_tokens += 1
         self.stats.accepted_tokens += token == draft
@@ -146,7 +138,10 @@ class SpeculativeRunner:
     def kv_bytes(self) -> int:
         return estimate_kv_bytes(self.model.config, self.kv_tokens, storage=self.cache.storage)
 
+    def report(self) -> dict:
+        """What Result.speculative carries: how the drafts fared."""
+        return self.stats.to_dict()
+
     def release(self) -> None:
         self.cache.release()
-        if isinstance(self.drafter, SecondModelDrafter):
-            self.drafter.cache.release()
+        self.drafter.release()
