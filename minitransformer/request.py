@@ -70,11 +70,15 @@ class Result:
 
 @dataclass
 class Delta:
-    """One piece of a streamed reply. The last delta has finish_reason and the whole Result."""
+    """What one step produced for one request, whichever loop ran it (generate's stream, the Engine's step, the
+    server's engine thread): the new tokens, their text and their logprob entries. The last delta has finish_reason
+    and the whole Result."""
     text: str
     token_ids: list[int]             # tokens produced since the previous delta
     finish_reason: str | None = None
     result: Result | None = None
+    logprobs: list[dict] | None = None   # the entries of token_ids (Result.logprobs' format); None: not asked for
+    error: str | None = None         # the loop serving the request failed (the server's engine): it ends here
 
 
 class RequestState:
@@ -92,6 +96,7 @@ class RequestState:
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.output_ids: list[int] = []
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        self._logprobs_streamed = 0                                     # entries already carried by a Delta
         self.decision: StopDecision | None = None
 
     @property
@@ -126,7 +131,7 @@ class RequestState:
         decision = check_stop(self.params, self.detokenizer, self.output_ids, new_chars, self.tokenizer.eos_id,
                               len(self.prompt_token_ids), self.context_length) or abort
         if decision is None:
-            return Delta(self.detokenizer.take_delta(), [token])
+            return Delta(self.detokenizer.take_delta(), [token], logprobs=self._new_logprobs())
         return self.finish(decision, [token])
 
     def finish(self, decision: StopDecision, new_tokens: list[int] = ()) -> Delta:
@@ -142,7 +147,14 @@ class RequestState:
                         list(self.output_ids), decision.finish_reason, decision.stop_reason,
                         Usage(len(self.prompt_token_ids), len(self.output_ids)), self.metrics, self.logprobs,
                         kv_tokens, kv_bytes)
-        return Delta(final_text, list(new_tokens), decision.finish_reason, result)
+        return Delta(final_text, list(new_tokens), decision.finish_reason, result, self._new_logprobs())
+
+    def _new_logprobs(self) -> list[dict] | None:
+        """The logprob entries no Delta has carried yet (append records each token's entry first)."""
+        if self.logprobs is None:
+            return None
+        new, self._logprobs_streamed = self.logprobs[self._logprobs_streamed:], len(self.logprobs)
+        return new
 
 
 # ---------------------------------------------------------------------------------------------------- checking

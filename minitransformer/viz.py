@@ -41,8 +41,8 @@ from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_b
 from .viz_capacity import draw_users_that_fit
 from .viz_timeline import draw_request_timeline, run_request_timeline
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
-from .viz_measure import (FULL, QUICK, _ids, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
-                          measure_peaks, measure_ttft)
+from .viz_measure import (FULL, QUICK, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
+                          measure_peaks, measure_ttft, text_ids)
 from .viz_flow import draw_request_flow, run_request_flow
 from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 
@@ -233,7 +233,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
 
         model = load_model(model_path)
         progress.advance(task)
-        generate(model, _ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
+        generate(model, text_ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
         probe = Probe() if timed else None                          # watches every timed measurement below
         m = {key: run(model, sweep, stage(label)) for key, (label, run, _) in measures.items() if key in needs}
         if "request_flow.png" in names:

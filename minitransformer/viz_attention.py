@@ -25,7 +25,7 @@ from .backend import to_host
 from .decode import decode_step
 from .kv_cache import KVCache
 from .prefill import prefill
-from .viz_concepts import _piece, _plt
+from .viz_concepts import pyplot, token_piece
 from .viz_shapes import KV_PROMPT
 
 QUERY_COLOUR, KEY_CMAP = "#d9534f", "RdBu_r"
@@ -69,7 +69,7 @@ def run_query_vs_cache(model, prompt: str = KV_PROMPT, layer: int | None = None)
     _, head, kv_head, scores, probs = min(heads, key=lambda h: h[0])          # least weight on the first token
     weighted = probs @ seen["v"][kv_head]                                      # (d,): sum over S of p_i * v_i
     return {"layer": layer, "head": head, "kv_head": kv_head, "head_dim": d, "new_token": new_token,
-            "pieces": [_piece(tokenizer, t) for t in ids + [new_token]],
+            "pieces": [token_piece(tokenizer, t) for t in ids + [new_token]],
             "q": seen["q"][head], "k": seen["k"][kv_head], "v": seen["v"][kv_head], "scores": scores,
             "probs": probs, "weighted": weighted, "model_out": seen["out"][head],
             "first_token_weights": [round(float(h[0]), 3) for h in sorted(heads, key=lambda h: h[1])]}
@@ -77,7 +77,7 @@ def run_query_vs_cache(model, prompt: str = KV_PROMPT, layer: int | None = None)
 
 def draw_query_vs_cache(model, path, prompt: str = KV_PROMPT) -> dict:
     """Run the step and draw q over K, the probabilities, and V with p @ V under it; return the drawn data."""
-    plt = _plt()
+    plt = pyplot()
     data = run_query_vs_cache(model, prompt)
     S, pieces = len(data["probs"]), data["pieces"]
     fig = plt.figure(figsize=(13, 7.2))

@@ -25,7 +25,7 @@ from .decode import decode_step
 from .kv_cache import KVCache
 from .measure import time_calls
 from .prefill import prefill
-from .viz_concepts import _plt
+from .viz_concepts import pyplot
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_BATCHES = (1, 4)
@@ -80,7 +80,7 @@ def measure_batch_sweep(model, batches=BATCHES, context: int = CONTEXT, repeats:
 def draw_batching_sweep(model, sweep: BatchSweep, where: str, path) -> int | None:
     """Tokens/s and ITL against the batch size, this machine measured and the H200 projected; returns where
     batching stopped paying here (None if it never did in this sweep)."""
-    plt = _plt()
+    plt = pyplot()
     here = stops_paying(sweep.batches, sweep.tokens_per_s)
     fig, (rate_ax, itl_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
     b = np.array(sweep.batches)

@@ -23,7 +23,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache, estimate_kv_bytes
 from .model import LAYER_WEIGHTS
 from .prefill import prefill
-from .viz_concepts import _plt
+from .viz_concepts import pyplot
 
 # Llama 3.1 8B's shape, from its config.json on the Hugging Face Hub (meta-llama/Llama-3.1-8B): only the sizes
 # matter here; no weights are loaded.
@@ -89,7 +89,7 @@ def capacities(model) -> list[Capacity]:
 
 def draw_users_that_fit(model, path) -> list[Capacity]:
     """One panel per Capacity: KV bytes against requests, a line per context, the memory left as the ceiling."""
-    plt = _plt()
+    plt = pyplot()
     cases = capacities(model)
     fig, axes = plt.subplots(1, len(cases), figsize=(13, 5.2))
     for ax, case in zip(axes, cases):

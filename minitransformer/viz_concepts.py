@@ -53,18 +53,19 @@ def run_paged_engine(model) -> Engine:
 
 
 def paged_snapshot(engine: Engine) -> dict:
-    """What the diagram shows, read from the engine: per request its tokens, computed tokens and block table; the
-    pool's reference counts; the blocks held by more than one table."""
-    bm = engine.block_manager
-    sequences = [{"request_id": rid, "num_tokens": seq.num_tokens, "num_computed_tokens": seq.num_computed_tokens,
-                  "block_table": list(bm.block_tables[rid])} for rid, seq in engine.sequences.items()]
-    return {"block_size": bm.block_size, "num_blocks": bm.num_blocks, "steps": engine.num_steps,
-            "sequences": sequences, "ref_counts": list(bm.ref_counts),
-            "shared_blocks": [b for b, count in enumerate(bm.ref_counts) if count > 1],
-            "prefix_cache_hits": bm.prefix_cache_hits}
+    """What the diagram shows, read from the engine's snapshot(): per request its tokens, computed tokens and block
+    table; the pool's reference counts; the blocks held by more than one table."""
+    state = engine.snapshot()
+    sequences = [{"request_id": seq.request_id, "num_tokens": seq.num_tokens,
+                  "num_computed_tokens": seq.num_computed_tokens, "block_table": list(seq.block_table)}
+                 for seq in state.running + state.waiting]
+    return {"block_size": state.config.block_size, "num_blocks": state.config.num_blocks, "steps": state.step,
+            "sequences": sequences, "ref_counts": list(state.ref_counts),
+            "shared_blocks": [b for b, count in enumerate(state.ref_counts) if count > 1],
+            "prefix_cache_hits": state.stats.prefix_cache_hits}
 
 
-def _plt():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")                                         # files only, no display needed
     import matplotlib.pyplot as plt
@@ -74,7 +75,7 @@ def _plt():
 def draw_paged_attention(model, path) -> dict:
     """Run the paged scenario and draw logical blocks -> block table -> physical pool; return the drawn data."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
-    plt = _plt()
+    plt = pyplot()
     data = paged_snapshot(run_paged_engine(model))
     B, N, counts = data["block_size"], data["num_blocks"], data["ref_counts"]
     fig, ax = plt.subplots(figsize=(12, 6.4))
@@ -125,7 +126,7 @@ def run_speculative(model):
     return generate(model, SPEC_PROMPT, SPEC_PARAMS, speculative="ngram", num_speculative_tokens=SPEC_K)
 
 
-def _piece(tokenizer, token: int) -> str:
+def token_piece(tokenizer, token: int) -> str:
     return repr(tokenizer.decode([token]))[1:-1].replace(" ", "\u2423")      # newlines and spaces stay visible
 
 
@@ -133,7 +134,7 @@ def draw_draft_and_verify(model, path) -> dict:
     """Run the speculative request and draw each target pass: drafts kept (green), the first rejected (red),
     drafts after it discarded (grey), the target's own token (blue). Returns the run's token ids and passes."""
     from matplotlib.patches import Rectangle
-    plt = _plt()
+    plt = pyplot()
     result = run_speculative(model)
     spec, tok = result.speculative, model.tokenizer
     passes = [{"drafted": d, "accepted": a, "target_token": t} for d, a, t in spec["passes"]]
@@ -146,13 +147,13 @@ def draw_draft_and_verify(model, path) -> dict:
         for j, token in enumerate(p["drafted"]):
             colour = ACCEPTED if j < p["accepted"] else REJECTED if j == p["accepted"] else DISCARDED
             ax.add_patch(Rectangle((j * width, y), width * 0.95, 0.8, facecolor=colour, edgecolor="grey", lw=0.6))
-            ax.text(j * width + width * 0.47, y + 0.4, _piece(tok, token), ha="center", va="center", fontsize=7,
+            ax.text(j * width + width * 0.47, y + 0.4, token_piece(tok, token), ha="center", va="center", fontsize=7,
                     family="monospace")
         x = SPEC_K * width + 0.4
         if p["target_token"] is not None:
             ax.add_patch(Rectangle((x, y), width * 0.95, 0.8, facecolor=TARGET, edgecolor="grey", lw=0.6))
-            ax.text(x + width * 0.47, y + 0.4, _piece(tok, p["target_token"]), ha="center", va="center", fontsize=7,
-                    family="monospace")
+            ax.text(x + width * 0.47, y + 0.4, token_piece(tok, p["target_token"]), ha="center", va="center",
+                    fontsize=7, family="monospace")
         gained = p["accepted"] + (p["target_token"] is not None)
         plural = "s" * (gained != 1)
         note = (f"{p['accepted']}/{len(p['drafted'])} drafts kept, +{gained} token{plural}" if p["drafted"] else

@@ -21,7 +21,7 @@ from .generate import generate
 from .measure import Timing, time_calls
 from .metrics import now
 from .sampling_params import SamplingParams
-from .viz_concepts import _plt
+from .viz_concepts import pyplot
 
 # stage -> the functions that do it, as "module:qualified name"; KV cache writes happen inside prefill and decode
 STAGES = {
@@ -177,7 +177,7 @@ def draw_request_flow(model, path, where: str = "", prompt=FLOW_PROMPT, chat: bo
     """Run one timed request (or take `data`, run_request_flow's, measured earlier) and draw its stages as boxes and
     arrows with their measured times; return the data."""
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-    plt = _plt()
+    plt = pyplot()
     data = data or run_request_flow(model, prompt, chat, repeats)
     repeats = len(data["e2e_of_runs"])
     fig, ax = plt.subplots(figsize=(13, 6.6))

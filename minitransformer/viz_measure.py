@@ -57,7 +57,7 @@ def machine_label() -> str:
     return f"{name}, {os.cpu_count()} cores ({platform.machine()})"
 
 
-def _ids(model, n: int) -> list[int]:
+def text_ids(model, n: int) -> list[int]:
     ids = model.tokenizer.encode(TEXT * (n // 25 + 2))
     return ids[:n]
 
@@ -84,7 +84,7 @@ def measure_ttft(model, sweep: Sweep, tick) -> dict:
     columns: dict[str, list[float]] = {}
     params = SamplingParams(max_tokens=1, temperature=0.0)
     for n in sweep.prompt_lengths:
-        ids = _ids(model, n)
+        ids = text_ids(model, n)
         runs = [result.metrics for result in _repeat(lambda: generate(model, ids, params), sweep.repeats)]
         for key, values in (_spread("ttft_s", Timing(tuple(m.ttft_s for m in runs))) | _spread(
                 "prefill_s", Timing(tuple(m.prefill_s for m in runs)))).items():
@@ -99,7 +99,7 @@ def measure_itl(model, sweep: Sweep, tick) -> dict:
     columns: dict[str, list[float]] = {}
     for n in sweep.context_lengths:
         cache = KVCache(model.config, n + sweep.decode_steps + 1, xp=model.xp)
-        prefill(model, _ids(model, n), cache)
+        prefill(model, text_ids(model, n), cache)
         timing = time_calls(lambda: decode_step(model, [42], cache), repeats=sweep.decode_steps, warmup=1)
         for key, value in _spread("itl_s", timing).items():
             columns.setdefault(key, []).append(value)
@@ -112,7 +112,7 @@ def measure_cache_vs_no_cache(model, sweep: Sweep, tick) -> dict:
     requests each way, in turns (measure.interleaved), each step the fastest of its runs; the requests' totals as
     Timings. make_figures' warm-up comes before; a warm-up of its own would cost a whole no-cache request."""
     params = SamplingParams(max_tokens=sweep.no_cache_tokens, temperature=0.0, ignore_eos=True)
-    prompt = _ids(model, 32)
+    prompt = text_ids(model, 32)
     results: dict[str, list] = {"with_cache": [], "no_cache": []}
 
     def request(key: str, use_cache: bool):
@@ -139,7 +139,7 @@ def measure_kv_bytes(model, sweep: Sweep, tick) -> dict:
     for batch in sweep.kv_batches:
         for n in sweep.kv_lengths:
             cache = KVCache(model.config, n, batch=batch, xp=model.xp)
-            prefill(model, np.asarray([_ids(model, n)] * batch), cache)
+            prefill(model, np.asarray([text_ids(model, n)] * batch), cache)
             measured.append((batch, n, cache.bytes_used))
             cache.release()
         tick()

@@ -25,7 +25,7 @@ from .model import LAYER_MATRICES
 from .prefill import prefill
 from .sampling import sample
 from .sampling_params import SamplingParams
-from .viz_concepts import _piece, _plt
+from .viz_concepts import pyplot as _plt, token_piece as _piece
 
 KV_PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"       # lesson 03's prompt
 KV_SNAPSHOTS = (0, 1, 2, 4)                  # decode steps done when the cache is drawn (0: just after prefill)

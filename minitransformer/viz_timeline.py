@@ -19,7 +19,7 @@ import numpy as np
 
 from .sampling_params import SamplingParams
 from .serving import Engine
-from .viz_concepts import _plt
+from .viz_concepts import pyplot
 
 TIMELINE_PROMPT_A = "Write a short poem about the sea."
 TIMELINE_PROMPT_B = " ".join(["The history of printing, told in detail:"] + ["presses, paper and ink"] * 90)
@@ -62,7 +62,7 @@ def run_request_timeline(model) -> dict:
 def draw_request_timeline(model, path, where: str = "", data: dict | None = None) -> dict:
     """Draw A's and B's lives on one time axis and A's ITLs as bars, from `data` (run_request_timeline's, which
     `minitransformer figures` times under its Probe) or a run made here; return the drawn data."""
-    plt = _plt()
+    plt = pyplot()
     data = data if data is not None else run_request_timeline(model)
     a, b = data["a"], data["b"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7.4), gridspec_kw={"height_ratios": (1.1, 1)})

@@ -1,9 +1,15 @@
 """The package's layers, bottom to top: no module imports one above it, and no two modules import each other, even
-through imports inside functions (docs/ARCHITECTURE.md says why each layer sits where it does).
+through imports inside functions or through a package's __init__ (docs/ARCHITECTURE.md says why each layer sits where
+it does).
 
 Every module of minitransformer/ is read as source (its AST: imports at the top and inside functions alike) and each
 import of a minitransformer module is checked against LAYERS. A module may import its own layer and those below.
 A new module must be given a layer here, or this test fails and says so.
+
+Importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py` first (those not yet running: the importer's own
+packages are), so an import of a module is also an import of its packages: a circle through a package's __init__ is
+a circle. Two more seams: no module imports another module's `_private` name, and the server and the CLI read the
+Engine only through its read API (serving/outputs.py), never its block manager, scheduler, sequences or step log.
 """
 
 from __future__ import annotations
@@ -87,10 +93,23 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def packages_of(module: str) -> list[str]:
+    """The packages an import of `module` runs first, outermost first: "bench.layer_cost" -> ["bench"]."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def with_packages(module: str, targets: set[str], known: set[str]) -> set[str]:
+    """`module`'s imports plus the package __init__ files each one runs. The importer's own packages are already
+    running when it runs, so importing a sibling adds no edge back to them."""
+    running = set(packages_of(module)) | {module}
+    return targets | {p for t in targets for p in packages_of(t) if p in known and p not in running}
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = all_modules()
     known = set(modules)
-    return {m: imports_of(m, p, known) for m, p in modules.items()}
+    return {m: with_packages(m, imports_of(m, p, known), known) for m, p in modules.items()}
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -165,3 +184,83 @@ def test_late_imports_count(tmp_path):
     source = tmp_path / "late.py"
     source.write_text("def f():\n    from .generate import stream\n    import minitransformer.server.app\n")
     assert imports_of("kv_cache", source, {"generate", "server.app"}) == {"generate", "server.app"}
+
+
+def test_importing_a_module_runs_its_packages():
+    known = {"bench", "bench.run", "bench.layer_cost", "viz", "viz_shapes"}
+    assert with_packages("viz_shapes", {"bench.layer_cost"}, known) == {"bench.layer_cost", "bench"}
+    assert with_packages("bench.run", {"bench.layer_cost", "viz"}, known) == {"bench.layer_cost", "viz"}
+
+
+def test_a_circle_through_a_package_init_is_caught():
+    """viz_shapes -> bench.layer_cost runs bench/__init__; were bench/__init__ to import bench.run, whose late import
+    of viz reaches viz_shapes, that would be a circle (it was one): the test must see it."""
+    graph = import_graph()
+    graph["bench"] = graph["bench"] | {"bench.run"}
+    graph["bench.run"] = graph["bench.run"] | {"viz"}
+    graph = {m: {t for t in targets if t != "minitransformer"} for m, targets in graph.items()}
+    assert any({"bench", "bench.run", "viz", "viz_shapes"} <= set(group) for group in cycles(graph))
+
+
+# ---------------------------------------------------------------------------------------------------- private names
+
+def private_imports(module: str, path: Path, known: set[str]) -> list[str]:
+    """Every `from x import _name` of `module` that takes another minitransformer module's private name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("minitransformer")):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"minitransformer.{module} imports {alias.name} from "
+                                 f"{'.' * node.level}{node.module or ''}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    modules = all_modules()
+    assert [line for m, p in modules.items() for line in private_imports(m, p, set(modules))] == []
+
+
+def test_a_planted_private_import_is_caught(tmp_path):
+    source = tmp_path / "planted.py"
+    source.write_text("from .viz_concepts import _plt\n")
+    assert private_imports("viz_flow", source, set()) == ["minitransformer.viz_flow imports _plt from .viz_concepts"]
+
+
+# ---------------------------------------------------------------------------------------------------- the engine's seam
+
+ENGINE_PRIVATE = {"block_manager", "scheduler", "sequences", "step_log"}          # attributes of an Engine
+ENGINE_PRIVATE_MODULES = {"serving.block_manager", "serving.scheduler", "serving.sequence"}
+ABOVE_THE_ENGINE = ("server", "cli")                                            # packages that read it from above
+
+
+def engine_internals_touched(module: str, path: Path, known: set[str]) -> list[str]:
+    """Where `module` reads an Engine's private parts (an attribute named as one of them, or their modules)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_PRIVATE:
+            found.append(f"minitransformer.{module}:{node.lineno} reads .{node.attr}")
+    for target in sorted(imports_of(module, path, known) & ENGINE_PRIVATE_MODULES):
+        found.append(f"minitransformer.{module} imports minitransformer.{target}")
+    return found
+
+
+def test_the_server_and_the_cli_use_only_the_engines_read_api():
+    modules = all_modules()
+    above = {m: p for m, p in modules.items() if m.split(".")[0] in ABOVE_THE_ENGINE}
+    assert above, "no server or cli modules found"
+    assert [line for m, p in above.items() for line in engine_internals_touched(m, p, set(modules))] == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f(loop):\n    return loop.engine.block_manager.num_free_blocks\n", "reads .block_manager"),
+    ("def f(engine):\n    return len(engine.scheduler.waiting)\n", "reads .scheduler"),
+    ("def f(engine):\n    return list(engine.sequences)\n", "reads .sequences"),
+    ("def f(engine):\n    del engine.step_log[:10]\n", "reads .step_log"),
+    ("from ..serving.sequence import Sequence\n", "imports minitransformer.serving.sequence"),
+])
+def test_a_planted_read_of_the_engines_internals_is_caught(tmp_path, source, expected):
+    path = tmp_path / "planted.py"
+    path.write_text(source)
+    found = engine_internals_touched("server.planted", path, set(all_modules()))
+    assert len(found) == 1 and expected in found[0], found

@@ -89,7 +89,7 @@ def check_settings(s: Settings, context_length: int) -> None:
 
 def machine_info(peaks: dict, systems) -> dict:
     """Where the numbers were measured: cores, BLAS threads if knowable, library versions, the two peaks."""
-    from ..viz import machine_label
+    from ..viz_measure import machine_label
 
     def version(dist: str):
         try:

@@ -22,7 +22,7 @@ from ..errors import MiniTransformerError
 from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
-from .options import _add_model_options, _add_sampling_options
+from .options import add_model_options, add_sampling_options
 from .serve import add_serve_parser, cmd_serve
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
 
@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
     gen.add_argument("prompt", help="the text to continue (with --chat: the user's message)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    _add_model_options(gen)
-    _add_sampling_options(gen, max_tokens=64)
+    add_model_options(gen)
+    add_sampling_options(gen, max_tokens=64)
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole sequence every step (the baseline the KV cache is measured against)")
     gen.add_argument("--timeout", type=float, metavar="SEC", help="abort the request after this many seconds")
@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
     chat.add_argument("--system", help="a system prompt (default: the chat template's own)")
-    _add_model_options(chat)
-    _add_sampling_options(chat, max_tokens=256)
+    add_model_options(chat)
+    add_sampling_options(chat, max_tokens=256)
 
     tok = commands.add_parser("tokenize", help="show the token ids and pieces of a text")
     tok.add_argument("text", help="the text to split into tokens")

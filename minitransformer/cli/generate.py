@@ -13,7 +13,7 @@ import sys
 import threading
 
 from ..errors import InputError
-from .options import _load, check_speculative_flags, sampling_params, speculative_from_cli
+from .options import check_speculative_flags, load_model_from_args, sampling_params, speculative_from_cli
 
 
 def cmd_generate(args) -> int:
@@ -27,7 +27,7 @@ def cmd_generate(args) -> int:
         raise InputError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
                          f"got {args.num_speculative_tokens}")
     check_speculative_flags(args.speculative, args.draft_model)   # a typo here is found before the model loads
-    model = _load(args)
+    model = load_model_from_args(args)
     speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
     with _ctrl_c_cancels() as cancel:
         options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel,
@@ -54,7 +54,7 @@ def cmd_chat(args) -> int:
         raise InputError("chat reads your messages from standard input, which is closed; run it in a terminal "
                          "or pipe the messages in (one per line)")
     _check_system_text(args.system)
-    model = _load(args)
+    model = load_model_from_args(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
     _check_system_fits(model, system, params)
     history = list(system)

@@ -12,7 +12,7 @@ from ..kv_storage import CODECS
 from ..sampling_params import SamplingParams, sampling_options
 
 
-def _add_model_options(parser) -> None:
+def add_model_options(parser) -> None:
     parser.add_argument("--model", metavar="PATH",
                         help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
@@ -29,7 +29,7 @@ def _add_model_options(parser) -> None:
                                                                        for codec in CODECS.values()))
 
 
-def _load(args):
+def load_model_from_args(args):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
     load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only)."""
     from ..loading import load_model
@@ -76,7 +76,7 @@ def speculative_from_cli(name: str | None, draft_model: str | None, device: str 
     return load_model(draft_model, device=device)
 
 
-def _add_sampling_options(parser, max_tokens: int) -> None:
+def add_sampling_options(parser, max_tokens: int) -> None:
     """One flag per SamplingParams field, named as vLLM names it and described by the field's own metadata
     (sampling_params.sampling_options); the ranges are checked by SamplingParams. max_tokens: this subcommand's
     default."""

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .options import _add_model_options, _load
+from .options import add_model_options, load_model_from_args
 
 ORIGIN = re.compile(r"https?://[^/\s?#]+")          # what a browser sends in Origin: scheme://host[:port], no path
 
@@ -25,7 +25,7 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    _add_model_options(serve)
+    add_model_options(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in the API (default: the GGUF file name without .gguf)")
     serve.add_argument("--max-num-seqs", type=int, default=16, metavar="N",
@@ -82,7 +82,7 @@ def cmd_serve(args) -> int:
     origins = frozenset(_origins(args.allowed_origins))
     sock = _bind(args.host, args.port)
     try:
-        model = _load(args)
+        model = load_model_from_args(args)
         engine = Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
                         block_size=args.block_size, policy=args.policy, kv_cache=args.kv_cache,
                         tenant_token_quota=tenant_quotas(keys) if keys else None)
@@ -95,12 +95,11 @@ def cmd_serve(args) -> int:
                                  allowed_origins=origins, metrics_key=args.metrics_key))
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    bm = engine.block_manager
-    pool_mib = engine.kv_bytes(bm.num_blocks * bm.block_size) / 2**20
+    sizes = engine.config
     Console(stderr=True, soft_wrap=True).print(
         f"[bold]minitransformer serve[/] {url}  model [cyan]{name}[/] ({model.config.n_layers} layers, "
-        f"{args.device}, weights {args.weights})  KV pool {bm.num_blocks} blocks x {bm.block_size} tokens = "
-        f"{pool_mib:.0f} MiB  max {args.max_num_seqs} running, policy {args.policy}"
+        f"{args.device}, weights {args.weights})  KV pool {sizes.num_blocks} blocks x {sizes.block_size} tokens = "
+        f"{sizes.kv_pool_bytes / 2**20:.0f} MiB  max {args.max_num_seqs} running, policy {args.policy}"
         + ("  API keys required" if keys else "") + "  (Ctrl-C stops)", highlight=False)
     _log_to_stderr(args.log_level)
     run(server, sock, log_level=args.log_level, header_timeout_s=args.header_timeout,

@@ -18,8 +18,8 @@ from ..errors import InputError
 from .checked import check_block_tables, checked_mode
 from .decode_sizing import (DECODE_VARIANTS, PARTITION_KERNELS, check_variant, choose_partition_size,
                             decode_expressions, decode_shared_bytes, decode_threads, device_sm_count)
-from .plan import (DTYPES, HEAD_DIMS, AttentionPlan, _check_aligned16, _check_head_dim, _check_heads,
-                   _check_storage, check_prefill_inputs)
+from .plan import (DTYPES, HEAD_DIMS, AttentionPlan, check_aligned16, check_array_storage, check_head_dim,
+                   check_heads, check_prefill_inputs)
 from .prefill_wmma import plan_flash_prefill_wmma
 from .loader import (CUDA_TYPE_NAMES, MAX_SHARED_BYTES, array_param, backend_of, get_kernel, scalar_param,
                      source_constant)
@@ -123,8 +123,8 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
     check_variant(variant)
     source = DECODE_VARIANTS[variant]
     max_group = source_constant(source, "DECODE_MAX_GROUP")
-    group = _check_heads(H, K, max_group)
-    _check_head_dim(d)
+    group = check_heads(H, K, max_group)
+    check_head_dim(d)
     backend = backend_of(q)
     if partition_size is None:
         partition_size = choose_partition_size(variant, B, K, max_blocks * block_size, block_size, group, d,
@@ -135,11 +135,11 @@ def plan_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, partition_
     if shared > MAX_SHARED_BYTES:
         raise InputError(f"partition_size {partition_size} needs {shared} bytes of shared memory for {group} heads "
                          f"per group; the limit is {MAX_SHARED_BYTES}: use a smaller partition")
-    _check_storage("q", q)
-    _check_storage("k_cache", k_cache, q.dtype)
-    _check_storage("v_cache", v_cache, q.dtype)
+    check_array_storage("q", q)
+    check_array_storage("k_cache", k_cache, q.dtype)
+    check_array_storage("v_cache", v_cache, q.dtype)
     if variant == "bandwidth":
-        _check_aligned16(q=q, k_cache=k_cache, v_cache=v_cache)
+        check_aligned16(q=q, k_cache=k_cache, v_cache=v_cache)
 
     if backend == "cpu" or checked_mode():
         check_block_tables(block_tables, seq_lens, block_size, num_blocks)

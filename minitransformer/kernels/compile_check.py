@@ -114,7 +114,7 @@ def nvcc_command(nvcc: str, source: Path, arch: str) -> list[str]:
             "-o", str(source.with_suffix(".cubin")), str(source)]
 
 
-def _demangle(names: list[str]) -> dict[str, str]:
+def demangle(names: list[str]) -> dict[str, str]:
     """Mangled -> "kernel<args>" through cu++filt or c++filt (names stay mangled when neither is installed)."""
     tool = shutil.which("cu++filt") or shutil.which("c++filt")
     if not tool or not names:
@@ -135,7 +135,7 @@ def compile_with_nvcc(nvcc: str, filename: str, expressions: tuple[str, ...], ar
         return {}, log, False
     parsed = parse_ptxas(log)
     readable = {re.sub(r"\s+", "", name): stats for name, stats in
-                zip(_demangle(list(parsed)).values(), parsed.values())}
+                zip(demangle(list(parsed)).values(), parsed.values())}
     return {e: readable[re.sub(r"\s+", "", e)] for e in expressions if re.sub(r"\s+", "", e) in readable}, log, True
 
 

@@ -38,7 +38,7 @@ class KernelError(MiniTransformerError):
 
 _ALIGN = r"(?:__align__|alignas)\s*\(\s*\d+\s*\)"
 _EXTERN_SHARED = re.compile(rf"extern\s+__shared__\s+((?:{_ALIGN}\s*|[\w:<>]+\s+)*?[\w:<>]+)\s+(\w+)\s*\[\s*\]\s*;")
-_EXTERN_C_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(')
+EXTERN_C_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(')
 
 
 def _rewrite_extern_shared(code: str, source_name: str) -> str:
@@ -55,7 +55,7 @@ def _rewrite_extern_shared(code: str, source_name: str) -> str:
     return code
 
 
-def _translation_unit(code: str, names: Sequence[str], source_name: str) -> str:
+def translation_unit(code: str, names: Sequence[str], source_name: str) -> str:
     """The file g++ compiles: header, kernel source under #line, then the launcher table and the C entry points."""
     entries = "".join(f"    ::cudacpu::entry(&{name}),\n" for name in names) or "    {},\n"   # no empty arrays
     quoted = source_name.replace("\\", "/").replace('"', "'")
@@ -79,7 +79,7 @@ def _compiler_id() -> str:
         raise KernelError(f"the CPU runner needs a C++17 compiler ({CXX}) and could not run it: {exc}") from None
 
 
-def _compile(source: str, options: Sequence[str], stem: str) -> Path:
+def compile_library(source: str, options: Sequence[str], stem: str) -> Path:
     """Compile to a cached shared library keyed by everything that affects the result; return its path."""
     headers = "".join(p.read_text() for p in sorted(HEADER_DIR.glob("*.h")))
     key = hashlib.sha256("\0".join([source, headers, " ".join(options), " ".join(CXX_FLAGS), _compiler_id()])
@@ -102,7 +102,7 @@ def _compile(source: str, options: Sequence[str], stem: str) -> Path:
     return library
 
 
-def _symbols(library: Path) -> tuple[dict[int, list[str]], list[tuple[str, int, int]]]:
+def library_symbols(library: Path) -> tuple[dict[int, list[str]], list[tuple[str, int, int]]]:
     """From the library's symbol table: {address: function names}, and the function-local statics in .bss as
     (name, address, bytes) -- our __shared__ arrays, since CUDA never initialises those (addresses are link-time)."""
     out = subprocess.run(["nm", "-f", "sysv", "-S", "--defined-only", str(library)], capture_output=True, text=True)
@@ -122,7 +122,7 @@ def _symbols(library: Path) -> tuple[dict[int, list[str]], list[tuple[str, int, 
 _NOT_SHARED = ("_ZZN7cudacpu", "_ZZNSt", "_ZZNKSt", "_ZZN9__gnu_cxx")   # the runtime's and the C++ library's statics
 
 
-def _local_prefix(symbol: str) -> str:
+def local_prefix(symbol: str) -> str:
     """The prefix of the mangled names of `symbol`'s local statics: `_Z3fooPf` -> `_ZZ3fooPfE` (then `4tile`), and
     for an extern "C" `foo`, `_ZZ3fooE`."""
     return "_ZZ" + symbol[2:] + "E" if symbol.startswith("_Z") else f"_ZZ{len(symbol)}{symbol}E"

@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 # ---- compiling: cpu_compile.py (the translation unit, the cached g++ call, the symbol table) -------------------------
-from .cpu_compile import KernelError, _EXTERN_C_KERNEL, _compile, _local_prefix, _symbols, _translation_unit
+from .cpu_compile import EXTERN_C_KERNEL, KernelError, compile_library, library_symbols, local_prefix, translation_unit
 
 MODES = ("fibers", "threads")
 ORDERS = ("forward", "reverse", "shuffle")  # the order runnable threads resume in after each barrier / collective
@@ -128,20 +128,20 @@ class CpuModule:
         self.code, self.options, self.mode, self.source_name = code, tuple(options), mode, source_name
         self.order, self.seed = order, seed          # each kernel's default resume order (settable per kernel)
         uncommented = re.sub(r"//[^\n]*|/\*.*?\*/", "", code, flags=re.S)   # a kernel in a comment is no kernel
-        names = list(dict.fromkeys([*name_expressions, *_EXTERN_C_KERNEL.findall(uncommented)]))
+        names = list(dict.fromkeys([*name_expressions, *EXTERN_C_KERNEL.findall(uncommented)]))
         self._build(names)
 
     def _build(self, names: list[str]) -> None:
         stem = re.sub(r"\W", "_", Path(self.source_name).stem) or "kernel"
-        source = _translation_unit(self.code, names, self.source_name)
-        self.library_path = _compile(source, self.options, stem)
+        source = translation_unit(self.code, names, self.source_name)
+        self.library_path = compile_library(source, self.options, stem)
         lib = ctypes.CDLL(str(self.library_path))
         lib.cudacpu_kernel_address.restype = ctypes.c_void_p
         lib.cudacpu_kernel_address.argtypes = [ctypes.c_int]
         lib.cudacpu_describe.argtypes = [ctypes.c_int, ctypes.POINTER(_ParamInfo), ctypes.c_int]
         lib.cudacpu_launch.argtypes = [ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.POINTER(ctypes.c_void_p)]
         self._lib, self._names = lib, names
-        self._functions, statics = _symbols(self.library_path)
+        self._functions, statics = library_symbols(self.library_path)
         # Load address: an exported function's address minus its link-time address in the symbol table.
         link_address = next(a for a, syms in self._functions.items() if "cudacpu_launch" in syms)
         self._base = ctypes.cast(lib.cudacpu_launch, ctypes.c_void_p).value - link_address
@@ -162,7 +162,7 @@ class CpuModule:
     def _static_shared_bytes(self, index: int) -> int:
         """Bytes of static __shared__ arrays declared in kernel `index` itself (found through its symbol)."""
         offset = self._lib.cudacpu_kernel_address(index) - self._base
-        prefixes = tuple(_local_prefix(symbol) for symbol in self._functions.get(offset, []))
+        prefixes = tuple(local_prefix(symbol) for symbol in self._functions.get(offset, []))
         return sum(size for name, _, size in self._statics if prefixes and name.startswith(prefixes))
 
 

@@ -27,19 +27,19 @@ class AttentionPlan:
         return self.out, self.lse
 
 
-def _check_storage(name: str, array, dtype=None) -> None:
+def check_array_storage(name: str, array, dtype=None) -> None:
     if array.dtype not in DTYPES:
         raise InputError(f"{name} has dtype {array.dtype}; the kernels take float32 or float16")
     if dtype is not None and array.dtype != dtype:
         raise InputError(f"{name} has dtype {array.dtype} but q has {dtype}: all inputs share one dtype")
 
 
-def _check_head_dim(d: int) -> None:
+def check_head_dim(d: int) -> None:
     if d not in HEAD_DIMS:
         raise InputError(f"head_dim {d} is not compiled; the kernels are instantiated for {HEAD_DIMS}")
 
 
-def _check_heads(H: int, K: int, max_group: int | None = None) -> int:
+def check_heads(H: int, K: int, max_group: int | None = None) -> int:
     if K < 1 or H % K:
         raise InputError(f"{H} query heads cannot be grouped over {K} KV heads (H must be a multiple of K)")
     if max_group is not None and H // K > max_group:
@@ -56,18 +56,18 @@ def check_prefill_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
     if k.shape != v.shape or k.shape[0] != B or k.shape[3] != d:
         raise InputError(f"k {k.shape} and v {v.shape} must both be (B={B}, K, Tk, d={d})")
     K, Tk = k.shape[1], k.shape[2]
-    _check_heads(H, K)
-    _check_head_dim(d)
+    check_heads(H, K)
+    check_head_dim(d)
     if not 1 <= Tq <= Tk:
         raise InputError(f"flash_prefill needs 1 <= Tq <= Tk (queries are the last Tq of Tk positions); "
                          f"got Tq={Tq}, Tk={Tk}")
-    _check_storage("q", q)
-    _check_storage("k", k, q.dtype)
-    _check_storage("v", v, q.dtype)
+    check_array_storage("q", q)
+    check_array_storage("k", k, q.dtype)
+    check_array_storage("v", v, q.dtype)
     return B, H, Tq, d, K, Tk
 
 
-def _check_aligned16(**arrays) -> None:
+def check_aligned16(**arrays) -> None:
     """The bandwidth kernel reads 16 bytes per load, which must start at a multiple of 16 (a row of d = 64 or 128
     elements always does; an array that starts off that grid, e.g. a view at an odd offset, does not)."""
     for name, array in arrays.items():

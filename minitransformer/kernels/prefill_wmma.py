@@ -14,7 +14,7 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import InputError
-from .plan import HEAD_DIMS, AttentionPlan, _check_aligned16, check_prefill_inputs
+from .plan import HEAD_DIMS, AttentionPlan, check_aligned16, check_prefill_inputs
 from .loader import array_param, backend_of, get_kernel, scalar_param, source_constant
 
 WMMA_FILE = "flash_prefill_wmma.cu"
@@ -43,7 +43,7 @@ def plan_flash_prefill_wmma(q, k, v, *, module=None) -> AttentionPlan:
     if q.dtype != np.float16:
         raise InputError(f"the tensor-core prefill takes float16 q, k, v (tensor cores multiply float16); got "
                          f"{q.dtype}: use variant='cuda_cores' or convert")
-    _check_aligned16(q=q, k=k, v=v)
+    check_aligned16(q=q, k=k, v=v)
 
     backend = backend_of(q)
     xp = array_module(q)

@@ -31,11 +31,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compile_check import DEFAULT_ARCH, KERNEL_FILES, _demangle, instantiation_source, nvcc_command, parse_ptxas
+from .compile_check import DEFAULT_ARCH, KERNEL_FILES, demangle, instantiation_source, nvcc_command, parse_ptxas
 from .decode_sizing import (DECODE_VARIANTS, DEFAULT_NUM_SMS, PARTITION_KERNELS, choose_partition_size,
                             decode_expressions, decode_shared_bytes, decode_threads)
 from .sass_loops import Loop, find_loops, innermost_busiest, parse_sass, split_functions
-from .toolchain import _cuda_roots, _nvidia_wheel_dirs, find_nvcc
+from .toolchain import cuda_roots, find_nvcc, nvidia_wheel_dirs
 
 # H200 SXM: 4.8 TB/s of HBM3e (NVIDIA H200 Tensor Core GPU datasheet), 132 SMs. Per SM on compute capability 9.0
 # (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"): 64K 32-bit registers, allocated
@@ -84,8 +84,8 @@ class KernelSass:
 
 def find_cuobjdump() -> str | None:
     """cuobjdump on PATH, in the CUDA toolkit, or from NVIDIA's pip wheel (nvidia-cuda-cuobjdump)."""
-    candidates = [shutil.which("cuobjdump")] + [str(r / "bin" / "cuobjdump") for r in _cuda_roots()]
-    candidates += [str(p) for base in _nvidia_wheel_dirs() for p in base.glob("*/bin/cuobjdump")]
+    candidates = [shutil.which("cuobjdump")] + [str(r / "bin" / "cuobjdump") for r in cuda_roots()]
+    candidates += [str(p) for base in nvidia_wheel_dirs() for p in base.glob("*/bin/cuobjdump")]
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
@@ -111,7 +111,7 @@ def compile_sass(filename: str, expressions: tuple[str, ...], arch: str, nvcc: s
                                  text=True, env=env, check=True).stdout
     stats = parse_ptxas(built.stdout + built.stderr)
     functions = split_functions(listing)
-    readable = _demangle(list(functions))
+    readable = demangle(list(functions))
     by_name = {re.sub(r"\s+", "", readable[m]): m for m in functions}
     kernels = []
     for expression in expressions:

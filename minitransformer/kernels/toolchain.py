@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 
-def _cuda_roots() -> list[Path]:
+def cuda_roots() -> list[Path]:
     roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
     return [Path(r) for r in roots if r and Path(r).is_dir()]
 
@@ -21,13 +21,13 @@ def find_nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    for root in _cuda_roots():
+    for root in cuda_roots():
         if (root / "bin" / "nvcc").is_file():
             return str(root / "bin" / "nvcc")
     return None
 
 
-def _nvidia_wheel_dirs() -> list[Path]:
+def nvidia_wheel_dirs() -> list[Path]:
     """The folders of NVIDIA's pip wheels (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib, ...), where CuPy finds NVRTC."""
     try:
         import nvidia
@@ -40,8 +40,8 @@ def find_nvrtc() -> Path | None:
     """libnvrtc: $MINITRANSFORMER_NVRTC, the CUDA toolkit, NVIDIA's pip wheels, or the system's library path."""
     if os.environ.get("MINITRANSFORMER_NVRTC"):
         return Path(os.environ["MINITRANSFORMER_NVRTC"])
-    candidates = [p for root in _cuda_roots() for sub in ("lib64", "lib") for p in (root / sub).glob("libnvrtc.so*")]
-    candidates += [p for base in _nvidia_wheel_dirs() for p in base.glob("*/lib/libnvrtc.so*")]
+    candidates = [p for root in cuda_roots() for sub in ("lib64", "lib") for p in (root / sub).glob("libnvrtc.so*")]
+    candidates += [p for base in nvidia_wheel_dirs() for p in base.glob("*/lib/libnvrtc.so*")]
     candidates = [p for p in candidates if "builtins" not in p.name and ".alt." not in p.name]
     if candidates:
         return sorted(candidates)[-1]
@@ -51,8 +51,8 @@ def find_nvrtc() -> Path | None:
 
 def find_cuda_include() -> Path | None:
     """The folder holding cuda_fp16.h, which CuPy passes to NVRTC as -I (the toolkit's or a wheel's include/)."""
-    folders = [root / "include" for root in _cuda_roots()]
-    folders += [p.parent for base in _nvidia_wheel_dirs() for p in base.glob("*/include/cuda_fp16.h")]
+    folders = [root / "include" for root in cuda_roots()]
+    folders += [p.parent for base in nvidia_wheel_dirs() for p in base.glob("*/include/cuda_fp16.h")]
     return next((f for f in folders if (f / "cuda_fp16.h").is_file()), None)
 
 

@@ -9,7 +9,7 @@ talk to it through queues) -> responses.py (whole responses and server-sent-even
 """
 
 from .app import Server, ServerConfig
-from .engine_loop import EngineLoop, StreamItem
+from .engine_loop import EngineLoop
 from .prometheus import ServerMetrics
 
-__all__ = ["Server", "ServerConfig", "EngineLoop", "StreamItem", "ServerMetrics"]
+__all__ = ["Server", "ServerConfig", "EngineLoop", "ServerMetrics"]

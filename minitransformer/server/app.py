@@ -39,10 +39,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..errors import MiniTransformerError, QuotaError
-from ..request import make_request
 from ..metrics import now
+from ..request import Delta, make_request
 from .connections import quiet_accept_errors
-from .engine_loop import EngineLoop, StreamItem
+from .engine_loop import EngineLoop
 from .errors import (APIError, EngineFailed, QueueFull, bad_request, http_error, internal_error,
                      too_many_requests)
 from .guard import AllowedHosts, Guard
@@ -75,9 +75,9 @@ class Server:
 
     def __init__(self, model, loop: EngineLoop, config: ServerConfig):
         self.model, self.loop, self.config = model, loop, config
-        bm = loop.engine.block_manager
+        sizes = loop.engine.config
         # the longest request the engine can take: its max_model_len, and never more than the whole KV pool
-        self.max_request_tokens = min(loop.engine.max_model_len, bm.num_blocks * bm.block_size + 1)
+        self.max_request_tokens = min(sizes.max_model_len, sizes.pool_tokens + 1)
         self.prompt_limits = PromptLimits.for_context(self.max_request_tokens)
         self.draining = False                # set by drain(): new requests get 503, endless streams end
         self.in_flight: set[str] = set()     # ids of the requests the engine has not finished with
@@ -109,8 +109,9 @@ class Server:
             yield
         finally:
             await run_in_threadpool(self.loop.stop)
-            bm = self.loop.engine.block_manager
-            log.info("shutting down: the engine stopped; %d of %d KV blocks free", bm.num_free_blocks, bm.num_blocks)
+            stats = self.loop.engine.stats
+            log.info("shutting down: the engine stopped; %d of %d KV blocks free", stats.num_free_blocks,
+                     stats.num_blocks)
 
     async def drain(self, timeout_s: float, forced=lambda: False) -> None:
         """A graceful end, in three logged phases: take no new requests (503); give the running ones up to
@@ -173,7 +174,7 @@ class Server:
         items: asyncio.Queue = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
 
-        def deliver(item: StreamItem) -> None:           # on the event loop
+        def deliver(item: Delta) -> None:           # on the event loop
             items.put_nowait(item)
             if item.result is not None or item.error is not None:
                 self.in_flight.discard(request_id)       # the engine is done with it
@@ -234,13 +235,13 @@ class Server:
         if first is not None:
             yield sse(first)
         while True:
-            item: StreamItem = await items.get()
+            item: Delta = await items.get()
             if item.error is not None:
                 yield sse({"error": {"message": item.error, "type": "server_error", "param": None, "code": None}})
                 break
             finished = item.result is not None
             if item.text or item.logprobs or finished or (builder.return_token_ids and item.token_ids):
-                yield sse(builder.chunk(item.text, item.logprobs, item.result, item.token_ids))
+                yield sse(builder.chunk(item.text, item.logprobs or [], item.result, item.token_ids))
             if finished:
                 if include_usage:
                     yield sse(builder.usage_chunk(item.result))
@@ -254,7 +255,7 @@ class Server:
         try:
             while True:
                 try:
-                    item: StreamItem = await asyncio.wait_for(items.get(), DISCONNECT_POLL_S)
+                    item: Delta = await asyncio.wait_for(items.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         return Response(status_code=499)          # nobody reads it; the abort frees the blocks
@@ -262,7 +263,7 @@ class Server:
                 if item.error is not None:
                     finished = True
                     raise APIError(500, item.error, type="server_error")
-                entries += item.logprobs
+                entries += item.logprobs or []
                 if item.result is not None:
                     finished = True
                     if item.result.stop_reason == SHUTDOWN:
@@ -279,7 +280,7 @@ class Server:
     async def models(self, request: Request) -> Response:
         self._authorize(request)
         card = {"id": self.config.model_name, "object": "model", "created": self.config.started,
-                "owned_by": "minitransformer", "max_model_len": self.loop.engine.max_model_len}
+                "owned_by": "minitransformer", "max_model_len": self.loop.engine.config.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(self, request: Request) -> Response:
@@ -297,7 +298,7 @@ class Server:
             ids = await run_in_threadpool(tokenizer.encode, api.prompt)
         else:
             ids = api.prompt
-        body = {"count": len(ids), "max_model_len": self.loop.engine.max_model_len, "tokens": ids}
+        body = {"count": len(ids), "max_model_len": self.loop.engine.config.max_model_len, "tokens": ids}
         if data.get("return_token_strs"):
             body["token_strs"] = tokenizer.pieces(ids)
         return JSONResponse(body)

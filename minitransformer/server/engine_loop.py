@@ -4,7 +4,7 @@
     ---------------------                        ----------------------------------------------------------
     submit(ids, params) --- command queue --->   engine.add_request(...)   (or refuse: queue full, quota)
                         <--- Future ----------   request id
-    await items.get()   <--- call_soon_threadsafe: one StreamItem per step per request (text, tokens, logprobs)
+    await items.get()   <--- call_soon_threadsafe: one Delta per step per request (text, tokens, logprobs)
     abort(rid)          --- command queue --->   engine.abort(rid): blocks freed now, final item next step
 
 Why a thread and queues: the Engine is plain synchronous code (serving/engine.py) and is not thread-safe, and a model
@@ -12,6 +12,9 @@ step takes milliseconds to seconds. Run on the event loop, it would freeze every
 from several handlers at once, it would corrupt the block tables. So exactly one thread touches the Engine, and the
 event loop only ever waits on queues. Between two steps the thread takes in every command that arrived, which is
 what makes the batching continuous: a request that arrives mid-stream joins the running batch at the next step.
+
+The thread reads the Engine only through its read API (serving/outputs.py: the outputs of step(), stats,
+snapshot(), recent_steps()), never its block manager, scheduler or sequences: tests/test_layering.py checks that.
 
 A request lives as long as its client: a handler whose client went away calls abort(), and the thread aborts it
 before the next step. A request older than --request-timeout is aborted with stop_reason "timeout".
@@ -23,28 +26,15 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
 
-from ..request import Result
 from ..metrics import now
+from ..request import Delta
 from ..serving import Engine
 from .errors import EngineFailed, QueueFull
 from .prometheus import ServerMetrics
 from .responses import finish
 
 log = logging.getLogger("minitransformer.server")
-
-STEP_HISTORY = 512          # the Engine's step_log is trimmed to about this many records (it would grow forever)
-
-
-@dataclass
-class StreamItem:
-    """What one step produced for one request: new text, its tokens, their logprob entries; result when finished."""
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict]
-    result: Result | None = None
-    error: str | None = None            # the engine failed: the request ends with this message
 
 
 class EngineLoop:
@@ -57,9 +47,8 @@ class EngineLoop:
         self.stats = engine.stats                        # a fresh snapshot after every step, read by /metrics
         self.error: str | None = None                    # set when a step failed: the server stops taking work
         self._commands: queue.Queue = queue.Queue()
-        self._sinks: dict[str, object] = {}              # request id -> callable(StreamItem), into its handler
+        self._sinks: dict[str, object] = {}              # request id -> callable(Delta), into its handler
         self._deadlines: dict[str, float] = {}
-        self._logprobs_sent: dict[str, int] = {}
         self.publish_hooks: list = []                    # fn(loop), called in the engine thread after each publish
         self._thread = threading.Thread(target=self._run, name="minitransformer-engine", daemon=True)
 
@@ -76,7 +65,7 @@ class EngineLoop:
     def submit(self, prompt_ids: list[int], params, priority: int, tenant: str | None, arrival_time: float,
                sink, request_id: str | None = None, cache_salt: str | None = None) -> Future:
         """Hand a tokenized request to the engine thread. The Future resolves to its request id, or to the error
-        that refused it (InputError, QuotaError, QueueFull, EngineFailed). `sink(StreamItem)` is called from the
+        that refused it (InputError, QuotaError, QueueFull, EngineFailed). `sink(Delta)` is called from the
         engine thread. request_id: the id to give it (the server's are random); cache_salt: Engine.add_request's."""
         future: Future = Future()
         self._commands.put(lambda: self._add(future, sink, prompt_ids, params, priority, tenant, arrival_time,
@@ -90,7 +79,7 @@ class EngineLoop:
         """End every request the engine holds, running or waiting: each handler gets its final item (finish_reason
         "abort", stop_reason `reason`) with the text it has so far, and the blocks are freed."""
         def abort_all():
-            for request_id in list(self.engine.sequences):
+            for request_id in self.engine.unfinished_request_ids():
                 self.engine.abort(request_id, reason=reason)
         self._commands.put(abort_all)
 
@@ -136,7 +125,7 @@ class EngineLoop:
         if self.error is not None:
             future.set_exception(EngineFailed(self.error))
             return
-        waiting = len(self.engine.scheduler.waiting)
+        waiting = self.engine.stats.num_waiting_reqs
         if self.max_waiting is not None and waiting >= self.max_waiting:
             future.set_exception(QueueFull(f"the waiting queue is full ({waiting} requests waiting, "
                                            f"--max-waiting {self.max_waiting}); retry shortly"))
@@ -149,7 +138,6 @@ class EngineLoop:
             future.set_exception(exc)
             return
         self._sinks[request_id] = sink
-        self._logprobs_sent[request_id] = 0
         if self.request_timeout_s is not None:
             self._deadlines[request_id] = arrival_time + self.request_timeout_s
         future.set_result(request_id)
@@ -162,27 +150,19 @@ class EngineLoop:
                 self.engine.abort(request_id, reason="timeout")
 
     def _dispatch(self, outputs) -> None:
-        """Each RequestOutput of the step -> its handler, with the logprob entries it has not been sent yet."""
+        """Each RequestOutput of the step -> its handler: its Delta (text, tokens, logprob entries, Result)."""
         for out in outputs:
             rid = out.request_id
-            source = out.result.logprobs if out.finished else self.engine.sequences[rid].logprobs
-            sent = self._logprobs_sent.get(rid, 0)
-            entries = source[sent:] if source is not None else []
-            self._logprobs_sent[rid] = sent + len(entries)
             sink = self._sinks.get(rid)
             if out.finished:
                 self._sinks.pop(rid, None)
                 self._deadlines.pop(rid, None)
-                self._logprobs_sent.pop(rid, None)
                 self.metrics.observe_finished(out.result, finish(out.result)[0])
             if sink is not None:
-                _deliver(sink, StreamItem(out.delta.text, out.delta.token_ids, entries, out.result))
+                _deliver(sink, out.delta)
 
     def _publish(self) -> None:
-        """Snapshots for readers on other threads (assigning a reference is atomic), and the step history trimmed."""
-        log_ = self.engine.step_log
-        if len(log_) > 2 * STEP_HISTORY:
-            del log_[:-STEP_HISTORY]
+        """Snapshots for readers on other threads (assigning a reference is atomic)."""
         self.stats = self.engine.stats
         for hook in self.publish_hooks:                  # live.py: the live page's snapshot, only while watched
             hook(self)
@@ -190,26 +170,26 @@ class EngineLoop:
     def _fail_all(self, message: str) -> None:
         self.error = message
         try:
-            for request_id in list(self.engine.sequences):
+            for request_id in self.engine.unfinished_request_ids():
                 self.engine.abort(request_id)            # frees their blocks
         except Exception:
             log.exception("could not abort the requests of the failed engine")
         for sink in self._sinks.values():
-            _deliver(sink, StreamItem("", [], [], error=message))
+            _deliver(sink, Delta("", [], logprobs=[], error=message))
         self._sinks.clear()
         self._deadlines.clear()
 
     def _shutdown(self) -> None:
         if self.error is not None:
             return
-        for request_id in list(self.engine.sequences):
+        for request_id in self.engine.unfinished_request_ids():
             self.engine.abort(request_id)
         while self.engine.has_unfinished_requests():
             self._dispatch(self.engine.step())           # only the aborts' final outputs: no model work
         self._publish()
 
 
-def _deliver(sink, item: StreamItem) -> None:
+def _deliver(sink, item: Delta) -> None:
     try:
         sink(item)
     except RuntimeError:                                 # the handler's event loop is closed: nobody to tell

@@ -10,11 +10,12 @@ table), the KV pool as one letter per block (`.` free, `u` used by one sequence,
 cached prefix, `c` free but still holding a cached prefix that a new request can revive), the engine's counters
 (EngineStats), the requests that finished lately with their TTFT and ITL, and the steps since the previous event.
 
-Why it is built in the engine thread: the BlockManager and the scheduler's queues change during a step, and reading
-them from the event loop would race with it. So `LiveFeed.on_publish` runs as one of EngineLoop's publish hooks,
-between two steps, and hands the event loop a finished dict (assigning a reference is atomic). It does that only
-while at least one page is subscribed: a decode step runs thousands of times, and nobody should pay for a snapshot
-nobody reads. Its cost is one pass over the blocks and the sequences.
+Where it comes from: `Engine.snapshot()` (serving/outputs.py), the engine's read API; this file only turns it into
+the page's JSON. Why it is built in the engine thread: the block tables and the queues change during a step, and
+reading them from the event loop would race with it. So `LiveFeed.on_publish` runs as one of EngineLoop's publish
+hooks, between two steps, and hands the event loop a finished dict (assigning a reference is atomic). It does that
+only while at least one page is subscribed: a decode step runs thousands of times, and nobody should pay for a
+snapshot nobody reads. Its cost is one pass over the blocks and the sequences.
 
 With --api-keys the events need the key too. A browser's EventSource cannot send an Authorization header, so the page
 reads this stream with fetch(), as it reads a streamed completion, and sends `Authorization: Bearer KEY`. A tenant's
@@ -36,6 +37,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..metrics import now
+from ..serving import BlockState
 from .errors import APIError
 from .responses import sse
 
@@ -59,37 +61,29 @@ PAGE_HEADERS = {
 }
 
 BLOCK_FREE, BLOCK_USED, BLOCK_SHARED, BLOCK_CACHED = ".", "u", "s", "c"
+BLOCK_LETTERS = {BlockState.FREE: BLOCK_FREE, BlockState.USED: BLOCK_USED, BlockState.SHARED: BLOCK_SHARED,
+                 BlockState.CACHED: BLOCK_CACHED}
 
 
-def snapshot(loop, finished: collections.deque, model_name: str) -> dict:
-    """The engine's state as plain data. Call it only in the engine thread, between steps."""
-    engine = loop.engine
-    bm, scheduler = engine.block_manager, engine.scheduler
-    pool = []
-    for block, refs in enumerate(bm.ref_counts):                   # O(blocks): the one pass over the pool
-        if refs > 1:
-            pool.append(BLOCK_SHARED)
-        elif refs == 1:
-            pool.append(BLOCK_USED)
-        else:
-            pool.append(BLOCK_CACHED if bm.block_hash[block] is not None else BLOCK_FREE)
+def snapshot(engine_snapshot, finished: collections.deque, model_name: str) -> dict:
+    """An Engine.snapshot() as the page's plain data."""
+    snap = engine_snapshot
+    config = snap.config
 
     def sequence(seq) -> dict:
-        m = seq.metrics
-        return {"id": seq.request_id, "tenant": seq.tenant, "status": seq.status.value,
+        return {"id": seq.request_id, "tenant": seq.tenant, "status": seq.status,
                 "prompt_tokens": seq.num_prompt_tokens,
                 "output_tokens": seq.num_output_tokens, "computed_tokens": seq.num_computed_tokens,
-                "max_tokens": seq.params.max_tokens, "preemptions": seq.num_preemptions,
-                "blocks": list(bm.block_tables.get(seq.request_id, ())),
-                "ttft_s": m.ttft_s, "itl_s": _mean_itl(m)}
+                "max_tokens": seq.max_tokens, "preemptions": seq.num_preemptions,
+                "blocks": list(seq.block_table), "ttft_s": seq.ttft_s, "itl_s": seq.itl_s}
 
-    return {"time": now(), "model": model_name, "step": engine.num_steps,
-            "config": {"num_blocks": bm.num_blocks, "block_size": bm.block_size,
-                       "max_num_seqs": scheduler.max_num_seqs,
-                       "max_num_batched_tokens": scheduler.max_num_batched_tokens, "policy": scheduler.policy,
-                       "max_model_len": engine.max_model_len},
-            "stats": asdict(loop.stats), "pool": "".join(pool),
-            "running": [sequence(s) for s in scheduler.running], "waiting": [sequence(s) for s in scheduler.waiting],
+    return {"time": now(), "model": model_name, "step": snap.step,
+            "config": {"num_blocks": config.num_blocks, "block_size": config.block_size,
+                       "max_num_seqs": config.max_num_seqs,
+                       "max_num_batched_tokens": config.max_num_batched_tokens, "policy": config.policy,
+                       "max_model_len": config.max_model_len},
+            "stats": asdict(snap.stats), "pool": "".join(BLOCK_LETTERS[state] for state in snap.blocks),
+            "running": [sequence(s) for s in snap.running], "waiting": [sequence(s) for s in snap.waiting],
             "finished": list(finished)}
 
 
@@ -108,12 +102,6 @@ def view(state: dict, tenant) -> dict:
             "finished": [f for f in state["finished"] if f["tenant"] == tenant]}
 
 
-def _mean_itl(metrics) -> float | None:
-    """Mean inter-token latency so far, from the first and last token times (no pass over every gap)."""
-    times = metrics.token_times
-    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-
-
 def step_dict(record) -> dict:
     return {"step": record.step, "prefill_tokens": record.num_prefill_tokens,
             "decode_tokens": record.num_decode_tokens, "num_seqs": len(record.request_ids),
@@ -130,7 +118,7 @@ class LiveFeed:
         self.subscribers = 0                     # changed on the event loop only; read by the engine thread
         self.latest: tuple[int, dict, list] | None = None     # (version, snapshot, latest step records)
         self._version = 0
-        self._watched: dict[str, object] = {}    # request id -> Sequence, as of the last snapshot
+        self._watched: set[str] = set()          # ids of the unfinished requests, as of the last snapshot
         self._finished: collections.deque = collections.deque(maxlen=FINISHED_KEPT)
         self.loop.publish_hooks.append(self.on_publish)
 
@@ -148,12 +136,15 @@ class LiveFeed:
             return
         try:
             engine = loop.engine
-            for request_id in [r for r in self._watched if r not in engine.sequences]:
-                self._finished.appendleft(_finished_entry(self._watched.pop(request_id)))
-            self._watched.update(engine.sequences)
+            state = engine.snapshot()
+            for seq in reversed(state.finished):                     # oldest first: the latest ends up first
+                if seq.request_id in self._watched:                  # finished since the last snapshot
+                    self._watched.discard(seq.request_id)
+                    self._finished.appendleft(_finished_entry(seq))
+            self._watched = {s.request_id for s in state.running + state.waiting}
             self._version += 1
-            self.latest = (self._version, snapshot(loop, self._finished, self.server.config.model_name),
-                           engine.step_log[-STEPS_ON_CONNECT:])          # a copy: the engine thread trims its log
+            self.latest = (self._version, snapshot(state, self._finished, self.server.config.model_name),
+                           engine.recent_steps(STEPS_ON_CONNECT))     # a copy: the engine thread trims its log
         except Exception:                        # a bug here must not stop the engine
             log.exception("could not build the live page's snapshot")
 
@@ -203,8 +194,7 @@ class LiveFeed:
 
 
 def _finished_entry(seq) -> dict:
-    m, decision = seq.metrics, seq.decision
+    """A finished request's SequenceView as the page's row."""
     return {"id": seq.request_id, "tenant": seq.tenant, "prompt_tokens": seq.num_prompt_tokens,
-            "output_tokens": seq.num_output_tokens,
-            "ttft_s": m.ttft_s, "itl_s": _mean_itl(m), "finish_reason": decision.finish_reason if decision else None,
-            "preemptions": seq.num_preemptions}
+            "output_tokens": seq.num_output_tokens, "ttft_s": seq.ttft_s, "itl_s": seq.itl_s,
+            "finish_reason": seq.finish_reason, "preemptions": seq.num_preemptions}

@@ -28,9 +28,18 @@ the blocks in all tables are exactly the blocks with a count > 0, each counted o
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 
 from ..errors import InputError
+
+
+class BlockState(enum.Enum):
+    """One KV block, as the live page colours it."""
+    FREE = "free"                    # no block table holds it, and it holds no cached prefix
+    USED = "used"                    # in exactly one block table
+    SHARED = "shared"                # in several block tables (a prefix-cache hit)
+    CACHED = "cached"                # free, but still holding a cached prefix that a new request can revive
 
 
 class BlockManager:
@@ -67,6 +76,12 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def block_states(self) -> list[BlockState]:
+        """Every block's state, in block order (one pass over the pool: call it for a snapshot, not per step)."""
+        return [BlockState.SHARED if refs > 1 else BlockState.USED if refs == 1
+                else BlockState.CACHED if cached is not None else BlockState.FREE
+                for refs, cached in zip(self.ref_counts, self.block_hash)]
 
     # ------------------------------------------------------------------ prefix cache
 

@@ -19,10 +19,18 @@ Admission control (add_request raises InputError with the numbers): the generate
 vocabulary, ...), prompt + max_tokens <= max_model_len, the request must fit in the whole KV pool by itself, and a
 tenant's unfinished requests may hold at most tenant_token_quota tokens (prompt + max_tokens) in flight.
 Lessons 08 (static vs continuous), 09 (paged attention) and 10 (priority) drive it and read `step_log`.
+
+The read API (outputs.py), all a caller above the engine needs: step() -> a RequestOutput per request (its Delta: new
+tokens, text, logprob entries, the Result at the end); `stats`; `config` (the fixed sizes); `snapshot()` (the queues,
+each block's state and the block tables, the requests finished lately); `recent_steps(n)` (the latest StepRecords,
+copied); `unfinished_request_ids()`. `step_log` is the engine's own, bounded list (the latest STEP_LOG_SIZE records):
+read it between steps, never change it. The block manager, the scheduler and the sequences are the engine's private
+parts: the layering test keeps the server and the CLI off them.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 from ..backend import check_count, keep_freed_memory
@@ -36,7 +44,7 @@ from ..stopping import StopDecision
 from . import model_runner
 from .block_manager import BlockManager
 from .graph_runner import DecodeGraphs
-from .outputs import EngineStats, RequestOutput, StepRecord
+from .outputs import EngineConfig, EngineSnapshot, EngineStats, RequestOutput, SequenceView, StepRecord
 from .paged_cache import PagedKVCache
 from .scheduler import POLICIES, Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -44,6 +52,8 @@ from .sequence import Sequence, SequenceStatus
 # num_blocks=None: enough blocks for max_num_seqs full contexts, but no more than this many bytes of K and V
 # (16 full 8192-token contexts of the default model would be 6 GiB).
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20
+STEP_LOG_SIZE = 4096        # step_log keeps the latest this many records (a server steps forever)
+FINISHED_KEPT = 32          # snapshot().finished: the requests that finished lately
 
 
 class Engine:
@@ -104,9 +114,12 @@ class Engine:
                                        -(-longest // block_size),
                                        scratch_block=num_blocks, capture=model.device == "gpu")
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
+        self.config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, policy,
+                                   self.max_model_len, self.kv_bytes(num_blocks * block_size))
         self.tenant_token_quota = tenant_token_quota
         self.sequences: dict[str, Sequence] = {}         # unfinished requests
-        self.step_log: list[StepRecord] = []             # a long-running owner (the HTTP server) may trim it
+        self.step_log: list[StepRecord] = []             # the latest STEP_LOG_SIZE steps, trimmed by step()
+        self._finished: collections.deque[SequenceView] = collections.deque(maxlen=FINISHED_KEPT)
         self.num_steps = 0
         self._pending: list[RequestOutput] = []          # aborts, reported by the next step()
         self._arrivals = itertools.count()
@@ -186,8 +199,7 @@ class Engine:
             if logits is None:
                 logits = model_runner.execute(self.model, self.cache, inputs)      # (R, V)
             for seq, n in plan.scheduled:
-                if n == 1 and seq.output_ids and seq.num_computed_tokens == seq.num_tokens - 1:
-                    decode_tokens += 1                                   # the last sampled token's own step
+                decode_tokens += seq.is_decode(n)
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
             self._num_prompt_tokens += plan.num_batched_tokens - decode_tokens
@@ -200,8 +212,9 @@ class Engine:
             num_prefill_tokens=plan.num_batched_tokens - decode_tokens, num_decode_tokens=decode_tokens,
             num_batched_tokens=plan.num_batched_tokens, duration_s=now() - start,
             kv_cache_usage=self.block_manager.usage, num_waiting=len(self.scheduler.waiting),
-            num_running=len(self.scheduler.running), preempted=[s.request_id for s in plan.preempted],
-            start_s=start))
+            num_running=len(self.scheduler.running), preempted=[s.request_id for s in plan.preempted]))
+        if len(self.step_log) > STEP_LOG_SIZE:
+            del self.step_log[0]                          # shifts STEP_LOG_SIZE pointers: microseconds a step
         self.num_steps += 1
         return outputs
 
@@ -222,20 +235,21 @@ class Engine:
         delta = seq.append(token, logprobs)
         if delta.finish_reason is not None:
             self._release(seq)
-        return RequestOutput(seq.request_id, delta, delta.finish_reason is not None, delta.result)
+        return RequestOutput(seq.request_id, delta)
 
     def _finish(self, seq: Sequence, decision: StopDecision, new_tokens: list[int]) -> RequestOutput:
         """End a request now (an abort): its Result, then its blocks freed."""
         delta = seq.finish(decision, new_tokens)
         self._release(seq)
-        return RequestOutput(seq.request_id, delta, True, delta.result)
+        return RequestOutput(seq.request_id, delta)
 
     def _release(self, seq: Sequence) -> None:
-        """A finished sequence leaves the scheduler and gives its blocks back."""
+        """A finished sequence leaves the scheduler and gives its blocks back; snapshot() shows it a while longer."""
         self.scheduler.remove(seq)
         self.block_manager.free(seq)
         del self.sequences[seq.request_id]
         seq.status = SequenceStatus.FINISHED
+        self._finished.appendleft(SequenceView.of(seq, ()))
 
     # ------------------------------------------------------------------ observability
 
@@ -246,3 +260,21 @@ class Engine:
                            self.scheduler.num_preemptions, bm.prefix_cache_queries, bm.prefix_cache_hits,
                            self.num_steps, self._num_prompt_tokens, self._num_generation_tokens,
                            bm.num_free_blocks, bm.num_blocks)
+
+    def snapshot(self) -> EngineSnapshot:
+        """The queues, every block's state and reference count, the block tables, the requests finished lately: plain
+        values that stay true while the engine steps on. One pass over the pool and the unfinished sequences: build
+        it between steps, in the thread that steps the engine (the live page does, only while someone watches)."""
+        bm, scheduler = self.block_manager, self.scheduler
+        view = lambda seq: SequenceView.of(seq, bm.block_tables.get(seq.request_id, ()))   # noqa: E731
+        return EngineSnapshot(self.num_steps, self.config, self.stats, tuple(map(view, scheduler.running)),
+                              tuple(map(view, scheduler.waiting)), tuple(bm.block_states()), tuple(bm.ref_counts),
+                              tuple(self._finished))
+
+    def recent_steps(self, count: int) -> list[StepRecord]:
+        """The latest `count` StepRecords (at most STEP_LOG_SIZE), as a new list another thread may keep."""
+        return self.step_log[-count:] if count > 0 else []
+
+    def unfinished_request_ids(self) -> list[str]:
+        """Every request not finished yet, running or waiting, in the order they were added."""
+        return list(self.sequences)

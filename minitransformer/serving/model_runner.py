@@ -1,15 +1,16 @@
 """One engine step on the model: the scheduled tokens of all sequences in one forward pass (vLLM's ModelRunner).
 
-The step's tokens are laid end to end, (N,), decodes first, then each prefill chunk:
+The step's tokens are laid end to end, (N,), one-token rows first, then each prefill chunk:
 
     [ d0 d1 d2 ... | p0 p0 p0 p0 p0 | p1 p1 p1 ]        N = decodes + chunk lengths <= max_num_batched_tokens
 
-Every matmul (QKV, output projection, feed-forward) runs once over all N rows, so the weights are read from memory
-once per step however many sequences share it: that is where batching's speed comes from (decode alone is bound by
-reading the weights). Only attention is per sequence: the decodes as one padded batch, each with its own block
-table, and each prefill chunk on its own (its queries attend to its cached prefix and to each other, causally).
-Only the rows that end a sequence's pending tokens go through the final norm and lm_head: a partial prefill chunk
-samples nothing.
+A one-token row is batched with the decodes whatever it is: every decode (Sequence.is_decode, the one definition)
+is one, and a prompt's last single token needs the same one-query attention. Every matmul (QKV, output projection,
+feed-forward) runs once over all N rows, so the weights are read from memory once per step however many sequences
+share it: that is where batching's speed comes from (decode alone is bound by reading the weights). Only attention is
+per sequence: the one-token rows as one padded batch, each with its own block table, and each prefill chunk on its
+own (its queries attend to its cached prefix and to each other, causally). Only the rows that end a sequence's
+pending tokens go through the final norm and lm_head: a partial prefill chunk samples nothing.
 """
 
 from __future__ import annotations

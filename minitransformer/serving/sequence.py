@@ -6,9 +6,9 @@
 
 The one counter that drives everything is `num_computed_tokens`: how many of the sequence's tokens (prompt, then
 output) have their keys and values in the cache. A step computes tokens [num_computed_tokens, +n); when that reaches
-`num_tokens`, the step produced the logits of the next token, which is sampled and appended. A decode is the case
-n = 1, a prefill chunk any other n, and re-prefilling a preempted request is the same thing again from 0, so the
-scheduler never needs to tell them apart (vLLM v1's scheduler works the same way).
+`num_tokens`, the step produced the logits of the next token, which is sampled and appended. A decode computes the
+one token sampled last (`is_decode`), a prefill chunk anything else, and re-prefilling a preempted request is the
+same thing again from 0, so the scheduler never needs to tell them apart (vLLM v1's scheduler works the same way).
 Invariant: 0 <= num_computed_tokens < num_tokens while the sequence is unfinished.
 A Sequence *is* a request.RequestState (the output, detokenizer, random stream and the finishing stages that
 generate() uses too) plus what only a scheduler needs.
@@ -67,14 +67,11 @@ class Sequence(RequestState):
     def num_output_tokens(self) -> int:
         return len(self.output_ids)
 
-    @property
-    def is_prefill(self) -> bool:
-        """More than one token to compute before the next sample (a prompt, or a re-prefill after preemption)."""
-        return self.num_tokens - self.num_computed_tokens > 1
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+    def is_decode(self, num_new_tokens: int) -> bool:
+        """Whether computing num_new_tokens more is a decode: exactly one token, the one sampled last. Anything
+        else (a prompt, a chunk of one, a re-prefill after preemption) is a prefill chunk. The model runner splits
+        a step's rows by it and the engine counts decode tokens by it: the one definition of a decode."""
+        return num_new_tokens == 1 and bool(self.output_ids) and self.num_computed_tokens == self.num_tokens - 1
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output (without building the whole list: a decode asks for one)."""
