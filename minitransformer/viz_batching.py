@@ -4,7 +4,7 @@
                          B = 1 .. 64 (the fastest of a few steps after a warm-up): tokens/s = B / step time, and the
                          step time itself, which is every sequence's ITL; next to them the roofline projection of the
                          same steps on an H200 (bench/machine.py's datasheet peaks: a lower bound on time, no launch
-                         costs). A marker shows where doubling the batch first gains less than STOPS_PAYING in tokens/s
+                         costs). A marker shows the batch size from which no doubling gains STOPS_PAYING in tokens/s any more
 
 Decode reads every weight once per step whatever B is, so while the step is bound by memory a bigger batch is more
 tokens for nearly the same time: tokens/s grows almost linearly and ITL hardly moves. Once the arithmetic of B rows
@@ -52,11 +52,14 @@ class BatchSweep:
 
 
 def stops_paying(batches, tokens_per_s, factor: float = STOPS_PAYING) -> int | None:
-    """The first batch size whose doubling gained less than `factor` in tokens/s (None: every doubling paid)."""
-    for (b0, t0), (b1, t1) in zip(zip(batches, tokens_per_s), zip(batches[1:], tokens_per_s[1:])):
-        if b1 == 2 * b0 and t1 / t0 < factor:
-            return b0
-    return None
+    """The batch size from which no doubling in the sweep gains `factor` in tokens/s any more (None: the last
+    doubling still did, so batching had not stopped paying by the end of the sweep)."""
+    paid = [b1 == 2 * b0 and t1 / t0 >= factor for (b0, t0), (b1, t1)
+            in zip(zip(batches, tokens_per_s), zip(batches[1:], tokens_per_s[1:]))]
+    if not paid or paid[-1]:
+        return None
+    last_paid = max((i for i, p in enumerate(paid) if p), default=-1)
+    return batches[last_paid + 1]
 
 
 def measure_batch_sweep(model, batches=BATCHES, context: int = CONTEXT, repeats: int = STEP_REPEATS,
@@ -89,11 +92,23 @@ def draw_batching_sweep(model, sweep: BatchSweep, where: str, path) -> int | Non
     itl_ax.plot(b, np.array(sweep.step_s) * 1e3, "o-", color="tab:blue", label="this machine, measured")
     itl_ax.vlines(b, np.array(sweep.step_s) * 1e3, np.array(sweep.slowest_s) * 1e3, color="grey", lw=1)
     itl_ax.plot(b, np.array(sweep.h200_step_s) * 1e3, "s--", color="tab:green", label="H200, roofline projection")
+    rates = sweep.tokens_per_s
     if here is not None:
         i = sweep.batches.index(here)
-        rate_ax.annotate(f"batch {here} -> {2 * here}: x{sweep.tokens_per_s[i + 1] / sweep.tokens_per_s[i]:.2f}"
-                         f"\nbatching stops paying here", (here, sweep.tokens_per_s[i]), textcoords="offset points",
-                         xytext=(-10, 24), fontsize=8, color="tab:red", arrowprops=dict(arrowstyle="->", color="red"))
+        rate_ax.annotate(f"from batch {here} on, no doubling gains x{STOPS_PAYING}:\nbatching stops paying here",
+                         (here, rates[i]), textcoords="axes fraction", xytext=(0.45, 0.25), fontsize=8,
+                         color="tab:red", arrowprops=dict(arrowstyle="->", color="red"))
+    else:
+        b = sweep.batches
+        rate_ax.text(0.02, 0.03, f"the last doubling ({b[-2]} -> {b[-1]}) still gained x{rates[-1] / rates[-2]:.2f} "
+                     f"(>= x{STOPS_PAYING}):\nbatching had not stopped paying by batch {b[-1]}",
+                     transform=rate_ax.transAxes, fontsize=7.5, color="tab:red")
+    if len(rates) > 1 and sweep.batches[:2] == (1, 2) and rates[1] < rates[0]:
+        rate_ax.annotate(f"batch 2 gives fewer tokens/s than batch 1 (x{rates[1] / rates[0]:.2f}): one row takes\n"
+                         f"BLAS's matrix-vector path; two or more its matrix-matrix path, which re-packs\n"
+                         f"the weights at every call (docs/ARCHITECTURE.md, \"Where the time goes\")",
+                         (2, rates[1]), textcoords="axes fraction", xytext=(0.03, 0.42), fontsize=7.5,
+                         arrowprops=dict(arrowstyle="->", color="grey"))
     for ax in (rate_ax, itl_ax):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

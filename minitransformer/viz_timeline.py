@@ -73,14 +73,15 @@ def draw_request_timeline(model, path, where: str = "", data: dict | None = None
         top.barh(y, life["finished"] - life["tokens"][0], left=life["tokens"][0], height=0.36, color=colour,
                  alpha=0.25)
         top.vlines(life["tokens"], y - 0.18, y + 0.18, color=colour, lw=1)
-        top.text(life["arrival"], y + 0.26, f"{name} arrives ({life['prompt_tokens']}-token prompt)", fontsize=8)
+        top.text(life["arrival"], y - 0.34, f"{name} arrives ({life['prompt_tokens']}-token prompt)", fontsize=8,
+                 va="top")
     top.annotate("", (a["tokens"][0], 1.42), (0, 1.42), arrowprops=dict(arrowstyle="<->", lw=0.9))
     top.text(a["tokens"][0] / 2, 1.47, f"TTFT {a['ttft']:.0f} ms", ha="center", fontsize=8)
     top.annotate("", (a["finished"], 1.72), (0, 1.72), arrowprops=dict(arrowstyle="<->", lw=0.9))
     top.text(a["finished"] / 2, 1.77, f"E2EL {a['e2e']:.0f} ms ({len(a['tokens'])} tokens)", ha="center",
              fontsize=8)
     top.set_yticks([1, 0], ["request A", "request B"])
-    top.set_ylim(-0.5, 2.05)
+    top.set_ylim(-0.75, 2.05)
     top.set_xlabel("ms after A arrived")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=al) for c, al in
                (("lightgrey", 1), ("#f5a623", 1), ("tab:blue", 0.25))]

@@ -109,9 +109,11 @@ def test_batching_sweep_is_timed_steps_and_the_h200_roofline(real_model, tmp_pat
     assert min(png_size(path)) > 300
 
 
-def test_batching_stops_paying_at_the_first_doubling_that_gains_little():
+def test_batching_stops_paying_where_no_later_doubling_gains():
     from minitransformer.viz_batching import stops_paying
 
-    assert stops_paying((1, 2, 4, 8), [10, 19, 30, 33]) == 4          # 30 -> 33 is x1.1
-    assert stops_paying((1, 2, 4, 8), [10, 19, 30, 40]) is None        # every doubling gains x1.2 or more
-    assert stops_paying((1, 2, 4), [10, 11, 30]) == 1                  # the first one counts
+    assert stops_paying((1, 2, 4, 8), [10, 19, 30, 33]) == 4          # 30 -> 33 is x1.1, the last doubling
+    assert stops_paying((1, 2, 4, 8, 16), [10, 19, 30, 33, 34]) == 4  # from 4 on, no doubling pays
+    assert stops_paying((1, 2, 4, 8), [10, 19, 30, 40]) is None        # the last doubling still gained x1.33
+    assert stops_paying((1, 2, 4, 8), [10, 8, 20, 40]) is None         # a dip at 2 is not the end of batching
+    assert stops_paying((1, 2), [10, 11]) == 1
