@@ -54,12 +54,12 @@ class BatchSweep:
 def stops_paying(batches, tokens_per_s, factor: float = STOPS_PAYING) -> int | None:
     """The batch size from which no doubling in the sweep gains `factor` in tokens/s any more (None: the last
     doubling still did, so batching had not stopped paying by the end of the sweep)."""
-    paid = [b1 == 2 * b0 and t1 / t0 >= factor for (b0, t0), (b1, t1)
-            in zip(zip(batches, tokens_per_s), zip(batches[1:], tokens_per_s[1:]))]
-    if not paid or paid[-1]:
+    doublings = [(b0, t1 / t0 >= factor) for (b0, t0), (b1, t1)
+                 in zip(zip(batches, tokens_per_s), zip(batches[1:], tokens_per_s[1:])) if b1 == 2 * b0]
+    if not doublings or doublings[-1][1]:
         return None
-    last_paid = max((i for i, p in enumerate(paid) if p), default=-1)
-    return batches[last_paid + 1]
+    after_last_paid = max((i + 1 for i, (_, paid) in enumerate(doublings) if paid), default=0)
+    return doublings[after_last_paid][0]
 
 
 def measure_batch_sweep(model, batches=BATCHES, context: int = CONTEXT, repeats: int = STEP_REPEATS,

@@ -117,3 +117,5 @@ def test_batching_stops_paying_where_no_later_doubling_gains():
     assert stops_paying((1, 2, 4, 8), [10, 19, 30, 40]) is None        # the last doubling still gained x1.33
     assert stops_paying((1, 2, 4, 8), [10, 8, 20, 40]) is None         # a dip at 2 is not the end of batching
     assert stops_paying((1, 2), [10, 11]) == 1
+    assert stops_paying((1, 4), [10, 11]) is None                      # no doubling in the sweep: nothing to say
+    assert stops_paying((1, 2, 8, 16), [10, 19, 40, 42]) == 8          # only doublings count
