@@ -28,6 +28,7 @@ With no cache the T tokens attend to each other.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,11 @@ LAYER_WEIGHTS = (
     LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim"),
 )
 LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
+
+
+def layer_parameters(config: ModelConfig) -> int:
+    """Numbers in one layer's weights (its four matrices and two norms), from the config alone."""
+    return sum(math.prod(weight.shape(config)) for weight in LAYER_WEIGHTS)
 
 
 @dataclass

@@ -12,7 +12,6 @@ requests that fit are (memory x the share a server gives the model - weights) //
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .kv_cache import KVCache, estimate_kv_bytes
-from .model import LAYER_WEIGHTS
+from .model import layer_parameters
 from .prefill import prefill
 from .viz_concepts import pyplot
 
@@ -40,7 +39,7 @@ GB = 1e9                           # decimal, as memory datasheets count
 def parameter_count(config: ModelConfig) -> int:
     """Weights of the model: every layer's weights (model.LAYER_WEIGHTS: four matrices, two norms), the token
     embedding, the final norm, and the lm_head unless it is the embedding reused (tied)."""
-    layer = sum(math.prod(w.shape(config)) for w in LAYER_WEIGHTS)
+    layer = layer_parameters(config)
     embeddings = config.vocab_size * config.d_model * (1 if config.tied_embeddings else 2)
     return config.n_layers * layer + embeddings + config.d_model
 

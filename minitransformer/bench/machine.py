@@ -24,7 +24,6 @@ the H200's numbers next to this machine's measured ones.
 
 from __future__ import annotations
 
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from ..backend import synchronize
 from ..config import ModelConfig
 from ..kv_cache import kv_bytes_per_token
 from ..measure import Timing, interleaved, time_calls
-from ..model import LAYER_WEIGHTS
+from ..model import layer_parameters
 from .layer_cost import layer_products
 
 
@@ -145,8 +144,7 @@ def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, 
     q_and_attention_out = 2 * rows * c.q_dim * dtype_bytes               # the two left out (docstring)
 
     if weight_bytes is None:
-        layer_params = sum(math.prod(w.shape(c)) for w in LAYER_WEIGHTS)     # matrices and norms
-        weight_bytes = (c.n_layers * layer_params + c.d_model * c.vocab_size + c.d_model) * dtype_bytes
+        weight_bytes = (c.n_layers * layer_parameters(c) + c.d_model * c.vocab_size + c.d_model) * dtype_bytes
     kv_written = batch * new_tokens * kv_bytes_per_token(c, dtype=f"f{dtype_bytes}")   # K and V, every layer
     logits_io = batch * (c.d_model + c.vocab_size) * dtype_bytes        # the last rows in, their logits out
     return PhaseCost(flops=float(c.n_layers * layer_flops + 2 * c.d_model * c.vocab_size * batch),
