@@ -58,7 +58,8 @@ def real_tokenizer(real_model):
 @pytest.fixture(scope="module")
 def our_server(tiny_model_path, tmp_path_factory):
     """Our `minitransformer serve` on the tiny model, 4 slots, on a free loopback port; stopped after the module."""
-    from minitransformer.bench.serve_compare import ManagedServer, free_port, ours_argv
+    from minitransformer.bench.managed_server import ManagedServer, free_port
+    from minitransformer.bench.serve_compare import ours_argv
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     with ManagedServer("ours", ours_argv(str(tiny_model_path), port, 4), port, "/health", log,
