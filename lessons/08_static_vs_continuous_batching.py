@@ -31,12 +31,12 @@ from rich.console import Console
 from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import H200  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer import SamplingParams, load_model
+from minitransformer.bench.machine import H200
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, interleaved
+from minitransformer.serving import Engine
 
 TEXT = ("A serving engine keeps many requests in flight at once. Each step it decides which requests run, gives each "
         "one a slice of the token budget, runs one forward pass over all of their tokens together, samples one new "

@@ -31,19 +31,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.machine import H200  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with, to_float  # noqa: E402
-from minitransformer.measure import Probe, Timing, interleaved  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.speculative.acceptance import accept_or_resample, processed_probs  # noqa: E402
-from minitransformer.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT  # noqa: E402
+from minitransformer import KVCache, SamplingParams, generate, load_model
+from minitransformer.bench.machine import H200
+from minitransformer.claims import Claim, find_numbers, report, table_with, to_float
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, Timing, interleaved
+from minitransformer.prefill import prefill
+from minitransformer.speculative.acceptance import accept_or_resample, processed_probs
+from minitransformer.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT
 
 PROMPTS = {
     "repeat": SPEC_PROMPT,          # the list the prompt holds; figures/draft_and_verify.png draws this prompt's run
@@ -222,7 +221,7 @@ def sampled_check(model, layers: int, temperature: float, draws: int, seed: int)
         accepted += token == x          # kept (a redraw that lands on x again counts too: a tiny overcount)
         spec[token] += 1
     plain = np.bincount(rng.choice(len(p), size=draws, p=p), minlength=len(p))
-    tv = lambda a, b: 0.5 * float(np.abs(a - b).sum())                                     # noqa: E731
+    tv = lambda a, b: 0.5 * float(np.abs(a - b).sum())
     bound = 0.5 * float(np.sqrt(p * (1 - p) / draws).sum()) + float(np.sqrt(np.log(1000) / (2 * draws)))
     return {"temperature": temperature, "accept": accepted / draws, "overlap": float(np.minimum(p, q).sum()),
             "tv_spec": tv(spec / draws, p), "tv_plain": tv(plain / draws, p), "bound": bound, "tv_draft": tv(q, p)}

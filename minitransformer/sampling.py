@@ -26,8 +26,9 @@ Shapes: B rows (requests), V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

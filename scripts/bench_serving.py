@@ -28,11 +28,12 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.machine import measure_copy_bandwidth  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
+from minitransformer import SamplingParams, generate, load_model
+from minitransformer.bench.machine import measure_copy_bandwidth
+
 # The prompt mix and the engine run are shared with `minitransformer bench`.
-from minitransformer.bench.workloads import run_engine, serving_prompts as prompts  # noqa: E402
+from minitransformer.bench.workloads import run_engine, serving_prompts as prompts
+from minitransformer.measure import Probe, interleaved
 
 
 def main() -> None:

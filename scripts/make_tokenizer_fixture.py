@@ -164,6 +164,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import llama_cpp
+
     from minitransformer.weights import resolve_model_path
 
     llm = llama_cpp.Llama(model_path=str(resolve_model_path(args.model)), vocab_only=True, verbose=False)

@@ -44,8 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from minitransformer.claims import printed_verdicts, verdict_line  # noqa: E402
-from minitransformer.measure import PEAKS_ENV, QUIET_LINE, Quietness  # noqa: E402
+from minitransformer.claims import printed_verdicts, verdict_line
+from minitransformer.measure import PEAKS_ENV, QUIET_LINE, Quietness
 
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"

@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from minitransformer import SamplingParams, generate, stream
 from minitransformer.errors import InputError

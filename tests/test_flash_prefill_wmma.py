@@ -16,15 +16,13 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from minitransformer.errors import InputError
 from minitransformer.kernels import flash_prefill
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, CpuModule
 from minitransformer.kernels.loader import KERNEL_DIR, build_module, read_source
 from minitransformer.kernels.prefill_wmma import WMMA_EXPRESSIONS, WMMA_FILE
-
 from test_kernels import PREFILL_CASES, device, prefill_reference, to_device, to_host  # noqa: F401 (fixture)
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)

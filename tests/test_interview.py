@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-import make_transcripts as mt  # noqa: E402
+import make_transcripts as mt
 
 DOC = ROOT / "docs" / "interview.md"
 ITEMS = [f"Z{i}" for i in range(1, 7)] + [f"Q{i}" for i in range(1, 4)] + [f"M{i}" for i in range(1, 6)] \

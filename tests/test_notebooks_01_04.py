@@ -13,7 +13,6 @@ them); on a 2-core machine shared with other jobs the wall time was 4-5 minutes.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

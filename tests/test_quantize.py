@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from minitransformer import KVCache, Transformer, estimate_kv_bytes
 from minitransformer.errors import InputError
@@ -20,8 +19,17 @@ from minitransformer.kv_storage import CODECS
 from minitransformer.model import LayerWeights
 from minitransformer.prefill import prefill
 from minitransformer.quality import Scores, greedy, score_corpus, score_greedy, stdlib_corpus
-from minitransformer.quantize import (GROUP, QuantizedLinear, dequantize_int4, dequantize_int8, expected_weight_bytes,
-                                      quantize_int4, quantize_int8, quantize_model, unpack_int4)
+from minitransformer.quantize import (
+    GROUP,
+    QuantizedLinear,
+    dequantize_int4,
+    dequantize_int8,
+    expected_weight_bytes,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+    unpack_int4,
+)
 
 quantize_kv, dequantize_kv = CODECS["int8"].encode, CODECS["int8"].decode    # the int8 KV codec (kv_storage.py)
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import make_transcripts as mt  # noqa: E402
+import make_transcripts as mt
 
 # The smallest settings that still print every section, table and kind of row label the defaults print (a sweep
 # of 2 values where the default sweeps 3: its row labels are numbers, masked alike).

@@ -34,8 +34,15 @@ Modules, in reading order: config.py (SpeculativeConfig, make_config, parse_meth
 """
 
 from .acceptance import accept_or_resample, processed_probs
-from .config import (MAX_SPECULATIVE_TOKENS, SpeculativeConfig, check_layers, check_same_vocabulary, describe,
-                     make_config, parse_method)
+from .config import (
+    MAX_SPECULATIVE_TOKENS,
+    SpeculativeConfig,
+    check_layers,
+    check_same_vocabulary,
+    describe,
+    make_config,
+    parse_method,
+)
 from .drafters import Drafter, ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter, make_drafter
 from .runner import SpeculativeRunner, SpeculativeStats, VerifyPass
 
