@@ -24,6 +24,7 @@ import importlib.util
 import math
 import os
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
