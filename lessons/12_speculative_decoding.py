@@ -347,8 +347,8 @@ def main():
         tokens, verify, drafting = predict(drafts, a, lambda T: cost[f"verify {T}"].min / step, draft_steps[drafter])
         config = draft_config(model, drafter, draft)
         h_draft = 0.0 if config is None else h200_steps(config, 1, context, model.config)
-        h_tokens, h_verify, h_drafting = predict(drafts, a, lambda T: h200_steps(model.config, T, context,
-                                                                                 model.config), h_draft)
+        h200_verify = lambda T, context=context: h200_steps(model.config, T, context, model.config)
+        h_tokens, h_verify, h_drafting = predict(drafts, a, h200_verify, h_draft)
         predicted, gpu = tokens / (verify + drafting), h_tokens / (h_verify + h_drafting)
         predictions[name, drafter, k] = (tokens, verify, drafting, predicted, gpu)
         table.add_row(name, drafter, str(k), f"{np.mean(drafts):.2f}", f"{tokens:.2f}", f"{per_pass:.2f}",

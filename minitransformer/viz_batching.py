@@ -71,7 +71,8 @@ def measure_batch_sweep(model, batches=BATCHES, context: int = CONTEXT, repeats:
         cache = KVCache(model.config, context + 1 + repeats, batch=batch, xp=model.xp)
         prefill(model, [ids] * batch, cache)                                   # (B, context) prompts
         tokens = [ids[-1]] * batch                                             # (B,) the step's input tokens
-        timing = time_calls(lambda: decode_step(model, tokens, cache), repeats=repeats, warmup=1)
+        timing = time_calls(lambda tokens=tokens, cache=cache: decode_step(model, tokens, cache),
+                            repeats=repeats, warmup=1)
         fastest.append(timing.min)
         slowest.append(timing.max)
         cache.release()

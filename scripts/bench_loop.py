@@ -94,7 +94,7 @@ def main() -> None:
         for n in args.new_tokens:
             tokens = set()
 
-            def run(use_cache: bool, prompt=prompt, n=n):
+            def run(use_cache: bool, prompt=prompt, n=n, tokens=tokens):
                 return lambda: tokens.add(tuple(generate(model, prompt, greedy(n), use_cache=use_cache).token_ids))
             pair = interleaved({"no cache": run(False), "cache": run(True)}, repeats=args.repeats)
             if len(tokens) != 1:

@@ -271,7 +271,7 @@ def refresh_quotes(doc: Path = INTERVIEW) -> list[str]:
             stale.append(quote)
             continue
         written = "“" + r"\s+".join(map(re.escape, quote.split())) + "”"     # the doc may wrap a quote over lines
-        text = re.sub(written, lambda m: rewrap(m.group(0), hits[0]), text)
+        text = re.sub(written, lambda m, hit=hits[0]: rewrap(m.group(0), hit), text)
     doc.write_text(text)
     return stale
 
