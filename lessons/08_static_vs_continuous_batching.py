@@ -107,7 +107,7 @@ def draw(path, runs, requests, max_num_seqs):
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.2 + 0.22 * len(requests) * len(runs)), sharex=True)
     colors = {".": "#dddddd", "P": "#d62728", "D": "#1f77b4", "-": "#ffbf00"}
     for ax, (policy, (lanes, s)) in zip(axes, runs.items()):
-        for y, (rid, lane) in enumerate(lanes.items()):
+        for y, lane in enumerate(lanes.values()):
             for ch, color in colors.items():
                 ax.broken_barh([(i, 1) for i, c in enumerate(lane) if c == ch], (y - 0.4, 0.8), color=color)
         ax.set_yticks(range(len(lanes)), list(lanes), fontsize=7)

@@ -120,7 +120,7 @@ def test_markdown_numbers_equal_the_json(bench_run):
         assert f"median {row['medians']['ours']:.{digits}f}, spread {(row['spread']['ours'] - 1) * 100:.0f}%" in line
     ratio = {r["id"]: r["value"] for r in data["ratios"]}
     for key, row in data["rows"].items():
-        line = next(l for label, l in lines.items() if label.startswith(
+        line = next(text for label, text in lines.items() if label.startswith(
             {"prefill": f"prefill {row['size']} tokens", "decode": f"decode batch {row['size']} ",
              "generate_cache": "generate with cache", "generate_no_cache": "generate without cache",
              "continuous": "continuous,"}[row["workload"]]))
@@ -130,7 +130,7 @@ def test_markdown_numbers_equal_the_json(bench_run):
         if "roofline" in row["values"]:
             assert cells[2] == f"{row['values']['roofline']:.{digits}f}"
             assert cells[3].startswith(f"{ratio[key + '/roofline']:.2f}x")
-    target = next(l for label, l in lines.items() if label.startswith("decode batch 1: ours / float32 roofline"))
+    target = next(text for label, text in lines.items() if label.startswith("decode batch 1: ours / float32 roofline"))
     assert f"{ratio['decode_b1/roofline']:.2f}x" in target
     assert data["quietness"]["line"] in text
     assert re.search(r"copy bandwidth ([\d.]+) GB/s", text).group(1) == \

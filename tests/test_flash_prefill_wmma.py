@@ -42,7 +42,7 @@ def inputs(B, H, K, Tq, Tk, d, seed):
 
 
 @pytest.mark.parametrize("B,H,K,Tq,Tk,d", PREFILL_CASES + [(1, 9, 3, 1, 1000, 64), (1, 3, 1, 130, 1000, 128)])
-def test_wmma_prefill_float16(device, B, H, K, Tq, Tk, d):
+def test_wmma_prefill_float16(device, B, H, K, Tq, Tk, d):  # noqa: F811 (device: test_kernels' fixture, imported)
     q, k, v = inputs(B, H, K, Tq, Tk, d, seed=Tq * 1000 + Tk)
     out, lse = flash_prefill(*(to_device(a, device) for a in (q, k, v)), return_lse=True, variant="wmma")
     ref_out, ref_lse = prefill_reference(q, k, v)

@@ -110,7 +110,7 @@ def test_worked_solutions_print_what_the_doc_says_and_a_wrong_number_fails(model
 
 def test_refresh_takes_the_transcripts_new_numbers_and_lists_quotes_it_cannot_find(tmp_path):
     transcript = mt.transcript_for(mt.lessons()[0])
-    line = next(l for l in mt.read(transcript)[1].splitlines() if re.search(r"[a-z]{3,} \d", l))
+    line = next(text for text in mt.read(transcript)[1].splitlines() if re.search(r"[a-z]{3,} \d", text))
     old = mt.flat(line)
     changed = mt.NUMBER.sub(lambda m: "9" * len(m.group()), old)           # the same words, other numbers
     doc = tmp_path / "doc.md"

@@ -149,8 +149,8 @@ def dequantized_twin(q: Transformer) -> Transformer:
     """A plain float32 Transformer holding the quantized model's dequantized matrices (the reference path)."""
     def f(w):
         return np.ascontiguousarray(w.dequantize().T)                                      # (in, out)
-    layers = [LayerWeights(l.attn_norm, f(l.w_qkv), f(l.wo), l.ffn_norm, f(l.w_gate_up), f(l.w_down))
-              for l in q.layers]
+    layers = [LayerWeights(layer.attn_norm, f(layer.w_qkv), f(layer.wo), layer.ffn_norm, f(layer.w_gate_up),
+                           f(layer.w_down)) for layer in q.layers]
     table = q.embedding.dequantize()
     return Transformer(q.config, q.tokenizer, table, layers, q.final_norm, table.T, np, "cpu")
 
