@@ -101,7 +101,8 @@ def claims(output: str) -> list[Claim]:
 
 
 def record_attention(model, ids):
-    """Prefill `ids` with every layer's call of layers.causal_attention recorded: [(q, k, v, q_pos, k_pos, out)], cache."""
+    """Prefill `ids` with every layer's call of layers.causal_attention recorded.
+    Returns [(q, k, v, q_pos, k_pos, out)], cache."""
     calls, real = [], minitransformer.attention_backend.causal_attention
     def spy(*args):
         calls.append([np.ascontiguousarray(a) for a in args] + [real(*args)])

@@ -129,8 +129,9 @@ def main() -> None:
     console.print(f"fastest of {args.repeats} rounds in turns; {quiet.line()}"
                   + ("" if quiet.quiet else f". Busy ({quiet.why_busy()}): rerun on a quiet machine"),
                   markup=False, highlight=False)
-    console.print(f"decode step with {numbers['decode_step_sequences']} sequences: {numbers['decode_step_s_median'] * 1e3:.0f} ms "
-                  f"(median), streaming all {model.weight_bytes / 2**20:.0f} MiB of weights once: "
+    console.print(f"decode step with {numbers['decode_step_sequences']} sequences: "
+                  f"{numbers['decode_step_s_median'] * 1e3:.0f} ms (median), streaming all "
+                  f"{model.weight_bytes / 2**20:.0f} MiB of weights once: "
                   f"{numbers['weight_gb_s_in_decode']:.1f} GB/s of weights, against a copy bandwidth (read + "
                   f"write) of {numbers['copy_bandwidth_gb_s']:.1f} GB/s on this machine.\n"
                   f"first step: {numbers['prefill_tokens']} prompt tokens in {numbers['prefill_step_s']:.2f} s; "

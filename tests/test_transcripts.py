@@ -214,7 +214,8 @@ def test_lesson_04_on_a_busy_machine_withholds_its_timing_verdicts(real_model_pa
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         lesson = next(p for p in LESSONS if p.stem.startswith("04"))
-        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600, env={"MINITRANSFORMER_MODEL": str(real_model_path)})
+        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600,
+                                   env={"MINITRANSFORMER_MODEL": str(real_model_path)})
     finally:
         for process in spin:
             process.kill()

@@ -2,9 +2,9 @@
 
 Order of work: copy bandwidth and GEMM FLOP/s first (machine.py), then each workload. Inside a workload the systems
 alternate, so a slow spell of this shared machine hits all of them alike: one warm-up call per system (dropped),
-then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept runs of a system are a measure.Timing (a rate r counts as
-1/r seconds per unit of work); its figure is the best run, the one nearest to a quiet machine (noise only ever adds
-time), with the median and the spread kept next to it:
+then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept runs of a system are a
+measure.Timing (a rate r counts as 1/r seconds per unit of work); its figure is the best run, the one nearest to a
+quiet machine (noise only ever adds time), with the median and the spread kept next to it:
 
     prefill P       runs are seconds; tok/s = P / min(seconds)      (median: P / median(seconds))
     decode B        runs are tok/s (B * N / decode seconds); the highest of them
