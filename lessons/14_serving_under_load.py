@@ -36,13 +36,13 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import H200  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.metrics import now  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer import SamplingParams, load_model
+from minitransformer.bench.machine import H200
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, interleaved
+from minitransformer.metrics import now
+from minitransformer.serving import Engine
 
 TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passed in the dark, "
         "their crews trusting a light they never saw being lit. One winter a storm cut the island off for a month, "
@@ -166,7 +166,7 @@ def summarize(results, engine, wall: float, peak_blocks: int, offsets, slots: in
     """Throughput, the three waits (p50 / p99 over the requests) and the throughput the run's median service time
     (first scheduled -> finished) implies when replayed on the same arrivals."""
     rs = list(results.values())
-    pct = lambda xs, q: float(np.percentile(xs, q))                                     # noqa: E731
+    pct = lambda xs, q: float(np.percentile(xs, q))
     queue = [r.metrics.queue_s for r in rs]
     service = [r.metrics.e2e_s - r.metrics.queue_s for r in rs]
     itl = np.concatenate([r.metrics.itl_s for r in rs])
@@ -341,8 +341,8 @@ def answer(shown, runs, rates, sizes, config, offsets, repeats, stalled: bool) -
     """The interview answer, with this run's numbers; every direction it states is a claim this run showed."""
     heavy, light, small, big = rates[-1], rates[0], sizes[0], sizes[-1]
     a, b, c = runs[heavy, small], runs[heavy, big], runs[light, big]
-    best = lambda done, key, up=False: spread_of(done, key, up)[0]                        # noqa: E731
-    median = lambda done, key: spread_of(done, key)[1]                                    # noqa: E731
+    best = lambda done, key, up=False: spread_of(done, key, up)[0]
+    median = lambda done, key: spread_of(done, key)[1]
     gpu = H200.seconds(H200.cost(config, 1, 64, batch=big)) / H200.seconds(H200.cost(config, 1, 64, batch=small))
     console.rule("[bold]Interview question: how would you improve throughput for a high-traffic chat API?")
     text = [f"Under the heavier load ({load_label(heavy)}), going from max_num_seqs {small} to {big}"]

@@ -21,8 +21,8 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy
 
@@ -223,7 +223,7 @@ class Quietness:
                 + ("quiet" if self.quiet else "busy"))
 
     @classmethod
-    def parse(cls, text: str) -> "Quietness | None":
+    def parse(cls, text: str) -> Quietness | None:
         """The Quietness whose line() appears in `text` (wrapped or not), or None."""
         m = QUIET_LINE.search(" ".join(text.split()))
         if not m:

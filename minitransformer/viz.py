@@ -39,20 +39,30 @@ from .sampling_params import SamplingParams
 from .viz_attention import draw_query_vs_cache
 from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_batch_sweep
 from .viz_capacity import draw_users_that_fit
-from .viz_timeline import draw_request_timeline, run_request_timeline
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
-from .viz_measure import (FULL, QUICK, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
-                          measure_peaks, measure_ttft, text_ids)
 from .viz_flow import draw_request_flow, run_request_flow
+from .viz_measure import (
+    FULL,
+    QUICK,
+    machine_label,
+    measure_cache_vs_no_cache,
+    measure_itl,
+    measure_kv_bytes,
+    measure_peaks,
+    measure_ttft,
+    text_ids,
+)
 from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
+from .viz_timeline import draw_request_timeline, run_request_timeline
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png", "batching_sweep.png")
-CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png", "prefill_vs_decode_shapes.png",
-                   "users_that_fit.png", "paged_attention.png",
+CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png",
+                   "prefill_vs_decode_shapes.png", "users_that_fit.png", "paged_attention.png",
                    "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
+# They show times: drawn only from a quiet run (or --allow-busy).
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
-         "batching_sweep.png", "request_flow.png", "request_timeline.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
+         "batching_sweep.png", "request_flow.png", "request_timeline.png")
 DPI = 100
 
 

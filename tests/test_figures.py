@@ -69,6 +69,7 @@ def test_measurements_on_the_tiny_model(tiny_model):
 def test_ttft_is_the_fastest_repeat_after_a_warm_up(tiny_model, monkeypatch):
     """measure_ttft runs one untimed request per length, then `repeats`: the fastest is drawn, the slowest kept."""
     import dataclasses
+
     import minitransformer.viz_measure as vm
     calls = []
     real = vm.generate

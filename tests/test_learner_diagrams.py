@@ -6,14 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer import KVCache
-from minitransformer import viz_attention as va
-from minitransformer import viz_capacity as vcap
+from minitransformer import KVCache, viz_attention as va, viz_capacity as vcap
 from minitransformer.backend import to_host
 from minitransformer.decode import decode_step
 from minitransformer.kv_cache import estimate_kv_bytes
 from minitransformer.prefill import prefill
-
 from test_figures import png_size
 
 

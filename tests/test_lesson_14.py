@@ -13,8 +13,8 @@ import pytest
 
 from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.measure import Quietness
-from test_lessons_08_10 import load_lesson, run_lesson
 from printed_output import edit_cell
+from test_lessons_08_10 import load_lesson, run_lesson
 
 L14 = "14_serving_under_load.py"
 REPEATS = 2
