@@ -10,9 +10,9 @@ arrival rate.
 
 What to look at: while requests queue for a slot, each slot more serves more of them at once, so a point moves right
 (throughput) and down (TTFT p99 is mostly queueing). Once a rate's throughput reaches what its arrivals allow, the
-slots are no longer the limit: more of them buy no throughput, only memory and a slower step. The ring marks that
-knee, the fewest slots whose throughput reached AT_BOUND of the bound; it is drawn only when the run has one, and
-a note says when more slots past it cost TTFT p99 beyond the spread of the runs.
+slots are no longer the limit: more of them buy little throughput, and cost memory and a slower step. The ring
+marks that knee, the fewest slots from which every slot count reached AT_BOUND of the bound; it is drawn only when
+the run has one, and a note says when the most slots cost TTFT p99 against it beyond the spread of the runs.
 """
 
 from __future__ import annotations
@@ -71,9 +71,15 @@ def measure_tradeoff(model, settings: LoadSweep = LOAD_SWEEP, tick=lambda: None)
 
 
 def knee(slots, tok_s, bound: float, at: float = AT_BOUND) -> int | None:
-    """The fewest slots whose throughput reached `at` of what the arrivals allow: from there on the arrivals, not
-    the slots, limit throughput. None: no slot count of the sweep reached it (requests still queued at the most)."""
-    return next((m for m, rate in zip(slots, tok_s) if rate >= at * bound), None)
+    """The fewest slots from which every slot count of the sweep reached `at` of what the arrivals allow: from
+    there on the arrivals, not the slots, limit throughput. None: the most slots did not reach it (the engine
+    still limited throughput at the end of the sweep)."""
+    found = None
+    for m, rate in reversed(list(zip(slots, tok_s))):
+        if rate < at * bound:
+            break
+        found = m
+    return found
 
 
 def ttft_cost(knee_ttft: list[float], most_ttft: list[float]) -> bool:
@@ -90,17 +96,17 @@ def notes_for(data: Tradeoff) -> tuple[dict, list[str]]:
         knees[rate] = here = knee(s.slots, fastest, data.bound[rate])
         label = load_label(rate)
         if here is None:
-            notes.append(f"{label}: no slot count reached {AT_BOUND:.0%} of the {data.bound[rate]:.1f} tok/s that "
-                         f"arrive: requests still queued at {s.slots[-1]} slots")
+            notes.append(f"{label}: {s.slots[-1]} slots did not reach {AT_BOUND:.0%} of the {data.bound[rate]:.1f} "
+                         "tok/s that arrive: up to there the engine, not the arrivals, limits throughput")
             continue
-        notes.append(f"{label}: from {here} slots on, throughput is at least {AT_BOUND:.0%} of what arrives: more "
-                     "slots buy no tokens/s there")
+        notes.append(f"{label}: from {here} slots on, throughput is at least {AT_BOUND:.0%} of what arrives: the "
+                     "arrivals, not the slots, limit it")
         most = s.slots[-1]
         if here != most:
             at_knee, at_most = ([r["ttft99"] for r in data.runs[rate, m]] for m in (here, most))
             if ttft_cost(at_knee, at_most):
                 notes.append(f"{label}: and {most} slots cost TTFT p99 against {here} "
-                             f"({min(at_knee):.2f} -> {min(at_most):.2f} s, fastest runs; all runs apart)")
+                             f"(best runs {min(at_knee):.2f} -> {min(at_most):.2f} s; every run apart)")
     return knees, notes
 
 
@@ -143,14 +149,14 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
         ticks = [float(t) for t in steps if min(ttft_all) / 2 <= t <= max(ttft_all) * 2]
         ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
         ax.minorticks_off()
-    ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=7.5, multialignment="left",
-            color="tab:red", bbox=dict(facecolor="white", edgecolor="lightgrey", alpha=0.9))
+    ax.text(0.0, -0.12, "\n".join(notes), transform=ax.transAxes, ha="left", va="top", fontsize=8,
+            color="tab:red")                                       # under the axis: tight_layout makes room
     ax.set_xlabel("output tokens/s (all generated tokens / the run's wall time)")
     ax.set_ylabel("TTFT p99 over the run's requests (s)" + (", log scale" if log_y else ""))
     ax.set_xlim(left=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower right")
-    ax.set_title(f"Serving under load: throughput vs TTFT p99 as max_num_seqs grows (numbers by the points)\n"
+    ax.set_title(f"Serving under load: throughput vs TTFT p99; the number by each point is its max_num_seqs\n"
                  f"{s.requests} requests of lesson 14 ({s.max_tokens} tokens each, prompts 16-{s.max_prompt}), "
                  f"Poisson arrivals, ringed: where the arrivals became the limit\n{where}", fontsize=9.5)
     fig.tight_layout()
