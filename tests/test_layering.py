@@ -32,7 +32,7 @@ LAYERS = [
     ("loops", ["no_cache", "speculative.*", "generate"]),
     ("serving", ["serving.*"]),
     ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes",
-               "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_measure",
+               "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_tradeoff", "viz_measure",
                "viz"]),
     ("server", ["server.*"]),
     ("cli", ["cli.*", "__main__", "minitransformer"]),
