@@ -104,6 +104,20 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int = 5, warmup:
     return {name: Timing(tuple(s)) for name, s in samples.items()}
 
 
+def in_turns(contenders: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict]:
+    """Run each contender once untimed (the warm-up), then `repeats` times in turns with the others, keeping what
+    each run returns. For runs whose schedule is the same every time (engine steps, token ids: lesson 10), the
+    warm-up's result gives those numbers and the timed ones give the seconds.
+    Returns ({name: the warm-up's result}, {name: [the timed runs' results]})."""
+    first = {name: run() for name, run in contenders.items()}
+    timed: dict[str, list] = {name: [] for name in contenders}
+
+    def keep(name):
+        return lambda: timed[name].append(contenders[name]())
+    interleaved({name: keep(name) for name in contenders}, repeats=repeats, warmup=0)    # the round above warmed up
+    return first, timed
+
+
 # ------------------------------------------------------------------------------------------------ quietness
 
 def _machine_ticks() -> tuple[float, float] | None:
