@@ -433,9 +433,9 @@ def part6(model, args):
         table.add_row(rid if rid in alone else f"{rid}, cancelled before step {args.cancel_at}", result.finish_reason,
                       str(result.stop_reason or "-"), str(len(result.token_ids)), same)
     console.print(table, highlight=False)
-    console.print(f"Just before abort('c'): {before} of {CANCEL_POOL} KV blocks free. Right after it, before any other step: "
-                  f"{after} of {CANCEL_POOL}. c's block table held {held} blocks. The server calls the same abort when a client "
-                  "goes away (server/engine_loop.py).", highlight=False, markup=False)
+    console.print(f"Just before abort('c'): {before} of {CANCEL_POOL} KV blocks free. Right after it, before any "
+                  f"other step: {after} of {CANCEL_POOL}. c's block table held {held} blocks. The server calls the "
+                  "same abort when a client goes away (server/engine_loop.py).", highlight=False, markup=False)
     return after - before
 
 
@@ -481,8 +481,8 @@ def main():
     console.rule(f"[bold]4. A long request holds the only slot: {SHORTS} short requests wait, without a cap and with "
                  f"max_model_len {args.cap}")
     waits = part4(model, args)
-    console.rule(f"[bold]5. A request timeout: the server's engine thread ends a request after {args.request_timeout:g} "
-                 "s, with its partial text")
+    console.rule(f"[bold]5. A request timeout: the server's engine thread ends a request after "
+                 f"{args.request_timeout:g} s, with its partial text")
     made = part5(model, args)
     console.rule("[bold]6. Cancellation: a request aborted mid-decode frees its blocks at once")
     freed = part6(model, args)

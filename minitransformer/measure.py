@@ -4,6 +4,7 @@ Every lesson, figure, notebook and benchmark times through this module, so they 
 
     time_calls    warm up, then repeat a call and keep every sample: min, median, spread
     interleaved   two or more contenders timed in turns (A B A B ...), so a slow moment hits each of them alike
+    in_turns      the same, keeping each run's result, after one untimed round whose results give the step counts
     Probe         is the machine quiet? Other programs' share of the CPUs during the run (read from the kernel's
                   counters, minus our own CPU time), the load average, and a fixed calibration (one matmul of the
                   default model's shape) timed at the start and at the end: on a quiet machine the two agree
