@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate
-from minitransformer.claims import is_shown, printed_verdicts
+from minitransformer.claims import is_shown, printed_verdicts, table_with
 from minitransformer.measure import Quietness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -415,14 +415,13 @@ def test_10_guardrails_follow_the_limits(lesson_10):
     """Part 4 against one slot on paper: the hog holds it for its whole reply (HOG tokens, or what max_model_len CAP
     leaves a 40-token prompt), then each short request (4 tokens) in turn. Parts 5 and 6: the reasons, the partial
     reply and the blocks as the engine's rules give them."""
-    rows = re.findall(r"│ (none|max_model_len) (\d+) +│ (\d+) +│ (accepted|refused; asked again for \d+) +│ "
-                      r"(\d+) +│ (\d+) +│ \[([\d, ]+)\] +│", lesson_10)
-    assert [r[0] for r in rows] == ["none", "max_model_len"] and int(rows[1][1]) == CAP
-    for (label, limit, asked, admission, made, last, waits), hog in zip(rows, (HOG, CAP - 40)):
+    rows = table_with(lesson_10, "hog: asked").rows                  # wrapped cells joined
+    assert [r[0].split() for r in rows] == [["none", str(rows[0][0].split()[1])], ["max_model_len", str(CAP)]]
+    for (label, asked, admission, made, last, waits), hog in zip(rows, (HOG, CAP - 40)):
         assert (int(asked), int(made), int(last)) == (HOG, hog, hog - 1)
-        assert admission == ("accepted" if label == "none" else f"refused; asked again for {hog}")
+        assert admission == ("accepted" if label.startswith("none") else f"refused; asked again for {hog}")
         # the first short request's first token comes the step after the hog's last, the others 4 steps apart
-        assert [int(w) for w in waits.split(",")] == [hog - 1 + 4 * i for i in range(3)]
+        assert [int(w) for w in re.findall(r"\d+", waits)] == [hog - 1 + 4 * i for i in range(3)]
     flat = " ".join(lesson_10.split())
     made, asked = (int(x) for x in re.search(r"ended after [\d.]+ s with (\d+) of (\d+) tokens", flat).groups())
     assert 0 < made < asked == 1000
