@@ -34,7 +34,7 @@ SMALL = {
     "09": ["--requests", "3", "--max-tokens", "12", "--block-size", "4", "--shared", "3", "--every", "1",
            "--max-model-len", "512"],
     "10": ["--slots", "2", "--flood", "4", "--urgent", "1", "--low-tokens", "3", "--urgent-tokens", "2", "--stream",
-           "5", "--aging", "2"],
+           "5", "--aging", "2", "--hog-tokens", "24", "--cap", "48", "--cancel-at", "3"],
     "11": ["--layers", "2", "--sizes", "256,2048"],
     "12": ["--tokens", "6", "--ks", "1,2", "--prompts", "repeat,code,free", "--repeats", "1", "--draws", "400",
            "--temperatures", "0.7,1.0"],
