@@ -64,7 +64,7 @@ class LayerWeight:
     def tensor_shapes(self, config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
         """(GGUF tensor suffix, its shape in model.py's layout: (in, out) for a matrix, (n,) for a vector)."""
         sizes = [getattr(config, c) for c in self.columns]
-        if not self.is_matrix:
+        if self.rows is None:                               # a vector (is_matrix is false)
             return [(t, (n,)) for t, n in zip(self.tensors, sizes)]
         return [(t, (getattr(config, self.rows), n)) for t, n in zip(self.tensors, sizes)]
 
@@ -139,6 +139,8 @@ class LayerWeights:
 
 class Transformer:
     """A loaded model (loading.load_model builds one): config, tokenizer, weights on one device, and `forward`."""
+
+    weight_scheme: str      # set only on a model quantize.quantize_model made: the scheme its layers are stored in
 
     def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
                  lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0,

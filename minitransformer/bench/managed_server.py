@@ -68,7 +68,7 @@ class ManagedServer:
             with _signals_held(signal.SIGINT), open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                                 stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
-            self._wait_ready()
+            self._wait_ready(self.process)
         except BaseException:
             self.stop()
             raise
@@ -77,15 +77,15 @@ class ManagedServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, process: subprocess.Popen) -> None:
         import httpx
 
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.check:
                 self.check()
-            if self.process.poll() is not None:
-                raise BenchServeError(f"{self.name} server exited with code {self.process.returncode} before it was "
+            if process.poll() is not None:
+                raise BenchServeError(f"{self.name} server exited with code {process.returncode} before it was "
                                       f"ready: {self.log_tail()}")
             try:
                 if httpx.get(self.url + self.ready_path, timeout=2.0, trust_env=False).status_code == 200:

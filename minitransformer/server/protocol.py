@@ -114,6 +114,7 @@ def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None)
     if _get(data, "suffix", str, None):
         raise bad_request("suffix is not supported", param="suffix")
     _logit_bias(data)
+    prompt: str | list[int] | list[dict]
     if chat:
         prompt = _messages(data.get("messages"), limits)
         if data.get("tools"):
