@@ -58,7 +58,7 @@ SAMPLING_FIELDS = {o.name: (None if o.kind is str else list) if o.repeated else 
 class ApiRequest:
     """One checked completion or chat request, ready for the engine."""
     chat: bool
-    prompt: object                   # str | list[int] (completions) or list of {"role", "content"} (chat)
+    prompt: str | list[int] | list[dict]    # str | list[int] (completions) or {"role", "content"} dicts (chat)
     params: SamplingParams           # max_tokens is provisional when max_tokens_given is False (chat default)
     max_tokens_given: bool
     model: str | None
