@@ -60,6 +60,7 @@ class StageTimer:
                     timed = self._timed(stage, original)
                     for namespace in references(owner, name, original):
                         attribute = name if namespace is owner else _alias(namespace, original)
+                        assert attribute is not None, "references() lists only the namespaces that hold it"
                         self._undo.append((namespace, attribute, original))
                         setattr(namespace, attribute, timed)
         except Exception:                                # a target that does not resolve: put back what was wrapped
@@ -113,7 +114,9 @@ def _alias(module, original) -> str | None:
 
 def source_file(target: str) -> str:
     """The file a stage function lives in, e.g. "prefill.py" (read from the module, not typed by hand)."""
-    return Path(importlib.import_module(f"{__package__}.{target.split(':')[0]}").__file__).name
+    module = importlib.import_module(f"{__package__}.{target.split(':')[0]}")
+    assert module.__file__ is not None, f"{module.__name__} is a module of files"
+    return Path(module.__file__).name
 
 
 # ---------------------------------------------------------------------------------------------------- the run

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,7 @@ def measure_cache_vs_no_cache(model, sweep: Sweep, tick) -> dict:
     tokens = {tuple(r.token_ids) for runs in results.values() for r in runs}
     if len(tokens) != 1:
         raise RuntimeError("cache and no-cache tokens differ: the comparison is void")
-    out = {"prompt_tokens": len(prompt), "runs": sweep.step_runs}
+    out: dict[str, Any] = {"prompt_tokens": len(prompt), "runs": sweep.step_runs}
     for key, runs in results.items():
         steps = [[r.metrics.prefill_s] + list(r.metrics.itl_s) for r in runs]   # step 0 = prefill + first sample
         out[f"{key}_s"] = [min(column) for column in zip(*steps)]
