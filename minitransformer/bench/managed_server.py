@@ -77,6 +77,13 @@ class ManagedServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @property
+    def running(self) -> subprocess.Popen:
+        """The server's process, started by __enter__."""
+        if self.process is None:
+            raise RuntimeError(f"the {self.name} server was not started: use it in a with statement")
+        return self.process
+
     def _wait_ready(self, process: subprocess.Popen) -> None:
         import httpx
 

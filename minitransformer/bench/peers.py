@@ -133,24 +133,33 @@ class LlamaCpp:
     def versions(self) -> dict:
         return {"llama_cpp": self.version, "llama_cpp_threads": os.cpu_count()}
 
+    def _loaded(self):
+        """The llama_cpp.Llama, or the RuntimeError that says why there is none (ask available() first)."""
+        if self.llm is None:
+            raise RuntimeError(f"llama.cpp is not available: {self.reason}")
+        return self.llm
+
     def prefill_seconds(self, ids: list[int]) -> float:
-        self.llm.reset()
-        return timed(lambda: self.llm.eval(ids))[0]
+        llm = self._loaded()
+        llm.reset()
+        return timed(lambda: llm.eval(ids))[0]
 
     def _next_token(self) -> int:
         """Argmax of the last evaluated position's logits (without logits_all llama.cpp keeps only that row)."""
-        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))   # (V,)
+        llm = self._loaded()
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))   # (V,)
         return int(np.argmax(logits))
 
     def _decode_seconds(self, ids: list[int], steps: int) -> float:
         """eval(ids) untimed, then `steps` greedy single-token evals, timed -> their seconds."""
-        self.llm.reset()
-        self.llm.eval(ids)
+        llm = self._loaded()
+        llm.reset()
+        llm.eval(ids)
         token = self._next_token()
 
         def run(token=token):
             for _ in range(steps):
-                self.llm.eval([token])
+                llm.eval([token])
                 token = self._next_token()
         return timed(run)[0]
 
