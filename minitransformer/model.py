@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,12 +108,12 @@ class LayerWeights:
     weights stream from memory, and a few large matrices stream faster than many small ones.
     The separate matrices are still there to read, as views (wq, wk, wv, w_gate, w_up), at no extra memory.
     """
-    attn_norm: object   # (D,)
-    w_qkv: object       # (D, H*d + 2*K*d): columns [q | k | v]
-    wo: object          # (H*d, D)
-    ffn_norm: object    # (D,)
-    w_gate_up: object   # (D, 2F): columns [gate | up]
-    w_down: object      # (F, D)
+    attn_norm: Any      # (D,)
+    w_qkv: Any          # (D, H*d + 2*K*d): columns [q | k | v]
+    wo: Any             # (H*d, D)
+    ffn_norm: Any       # (D,)
+    w_gate_up: Any      # (D, 2F): columns [gate | up]
+    w_down: Any         # (F, D)
 
     @property
     def wq(self):       # (D, H*d)
