@@ -236,7 +236,8 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         progress.advance(task)
         generate(model, text_ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
         probe = Probe() if timed else None                          # watches every timed measurement below
-        m: dict[str, Any] = {key: run(model, sweep, stage(label)) for key, (label, run, _) in measures.items() if key in needs}
+        m: dict[str, Any] = {key: run(model, sweep, stage(label))
+                             for key, (label, run, _) in measures.items() if key in needs}
         if "request_flow.png" in names:
             stage("request flow (timed run)")
             m["flow"] = run_request_flow(model, repeats=1 if quick else 3)
