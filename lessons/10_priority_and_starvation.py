@@ -28,11 +28,11 @@ from rich.console import Console
 from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, flat, report, table_with  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer import SamplingParams, load_model
+from minitransformer.claims import Claim, find_numbers, flat, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, interleaved
+from minitransformer.serving import Engine
 
 TEXT = ("The kitchen was quiet before dawn. The baker lit the oven, weighed the flour, and set the first dough to "
         "rest while the city slept. By six the shelves were full and the first customers were at the door. ") * 3

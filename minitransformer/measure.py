@@ -21,8 +21,9 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, TypeVar
+from typing import TypeVar
 
 import numpy
 
@@ -226,7 +227,7 @@ class Quietness:
                 + ("quiet" if self.quiet else "busy"))
 
     @classmethod
-    def parse(cls, text: str) -> "Quietness | None":
+    def parse(cls, text: str) -> Quietness | None:
         """The Quietness whose line() appears in `text` (wrapped or not), or None."""
         m = QUIET_LINE.search(" ".join(text.split()))
         if not m:

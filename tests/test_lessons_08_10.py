@@ -234,7 +234,7 @@ def test_09_memory_table_matches_the_kv_formula(lesson_09, real_model):
                       rf"{MIB} +│ ([0-9.]+)% +│", lesson_09)
     assert len(rows) >= 2, lesson_09[:3000]
     sums = np.zeros(4)                                   # token-steps: used, reserved max_model_len, promised, paged
-    for step, peak, running, tokens, used, ctx, promised, blocks, paged, waste in rows:
+    for _step, peak, running, tokens, used, ctx, promised, blocks, paged, waste in rows:
         running, tokens, blocks = int(running), int(tokens), int(blocks)
         assert float(used) == pytest.approx(tokens * per_token, abs=0.006)
         assert float(ctx) == pytest.approx(running * CTX09 * per_token, abs=0.006)
@@ -375,7 +375,7 @@ def test_10_aging_bounds_the_starved_request(lesson_10):
     rows = re.findall(r"│ (off|every \d+ steps) +│ (\d+) +│ (\d+) +│ (\d+) +│ (\d+) +│ "
                       r"[0-9.]+ \([0-9.]+, [0-9.]+\) +│", lesson_10)
     assert [r[0] for r in rows] == ["off", f"every {AGING} steps"]
-    for (label, arrived, first_step, waited, ahead), aging in zip(rows, (10**9, AGING)):
+    for (_label, arrived, first_step, waited, ahead), aging in zip(rows, (10**9, AGING)):
         first = simulate(arrivals, 2, "priority", aging)
         assert (int(arrived), int(first_step), int(waited)) == (1, first["patient"], first["patient"] - 1)
         assert int(ahead) == sum(1 for rid, s in first.items() if rid != "patient" and s < first["patient"])

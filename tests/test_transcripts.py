@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import make_transcripts as mt  # noqa: E402
+import make_transcripts as mt
 
 # The smallest settings that still print every section, table and kind of row label the defaults print (a sweep
 # of 2 values where the default sweeps 3: its row labels are numbers, masked alike).
@@ -214,7 +214,8 @@ def test_lesson_04_on_a_busy_machine_withholds_its_timing_verdicts(real_model_pa
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         lesson = next(p for p in LESSONS if p.stem.startswith("04"))
-        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600, env={"MINITRANSFORMER_MODEL": str(real_model_path)})
+        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600,
+                                   env={"MINITRANSFORMER_MODEL": str(real_model_path)})
     finally:
         for process in spin:
             process.kill()

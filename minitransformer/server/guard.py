@@ -41,7 +41,7 @@ class AllowedHosts:
     any_host: bool = False
 
     @classmethod
-    def for_binding(cls, bound_host: str, extra: Sequence[str] = ()) -> "AllowedHosts":
+    def for_binding(cls, bound_host: str, extra: Sequence[str] = ()) -> AllowedHosts:
         """The loopback names, the address the server was bound to, and --allowed-hosts."""
         extra_names = [host_name(h) for h in extra]
         names = frozenset([*LOOPBACK_NAMES, host_name(bound_host), *(h for h in extra_names if h != "*")])
