@@ -54,7 +54,9 @@ class Codec(Protocol):
 class PagedPool(Protocol):
     """What paged_decode and paged_chunk read of the engine's pool (serving/paged_cache.PagedKVCache)."""
     xp: Any
-    codec: Codec                # how k and v store their numbers, looked up once when the pool was made
+
+    @property
+    def codec(self) -> Codec: ...   # how k and v store their numbers, looked up once when the pool was made (read-only)
 
     @property
     def k(self) -> Any: ...     # (layers, num_blocks, block_size, kv_heads, head_dim), the codec's stored values

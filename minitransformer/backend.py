@@ -188,10 +188,14 @@ def check_memory(nbytes: int, what: str, xp=np, hint: str = "") -> None:
 
 def format_bytes(n: int) -> str:
     """1536 -> "1.5 KiB": binary units, one decimal, for messages."""
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
+    if abs(n) < 1024:
+        return f"{n} bytes"
+    scaled = n / 1024
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(scaled) < 1024:
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
+    return f"{scaled:.1f} PiB"
 
 
 # glibc's mallopt() parameters (malloc.h): allocations below M_MMAP_THRESHOLD come from the heap, and freed heap memory

@@ -114,7 +114,9 @@ class PrintedTable:
 def tables(text: str) -> list[PrintedTable]:
     """Every table rich printed with a header (┏ ... ┃ names ┃ ... ┡ rows │ ... └), in order. A line whose first
     cell is blank, or whose other cells all are, continues the row above (rich wrapped it)."""
-    found, columns, rows = [], None, None
+    found: list[PrintedTable] = []
+    columns: list[str] | None = None
+    rows: list[list[str]] | None = None
     for line in text.splitlines():
         line = line.rstrip()
         if line.startswith("┏"):
@@ -130,7 +132,7 @@ def tables(text: str) -> list[PrintedTable]:
                 rows[-1] = [f"{a} {c}".strip() for a, c in zip(rows[-1], cells)]
             else:
                 rows.append(cells)
-        elif line.startswith("└") and rows is not None:
+        elif line.startswith("└") and columns is not None and rows is not None:
             found.append(PrintedTable(columns, rows))
             columns, rows = None, None
     return found

@@ -39,9 +39,10 @@ __all__ = ["generate", "stream", "make_request", "Request", "Result", "Delta", "
 
 def generate(model, prompt, params: SamplingParams | None = None, chat: bool = False, **options) -> Result:
     """Run one request to the end and return its Result (options as for `stream`)."""
-    delta = None
+    delta: Delta | None = None
     for delta in stream(model, prompt, params, chat, **options):   # noqa: B007 (run to the end; the last delta has the Result)
         pass
+    assert delta is not None and delta.result is not None, "a stream ends with the Delta that carries the Result"
     return delta.result
 
 
@@ -86,7 +87,7 @@ def check_stream_options(timeout, cancel) -> None:
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             raise InputError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
-        if not timeout > 0:
+        if not float(timeout) > 0:
             raise InputError(f"timeout must be > 0 seconds, got {timeout}")
     if cancel is not None and not callable(getattr(cancel, "is_set", None)):
         raise InputError(f"cancel must have an is_set() method (a threading.Event), got {type(cancel).__name__}")
@@ -179,5 +180,6 @@ def _run(model, request: Request, deadline: float | None, cancel, runner: Runner
                 logits, delta = runner.next_logits(token), None               # decode: (1, V)
     finally:
         runner.release()                                     # also when the consumer stops iterating early
+    assert delta.result is not None, "the Delta that finishes a request carries its Result"
     delta.result.speculative = runner.report()
     yield delta

@@ -68,7 +68,8 @@ class KVCache:
                                      lambda n, b: estimate_kv_bytes(config, n, b, dtype, storage), xp)
         self.config, self.max_len, self.batch, self.xp = config, max_len, batch, xp
         shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
-        self.store = KVStorage(shape, storage, xp, dtype)   # k, v (layers, batch, kv_heads, max_len, head_dim)
+        # k, v (layers, batch, kv_heads, max_len, head_dim); None once released
+        self.store: KVStorage | None = KVStorage(shape, storage, xp, dtype)
         self.storage, self.codec = storage, self.store.codec    # the codec's name, the codec (kv_storage.CODECS)
         self.dtype = self.store.dtype                          # dtype of the stored values (int8 for "int8")
         self.length = 0                                     # tokens stored per sequence
@@ -85,9 +86,10 @@ class KVCache:
         q (B, H, T, d), k_new, v_new (B, K, T, d) -> (B, H, T, d), through `attention` (the model's choice of
         arrays or kernels, attention_backend.py) on the float32 keys [0, length + T).
         """
-        start, end = self.next_slots(k_new.shape[2])
-        self.store.put(layer, (slice(None), slice(None), slice(start, end)), k_new, v_new)
-        k, v = self.store.get(layer, (slice(None), slice(None), slice(0, end)))     # (B, K, end, d) each
+        start, end = self.next_slots(k_new.shape[2])                            # raises if released
+        # k, v: (B, K, end, d) each. The ignores: mypy cannot see that next_slots raised for a released (None) store.
+        self.store.put(layer, (slice(None), slice(None), slice(start, end)), k_new, v_new)  # type: ignore[union-attr]
+        k, v = self.store.get(layer, (slice(None), slice(None), slice(0, end)))  # type: ignore[union-attr]
         return attention.causal(q, k, v, positions, self.key_positions[:, :end])
 
     def advance(self, T: int) -> None:

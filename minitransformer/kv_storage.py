@@ -94,7 +94,9 @@ class KVStorage:
         self.dtype = self.codec.stored_dtype(dtype)
         self.k = allocate(shape, self.dtype)               # (layers, *slots, head_dim)
         self.v = allocate(shape, self.dtype)
-        self.k_scale = self.v_scale = None
+        # (layers, *slots), NumPy or CuPy; None for an unscaled codec
+        self.k_scale: Any = None
+        self.v_scale: Any = None
         if self.codec.scaled:
             self.k_scale = allocate(shape[:-1], SCALE_DTYPE)   # (layers, *slots): zeros, so unwritten slots read 0.0
             self.v_scale = allocate(shape[:-1], SCALE_DTYPE)

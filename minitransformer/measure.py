@@ -22,8 +22,9 @@ import os
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy
 
@@ -85,8 +86,11 @@ def time_calls(run: Callable[[], object], repeats: int = 5, warmup: int = 1,
     return Timing(tuple(samples))
 
 
-def interleaved(runs: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
-                sync: Callable[[], None] | None = None) -> dict[str, Timing]:
+Key = TypeVar("Key", bound=Hashable)      # what names a contender in interleaved(): a label, a row count
+
+
+def interleaved(runs: dict[Key, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+                sync: Callable[[], None] | None = None) -> dict[Key, Timing]:
     """Time several contenders in turns: round r runs each once, in the same order. Timing A five times and then B
     five times would charge B (or A) alone for a busy moment; in turns, both pay for it."""
     for _ in range(warmup):
@@ -94,7 +98,7 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int = 5, warmup:
             run()
             if sync:
                 sync()
-    samples: dict[str, list[float]] = {name: [] for name in runs}
+    samples: dict[Key, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
             start = time.perf_counter()
@@ -252,7 +256,7 @@ class Quietness:
 class Probe:
     """Watches one run: start it before the timed work, finish() after. Costs ~0.1 s at each end."""
 
-    def __init__(self, process_groups: tuple[int, ...] = (), pids: tuple[int, ...] = ()) -> None:
+    def __init__(self, process_groups: Iterable[int] = (), pids: Iterable[int] = ()) -> None:
         """process_groups, pids: other processes whose CPU is this run's own work, not another program's (the servers
         a benchmark started, by process group; a server it found on this machine, by pid)."""
         self.process_groups, self.pids = tuple(process_groups), tuple(pids)

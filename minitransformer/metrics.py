@@ -85,10 +85,10 @@ class RequestMetrics:
 
     @property
     def tpot_s(self) -> float | None:
-        n = len(self.token_times)
-        if n < 2 or self.e2e_s is None:
+        n, e2e, ttft = len(self.token_times), self.e2e_s, self.ttft_s
+        if n < 2 or e2e is None or ttft is None:
             return None
-        return (self.e2e_s - self.ttft_s) / (n - 1)
+        return (e2e - ttft) / (n - 1)
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class LayerWeight:
     def tensor_shapes(self, config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
         """(GGUF tensor suffix, its shape in model.py's layout: (in, out) for a matrix, (n,) for a vector)."""
         sizes = [getattr(config, c) for c in self.columns]
-        if not self.is_matrix:
+        if self.rows is None:                               # a vector (is_matrix is false)
             return [(t, (n,)) for t, n in zip(self.tensors, sizes)]
         return [(t, (getattr(config, self.rows), n)) for t, n in zip(self.tensors, sizes)]
 
@@ -107,12 +108,12 @@ class LayerWeights:
     weights stream from memory, and a few large matrices stream faster than many small ones.
     The separate matrices are still there to read, as views (wq, wk, wv, w_gate, w_up), at no extra memory.
     """
-    attn_norm: object   # (D,)
-    w_qkv: object       # (D, H*d + 2*K*d): columns [q | k | v]
-    wo: object          # (H*d, D)
-    ffn_norm: object    # (D,)
-    w_gate_up: object   # (D, 2F): columns [gate | up]
-    w_down: object      # (F, D)
+    attn_norm: Any      # (D,)
+    w_qkv: Any          # (D, H*d + 2*K*d): columns [q | k | v]
+    wo: Any             # (H*d, D)
+    ffn_norm: Any       # (D,)
+    w_gate_up: Any      # (D, 2F): columns [gate | up]
+    w_down: Any         # (F, D)
 
     @property
     def wq(self):       # (D, H*d)
@@ -139,6 +140,8 @@ class LayerWeights:
 
 class Transformer:
     """A loaded model (loading.load_model builds one): config, tokenizer, weights on one device, and `forward`."""
+
+    weight_scheme: str      # set only on a model quantize.quantize_model made: the scheme its layers are stored in
 
     def __init__(self, config: ModelConfig, tokenizer, embedding, layers: list[LayerWeights], final_norm,
                  lm_head, xp, device: str, path: Path | None = None, load_seconds: float = 0.0,

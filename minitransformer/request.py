@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,7 +123,7 @@ class RequestState:
         request asked for them), detokenize, check the stop rules, and stream the new text. The Delta that finishes
         the request carries its Result (finish_reason set). abort: a timeout or cancel noticed now
         (stopping.check_abort), which ends the request after this token unless a stop rule already does."""
-        if logprobs is not None:
+        if logprobs is not None and self.logprobs is not None:     # an entry comes only when the request asked
             self.logprobs.append(logprobs)
         self.output_ids.append(token)
         self.metrics.mark_token()
@@ -134,7 +134,7 @@ class RequestState:
             return Delta(self.detokenizer.take_delta(), [token], logprobs=self._new_logprobs())
         return self.finish(decision, [token])
 
-    def finish(self, decision: StopDecision, new_tokens: list[int] = ()) -> Delta:
+    def finish(self, decision: StopDecision, new_tokens: Sequence[int] = ()) -> Delta:
         """End the request: cut the text where the decision says, close the metrics, build the Result.
         new_tokens: what the final Delta carries (the token that stopped it; nothing for an abort between tokens)."""
         self.decision = decision
@@ -207,11 +207,12 @@ def prompt_token_ids(prompt, vocab_size: int) -> list[int]:
         raise InputError(f"prompt must be {accepted}; got {type(prompt).__name__} {prompt!r:.80}")
     for index, value in enumerate(prompt):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-            hint = {str: " (one prompt per call; an Engine takes many)", dict: " (chat messages need chat=True)"}.get(
-                type(value), "")
+            hints: dict[type, str] = {str: " (one prompt per call; an Engine takes many)",
+                                      dict: " (chat messages need chat=True)"}
+            hint = hints.get(type(value), "")
             raise InputError(f"prompt token ids must be integers, got {type(value).__name__} {value!r:.80} at index "
                              f"{index}{hint}; a prompt is {accepted}")
-        if not 0 <= value < vocab_size:
+        if not 0 <= int(value) < vocab_size:
             raise InputError(f"prompt token id {value} is outside the vocabulary [0, {vocab_size})")
     return [int(i) for i in prompt]
 

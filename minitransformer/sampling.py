@@ -108,13 +108,13 @@ def request_logprobs(logits, tokens, states: Sequence[SamplingState]) -> list[di
     """Row b's logprobs of tokens[b] with the params.logprobs alternatives its request asked for (None: it asked for
     none), from the RAW logits as vLLM reports them.   logits (B, V), tokens (B,). One compute_logprobs call over
     the rows that asked, each row's alternatives then cut to its own count."""
-    wanted = [b for b, s in enumerate(states) if s.params.logprobs is not None]
+    asked = {b: count for b, s in enumerate(states) if (count := s.params.logprobs) is not None}   # row -> count
+    wanted = list(asked)
     entries: list[dict | None] = [None] * len(states)
     if wanted:
         tokens = np.asarray(tokens, dtype=INDEX_DTYPE)                           # (B,) on the host
-        k = max(states[b].params.logprobs for b in wanted)
-        for b, entry in zip(wanted, compute_logprobs(logits[wanted], tokens[wanted], k)):
-            entry["top"] = entry["top"][:states[b].params.logprobs]
+        for b, entry in zip(wanted, compute_logprobs(logits[wanted], tokens[wanted], max(asked.values()))):
+            entry["top"] = entry["top"][:asked[b]]
             entries[b] = entry
     return entries
 
@@ -155,12 +155,15 @@ def sample(logits, params: Sequence[SamplingParams], generators: Sequence[np.ran
     if greedy:      # argmax returns the first maximum: ties go to the lowest token id
         tokens[greedy] = to_host(xp.argmax(logits[greedy], axis=-1))
     if drawn:       # only the sampled rows go through the filters: a greedy neighbour changes nothing
+        drawing: list[np.random.Generator] = []
         for b in drawn:
-            if generators[b] is None:
+            generator = generators[b]
+            if generator is None:
                 raise ValueError(f"sample(): row {b} samples (temperature {params[b].temperature}) "
                                  "but has no generator")
+            drawing.append(generator)
         probs = filtered_probs(logits[drawn], [params[b] for b in drawn])        # (S, V)
-        uniforms = [generators[b].random() for b in drawn]                       # exactly one draw per sampled row
+        uniforms = [generator.random() for generator in drawing]                 # exactly one draw per sampled row
         tokens[drawn] = _inverse_cdf(probs, uniforms)
     return tokens
 
@@ -357,7 +360,7 @@ def compute_logprobs(logits, token_ids, k: int) -> list[dict]:
     logprobs = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))     # (B, V) log-softmax
     chosen = to_host(logprobs[xp.arange(B), xp.asarray(token_ids)])              # (B,)
     k = min(int(k), V)
-    tops = [[] for _ in range(B)]
+    tops: list[list[list]] = [[] for _ in range(B)]                             # row b: [[token id, log-prob]]
     if k > 0:
         kth = -xp.partition(-logprobs, k - 1, axis=-1)[:, k - 1:k]              # (B, 1) k-th largest log-prob
         for b in range(B):

@@ -17,6 +17,7 @@ import math
 import numbers
 import typing
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -152,7 +153,8 @@ class SamplingParams:
                                  "contains")
         set_("stop", tuple(stop))
 
-        ids = (self.stop_token_ids,) if is_int(self.stop_token_ids) else self.stop_token_ids
+        given: Any = self.stop_token_ids            # unchecked until here: whatever the caller passed
+        ids = (given,) if is_int(given) else given
         if not isinstance(ids, (list, tuple)):
             raise InputError(f"stop_token_ids must be a list of non-negative integers, got "
                              f"{_show(self.stop_token_ids)}")

@@ -66,12 +66,12 @@ class Tokenizer:
         self.tokens = list(tokens)
         self.token_types = list(token_types)
         self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
-        self.ranks = {}
+        self.ranks: dict[tuple[str, str], int] = {}
         for rank, merge in enumerate(merges):
             pair = merge.split(" ")  # a symbol never contains a space (a space byte is written 'Ġ')
             if len(pair) != 2 or not all(pair):
                 raise ModelFileError(f"tokenizer merge {rank} is {merge!r}; expected two symbols separated by a space")
-            self.ranks[tuple(pair)] = rank
+            self.ranks[pair[0], pair[1]] = rank
         self.pre = pre
         self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]]
         self.bos_id, self.eos_id = bos_id, eos_id
@@ -83,7 +83,7 @@ class Tokenizer:
         user_defined = [i for i in self._raw_text_ids if self.token_types[i] == USER_DEFINED]
         self._special_regex = {True: self._alternation(self._raw_text_ids), False: self._alternation(user_defined)}
         self._cache: dict[str, list[int]] = {}
-        self._chat = None                      # the ChatTemplate, compiled on first use
+        self._chat: ChatTemplate | None = None  # compiled on first use
 
     def _alternation(self, ids: Iterable[int]) -> regex.Pattern | None:
         """One regex matching any of these tokens' texts, longest first (a longer token wins over its prefix)."""
@@ -149,7 +149,8 @@ class Tokenizer:
         pattern = self._special_regex[special]
         if pattern is None:
             return [(text, None)]
-        out, start = [], 0
+        out: list[tuple[str, int | None]] = []
+        start = 0
         for m in pattern.finditer(text):
             if m.start() > start:
                 out.append((text[start : m.start()], None))

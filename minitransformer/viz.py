@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -252,7 +253,8 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         progress.advance(task)
         generate(model, text_ids(model, 8), SamplingParams(max_tokens=2, temperature=0.0))   # warm-up, not plotted
         probe = Probe() if timed else None                          # watches every timed measurement below
-        m = {key: run(model, sweep, stage(label)) for key, (label, run, _) in measures.items() if key in needs}
+        m: dict[str, Any] = {key: run(model, sweep, stage(label))
+                             for key, (label, run, _) in measures.items() if key in needs}
         if "request_flow.png" in names:
             stage("request flow (timed run)")
             m["flow"] = run_request_flow(model, repeats=1 if quick else 3)
@@ -262,11 +264,12 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         quiet = probe.finish() if probe else None
         if quiet:
             progress.console.print(quiet.line(), markup=False, highlight=False, soft_wrap=True)
-        busy = quiet is not None and not quiet.quiet
+        busy = quiet if quiet is not None and not quiet.quiet else None           # the verdict of a busy run
         tick, machine = stage("drawing"), machine_label()
+        assert model.path is not None, "load_model gives the model its file's path"
         plain, c = f"{model.path.stem} | measured on {machine}", model.config
-        where = plain + ("\n" + busy_title(quiet) if busy and allow_busy else "")          # for the timed ones
-        flow_where = f"measured on {machine}" + ("\n" + busy_title(quiet) if busy and allow_busy else "")
+        where = plain + ("\n" + busy_title(busy) if busy and allow_busy else "")            # for the timed ones
+        flow_where = f"measured on {machine}" + ("\n" + busy_title(busy) if busy and allow_busy else "")
         draw = {"ttft_vs_prompt_length.png": lambda p: plot_ttft(m["ttft"], where, p),
                 "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"]["bandwidth"], where, p),
                 "step_time_cache_vs_no_cache.png": lambda p: plot_cache_vs_no_cache(m["steps"], where, p),
@@ -286,7 +289,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         written = []
         for name in names:
             if busy and name in TIMED and not allow_busy:
-                progress.console.print(refusal(name, quiet), markup=False, highlight=False, soft_wrap=True)
+                progress.console.print(refusal(name, busy), markup=False, highlight=False, soft_wrap=True)
             else:
                 draw[name](out / name)
                 written.append(out / name)

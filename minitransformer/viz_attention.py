@@ -36,12 +36,14 @@ class RecordingCache(KVCache):
 
     def __init__(self, config, max_len: int, layer: int, xp=np):
         super().__init__(config, max_len, xp=xp)
-        self.layer, self.seen = layer, None
+        self.layer = layer
+        self.seen: dict | None = None           # the copies, once the layer's decode pass has run
 
     def attend(self, layer: int, q, k_new, v_new, positions, attention):
         out = super().attend(layer, q, k_new, v_new, positions, attention)       # (B, H, T, d)
         if layer == self.layer and q.shape[2] == 1:
             end = self.length + 1                                   # advance() comes after the whole pass
+            assert self.store is not None, "attend just stored into it"
             k, v = self.store.get(layer, (slice(None), slice(None), slice(0, end)))   # (B, K, end, d) each
             self.seen = {"q": to_host(q[0, :, 0]).copy(),           # (H, d): the new token's query, every head
                          "k": to_host(k[0]).copy(), "v": to_host(v[0]).copy(),        # (K, S, d): what it reads
@@ -60,6 +62,7 @@ def run_query_vs_cache(model, prompt: str = KV_PROMPT, layer: int | None = None)
     new_token = int(np.argmax(logits[0]))                                      # greedy: the step's input token
     decode_step(model, [new_token], cache)
     seen, d = cache.seen, config.head_dim
+    assert seen is not None, "a decode step runs every layer, the recorded one too"
     heads = []
     for head in range(config.n_heads):
         kv_head = head // config.group_size                                    # grouped-query attention

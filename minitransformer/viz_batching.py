@@ -16,6 +16,7 @@ hundreds.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,8 +73,7 @@ def measure_batch_sweep(model, batches=BATCHES, context: int = CONTEXT, repeats:
         cache = KVCache(model.config, context + 1 + repeats, batch=batch, xp=model.xp)
         prefill(model, [ids] * batch, cache)                                   # (B, context) prompts
         tokens = [ids[-1]] * batch                                             # (B,) the step's input tokens
-        timing = time_calls(lambda tokens=tokens, cache=cache: decode_step(model, tokens, cache),
-                            repeats=repeats, warmup=1)
+        timing = time_calls(functools.partial(decode_step, model, tokens, cache), repeats=repeats, warmup=1)
         fastest.append(timing.min)
         slowest.append(timing.max)
         cache.release()
@@ -101,9 +101,10 @@ def draw_batching_sweep(model, sweep: BatchSweep, where: str, path) -> int | Non
                          (here, rates[i]), textcoords="axes fraction", xytext=(0.45, 0.25), fontsize=8,
                          color="tab:red", arrowprops=dict(arrowstyle="->", color="red"))
     else:
-        b = sweep.batches
-        rate_ax.text(0.02, 0.03, f"the last doubling ({b[-2]} -> {b[-1]}) still gained x{rates[-1] / rates[-2]:.2f} "
-                     f"(>= x{STOPS_PAYING}):\nbatching had not stopped paying by batch {b[-1]}",
+        sizes = sweep.batches
+        rate_ax.text(0.02, 0.03, f"the last doubling ({sizes[-2]} -> {sizes[-1]}) still gained "
+                     f"x{rates[-1] / rates[-2]:.2f} (>= x{STOPS_PAYING}):\nbatching had not stopped paying by batch "
+                     f"{sizes[-1]}",
                      transform=rate_ax.transAxes, fontsize=7.5, color="tab:red")
     if len(rates) > 1 and sweep.batches[:2] == (1, 2) and rates[1] < rates[0]:
         rate_ax.annotate(f"batch 2 gives fewer tokens/s than batch 1 (x{rates[1] / rates[0]:.2f}): one row takes\n"

@@ -20,6 +20,7 @@ from pathlib import Path
 from .generate import generate
 from .measure import Timing, time_calls
 from .metrics import now
+from .request import Result
 from .sampling_params import SamplingParams
 from .viz_concepts import pyplot
 
@@ -60,6 +61,7 @@ class StageTimer:
                     timed = self._timed(stage, original)
                     for namespace in references(owner, name, original):
                         attribute = name if namespace is owner else _alias(namespace, original)
+                        assert attribute is not None, "references() lists only the namespaces that hold it"
                         self._undo.append((namespace, attribute, original))
                         setattr(namespace, attribute, timed)
         except Exception:                                # a target that does not resolve: put back what was wrapped
@@ -113,7 +115,9 @@ def _alias(module, original) -> str | None:
 
 def source_file(target: str) -> str:
     """The file a stage function lives in, e.g. "prefill.py" (read from the module, not typed by hand)."""
-    return Path(importlib.import_module(f"{__package__}.{target.split(':')[0]}").__file__).name
+    module = importlib.import_module(f"{__package__}.{target.split(':')[0]}")
+    assert module.__file__ is not None, f"{module.__name__} is a module of files"
+    return Path(module.__file__).name
 
 
 # ---------------------------------------------------------------------------------------------------- the run
@@ -129,8 +133,9 @@ def run_request_flow(model, prompt=FLOW_PROMPT, chat: bool = True, repeats: int 
             runs.append((generate(model, prompt, FLOW_PARAMS, chat=chat), timer))
     time_calls(timed_request, repeats=repeats, warmup=1)
     runs = runs[1:]                                             # the warm-up's run is not drawn
-    result, timer = min(runs, key=lambda run: run[0].metrics.e2e_s)
+    result, timer = min(runs, key=lambda run: _e2e_s(run[0]))
     m = result.metrics
+    assert m.finished_time is not None, "generate() returns a finished request"
     timeline = {"queue": m.queue_s, "prefill + first sample": m.prefill_s,
                 "decode loop": m.token_times[-1] - m.token_times[0], "finalize": m.finished_time - m.token_times[-1]}
     stages = {stage: {"seconds": timer.seconds[stage], "calls": timer.calls[stage],
@@ -138,9 +143,16 @@ def run_request_flow(model, prompt=FLOW_PROMPT, chat: bool = True, repeats: int 
                       "files": sorted({source_file(t) for t in targets})} for stage, targets in STAGES.items()}
     timed = sum(timer.seconds[stage] for stage in STAGES if stage not in NESTED)
     return {"stages": stages, "timeline": timeline, "e2e_s": m.e2e_s, "ttft_s": m.ttft_s,
-            "untimed_s": m.e2e_s - timed, "metrics": m, "result": result,
-            "e2e_of_runs": [r.metrics.e2e_s for r, _ in runs],
-            "e2e": Timing(tuple(r.metrics.e2e_s for r, _ in runs))}
+            "untimed_s": _e2e_s(result) - timed, "metrics": m, "result": result,
+            "e2e_of_runs": [_e2e_s(r) for r, _ in runs],
+            "e2e": Timing(tuple(_e2e_s(r) for r, _ in runs))}
+
+
+def _e2e_s(result: Result) -> float:
+    """A finished request's end-to-end seconds (generate() returns only finished ones)."""
+    e2e_s = result.metrics.e2e_s
+    assert e2e_s is not None, "generate() returns a finished request"
+    return e2e_s
 
 
 # ---------------------------------------------------------------------------------------------------- the drawing

@@ -9,9 +9,11 @@ whole sweep with a measure.Probe and refuses to draw a timed figure from a busy 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +102,7 @@ def measure_itl(model, sweep: Sweep, tick) -> dict:
     for n in sweep.context_lengths:
         cache = KVCache(model.config, n + sweep.decode_steps + 1, xp=model.xp)
         prefill(model, text_ids(model, n), cache)
-        timing = time_calls(lambda cache=cache: decode_step(model, [42], cache), repeats=sweep.decode_steps, warmup=1)
+        timing = time_calls(functools.partial(decode_step, model, [42], cache), repeats=sweep.decode_steps, warmup=1)
         for key, value in _spread("itl_s", timing).items():
             columns.setdefault(key, []).append(value)
         tick()
@@ -125,7 +127,7 @@ def measure_cache_vs_no_cache(model, sweep: Sweep, tick) -> dict:
     tokens = {tuple(r.token_ids) for runs in results.values() for r in runs}
     if len(tokens) != 1:
         raise RuntimeError("cache and no-cache tokens differ: the comparison is void")
-    out = {"prompt_tokens": len(prompt), "runs": sweep.step_runs}
+    out: dict[str, Any] = {"prompt_tokens": len(prompt), "runs": sweep.step_runs}
     for key, runs in results.items():
         steps = [[r.metrics.prefill_s] + list(r.metrics.itl_s) for r in runs]   # step 0 = prefill + first sample
         out[f"{key}_s"] = [min(column) for column in zip(*steps)]

@@ -42,7 +42,8 @@ def run_kv_growth(model, prompt: str = KV_PROMPT, snapshots=KV_SNAPSHOTS, layer:
     layer = config.n_layers // 2 if layer is None else layer
     ids = tokenizer.encode(prompt)
     cache = KVCache(config, len(ids) + max(snapshots), xp=model.xp)
-    params, output = SamplingParams(temperature=0.0), []
+    params = SamplingParams(temperature=0.0)
+    output: list[int] = []
     shots = []
 
     def snapshot(steps: int) -> None:

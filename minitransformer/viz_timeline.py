@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .request import Result
 from .sampling_params import SamplingParams
 from .serving import Engine
 from .viz_concepts import pyplot
@@ -32,16 +33,19 @@ def run_request_timeline(model) -> dict:
     engine = Engine(model, max_num_seqs=4)
     engine.add_request(TIMELINE_PROMPT_A, SamplingParams(max_tokens=A_TOKENS, temperature=0.0, ignore_eos=True),
                        request_id="A")
-    results, a_tokens, b_added = {}, 0, False
+    results: dict[str, Result] = {}
+    a_tokens, b_added = 0, False
     while engine.has_unfinished_requests():
         for out in engine.step():
             a_tokens += out.request_id == "A" and bool(out.delta.token_ids)
-            if out.finished:
+            if out.result is not None:                                   # finished
                 results[out.request_id] = out.result
         if a_tokens >= B_AFTER and not b_added:
             engine.add_request(TIMELINE_PROMPT_B, TIMELINE_PARAMS_B, request_id="B")
             b_added = True
     a, b = results["A"].metrics, results["B"].metrics
+    assert a.ttft_s is not None and a.e2e_s is not None and a.tpot_s is not None and b.scheduled_time is not None, \
+        "both requests ran to the end, A with more than one token"
     t0 = a.arrival_time
 
     def rel(t):

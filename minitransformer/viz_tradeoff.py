@@ -119,7 +119,10 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     s = data.sweep
     knees, notes = notes_for(data)
     fig, ax = plt.subplots(figsize=(9, 5.6))
-    drawn, labels, bounds, rings = {}, {}, {}, []
+    drawn: dict[float, tuple[list, list]] = {}
+    labels: dict[float, list[str]] = {}
+    bounds: dict[float, float] = {}
+    rings: list[tuple[float, float]] = []
     ttft_all = [run["ttft99"] for done in data.runs.values() for run in done]
     for i, (rate, colour) in enumerate(zip(s.rates, ("tab:blue", "tab:orange", "tab:green", "tab:purple"))):
         others = [(run["tok_s"], run["ttft99"]) for m in s.slots for run in data.runs[rate, m]

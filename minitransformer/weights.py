@@ -53,7 +53,7 @@ def find_default_model() -> Path | None:
             raise ModelFileError(f"MINITRANSFORMER_MODEL={chosen} is not a file; unset it to use the default model")
         return chosen
     try:
-        installed = Path(importlib.metadata.distribution(DEFAULT_DISTRIBUTION).locate_file(DEFAULT_MEMBER))
+        installed = Path(str(importlib.metadata.distribution(DEFAULT_DISTRIBUTION).locate_file(DEFAULT_MEMBER)))
         if installed.is_file():
             return installed
     except importlib.metadata.PackageNotFoundError:

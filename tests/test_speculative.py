@@ -95,6 +95,7 @@ def test_draft_model_must_share_the_vocabulary(real_model, tiny_model):
 @pytest.mark.parametrize("spec, k, message", [
     ("self:0", 4, r"L must be in \[1, 1\]"), ("self:2", 4, r"L must be in \[1, 1\]"), ("self:x", 4, "number of"),
     ("medusa", 4, "must be 'ngram'"), ("ngram", 0, r"in \[1, 16\]"), ("ngram", 17, r"in \[1, 16\]"),
+    (SpeculativeConfig("model"), 4, "needs a draft model"),
 ])
 def test_bad_settings_are_one_clear_error(tiny_model, spec, k, message):
     with pytest.raises(InputError, match=message):

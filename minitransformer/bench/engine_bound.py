@@ -29,6 +29,7 @@ parts; the server's to the engine's (engine / server seconds), how much HTTP, st
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from bisect import bisect_left
 
@@ -64,11 +65,11 @@ def measure_prefill(model, prompts: list[str], max_tokens: int, repeats: int) ->
     one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     by_length = dict(zip(prompt_lengths(model, prompts, max_tokens), prompts))
 
-    def prefill(prompt: str):
+    def prefill(prompt: str) -> None:
         engine.add_request(prompt, one_token)
         engine.run()
 
-    return {length: time_calls(lambda p=prompt: prefill(p), repeats=repeats)
+    return {length: time_calls(functools.partial(prefill, prompt), repeats=repeats)
             for length, prompt in sorted(by_length.items())}
 
 
@@ -254,7 +255,7 @@ def run_engine_bench(model, num_prompts: int = 32, seed: int = 0, max_tokens: in
         "steps": [list(step) for step in steps],              # (prefill tokens, decode tokens) of each engine step
         "engine": _timing_json(engine_t),
         "server": server,
-        "ratios": ratios(bound["total_s"], engine_t.min, server and server["wall_s"]),
+        "ratios": ratios(bound["total_s"], engine_t.min, server["wall_s"] if server else None),
         "quietness": _quiet_json(quiet),                      # over the engine and its offline rates
         "server_quietness": server_quiet and _quiet_json(server_quiet),
     }

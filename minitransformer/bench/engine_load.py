@@ -25,6 +25,7 @@ import numpy as np
 
 from ..measure import interleaved
 from ..metrics import now
+from ..request import Result
 from ..sampling_params import SamplingParams
 from ..serving import Engine
 from .serve_workload import poisson_gaps
@@ -57,12 +58,14 @@ def arrival_offsets(n: int, rate: float, seed: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(gaps[1:])])
 
 
-def serve_arrivals(model, requests, offsets, max_num_seqs: int, num_blocks=None):
+def serve_arrivals(model, requests, offsets, max_num_seqs: int,
+                   num_blocks=None) -> tuple[dict[str, Result], Engine, float, int]:
     """The server's engine loop, in real time: add each request when its arrival time has come, step while there
     is work, sleep until the next arrival otherwise. -> (results by request id, the engine, the wall time, the most
     KV blocks held at once)."""
     engine = Engine(model, max_num_seqs=max_num_seqs, num_blocks=num_blocks, enable_prefix_caching=False)
-    start, pending, results, peak_blocks = now(), list(range(len(requests))), {}, 0
+    start, pending, peak_blocks = now(), list(range(len(requests))), 0
+    results: dict[str, Result] = {}
     while pending or engine.has_unfinished_requests():
         while pending and now() - start >= offsets[pending[0]]:
             i = pending.pop(0)
@@ -71,7 +74,7 @@ def serve_arrivals(model, requests, offsets, max_num_seqs: int, num_blocks=None)
                                request_id=f"r{i:02d}", arrival_time=start + offsets[i])   # queue counts from here
         if engine.has_unfinished_requests():
             for out in engine.step():
-                if out.finished:
+                if out.result is not None:                     # finished
                     results[out.request_id] = out.result
             bm = engine.block_manager
             peak_blocks = max(peak_blocks, bm.num_blocks - bm.num_free_blocks)

@@ -25,6 +25,7 @@ the H200's numbers next to this machine's measured ones.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -93,7 +94,11 @@ def time_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, Timing]:
     In turns, a busy moment of the machine slows every T alike instead of one of them.
     """
     inputs = {T: xp.ones((T, w.shape[0]), dtype=w.dtype) for T in rows}             # (T, D) each
-    runs = {T: (lambda x=x: x @ w) for T, x in inputs.items()}
+
+    def product(x) -> Callable[[], object]:
+        return lambda: x @ w
+
+    runs = {T: product(x) for T, x in inputs.items()}
     return interleaved(runs, repeats, sync=_sync(xp))
 
 

@@ -68,7 +68,7 @@ class ManagedServer:
             with _signals_held(signal.SIGINT), open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                                 stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
-            self._wait_ready()
+            self._wait_ready(self.process)
         except BaseException:
             self.stop()
             raise
@@ -77,15 +77,22 @@ class ManagedServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _wait_ready(self) -> None:
+    @property
+    def running(self) -> subprocess.Popen:
+        """The server's process, started by __enter__."""
+        if self.process is None:
+            raise RuntimeError(f"the {self.name} server was not started: use it in a with statement")
+        return self.process
+
+    def _wait_ready(self, process: subprocess.Popen) -> None:
         import httpx
 
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.check:
                 self.check()
-            if self.process.poll() is not None:
-                raise BenchServeError(f"{self.name} server exited with code {self.process.returncode} before it was "
+            if process.poll() is not None:
+                raise BenchServeError(f"{self.name} server exited with code {process.returncode} before it was "
                                       f"ready: {self.log_tail()}")
             try:
                 if httpx.get(self.url + self.ready_path, timeout=2.0, trust_env=False).status_code == 200:

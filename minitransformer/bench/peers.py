@@ -39,6 +39,13 @@ from . import peer_cache
 from .workloads import timed
 
 
+def _loaded(model, peer: str, reason: str | None):
+    """A peer's loaded model, or the RuntimeError that says why it has none (the runner asks available() first)."""
+    if model is None:
+        raise RuntimeError(f"{peer} is not available: {reason}")
+    return model
+
+
 class HF:
     """HF transformers, torch CPU, float32."""
     name = "hf"
@@ -79,16 +86,18 @@ class HF:
         torch = self.torch
         inp = torch.tensor([ids])                                              # (1, P)
         with torch.no_grad():
-            return timed(lambda: self.model(inp, use_cache=True))[0]
+            model = _loaded(self.model, self.name, self.reason)
+            return timed(lambda: model(inp, use_cache=True))[0]
 
     def _generate(self, inp, new_tokens: int, use_cache: bool = True):
         """-> (seconds, output ids (B, T + n)) of a greedy, fixed-length generate."""
         torch = self.torch
         mask = torch.ones_like(inp)
+        model = _loaded(self.model, self.name, self.reason)
         with torch.no_grad():
-            return timed(lambda: self.model.generate(inp, attention_mask=mask, max_new_tokens=new_tokens,
-                                                     min_new_tokens=new_tokens, do_sample=False,
-                                                     use_cache=use_cache, pad_token_id=0))
+            return timed(lambda: model.generate(inp, attention_mask=mask, max_new_tokens=new_tokens,
+                                                min_new_tokens=new_tokens, do_sample=False,
+                                                use_cache=use_cache, pad_token_id=0))
 
     def decode_tok_s(self, batch: int, ids: list[int], new_tokens: int) -> float:
         inp = self.torch.tensor([list(ids)] * batch)                           # (B, T)
@@ -134,23 +143,26 @@ class LlamaCpp:
         return {"llama_cpp": self.version, "llama_cpp_threads": os.cpu_count()}
 
     def prefill_seconds(self, ids: list[int]) -> float:
-        self.llm.reset()
-        return timed(lambda: self.llm.eval(ids))[0]
+        llm = _loaded(self.llm, self.name, self.reason)
+        llm.reset()
+        return timed(lambda: llm.eval(ids))[0]
 
     def _next_token(self) -> int:
         """Argmax of the last evaluated position's logits (without logits_all llama.cpp keeps only that row)."""
-        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))   # (V,)
+        llm = _loaded(self.llm, self.name, self.reason)
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))   # (V,)
         return int(np.argmax(logits))
 
     def _decode_seconds(self, ids: list[int], steps: int) -> float:
         """eval(ids) untimed, then `steps` greedy single-token evals, timed -> their seconds."""
-        self.llm.reset()
-        self.llm.eval(ids)
+        llm = _loaded(self.llm, self.name, self.reason)
+        llm.reset()
+        llm.eval(ids)
         token = self._next_token()
 
         def run(token=token):
             for _ in range(steps):
-                self.llm.eval([token])
+                llm.eval([token])
                 token = self._next_token()
         return timed(run)[0]
 

@@ -119,7 +119,7 @@ def alternate(systems, call, repeats: int, tick, settle_s: float = 0.0) -> dict[
     for system in systems:
         call(system)
         tick()
-    runs = {system.name: [] for system in systems}
+    runs: dict[str, list[float]] = {system.name: [] for system in systems}
     for _ in range(repeats):
         for system in systems:
             time.sleep(settle_s)
@@ -221,11 +221,12 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         seconds, out = x.generate_seconds(ids, s.cache_new_tokens, use_cache)
         tokens.setdefault((x.name, use_cache), out)
         return seconds
-    for use_cache, row in ((True, "generate_cache"), (False, "generate_no_cache")):
+    for use_cache, workload in ((True, "generate_cache"), (False, "generate_no_cache")):
         tick = stage("generate " + ("with" if use_cache else "without") + " the cache")
         live = [x for x in systems if x.supports("generate")]
         runs = alternate(live, lambda x, use_cache=use_cache: timed(x, use_cache), s.repeats, tick, s.settle_s)
-        rows[row] = summarize(dict(workload=row, size=s.cache_new_tokens, unit="s", runs_unit="s", runs=runs))
+        rows[workload] = summarize(dict(workload=workload, size=s.cache_new_tokens, unit="s", runs_unit="s",
+                                        runs=runs))
     equal = {name: tokens.get((name, True)) == tokens.get((name, False)) for name in rows["generate_cache"]["runs"]}
     if not equal.get("ours", True):
         raise RuntimeError("our tokens with and without the KV cache differ: the benchmark is void")

@@ -53,7 +53,7 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[str]:
         self._buffer += self._decoder.decode(chunk)
-        events = []
+        events: list[str] = []
         while True:
             cut = self._buffer.find("\n")
             if cut < 0:
@@ -96,7 +96,7 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """Time per output token after the first; undefined for one token (goodput then counts it as 0, as vLLM)."""
-        if not self.ok or self.output_tokens < 2:
+        if not self.ok or self.output_tokens < 2 or self.e2el_s is None or self.ttft_s is None:
             return None
         return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
 

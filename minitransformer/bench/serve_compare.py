@@ -210,16 +210,16 @@ def run_compare(model_path: str, s: ServeSettings, log_dir: Path, options: Compa
                 spec.name, spec.argv(port), port, spec.ready_path, log_dir / f"server-{log_name(spec.name)}.log",
                 ready_timeout_s=spec.ready_timeout_s, env=env, check=termination.check))
         termination.check()
-        probe = Probe(process_groups=[server.process.pid for server in started.values()])   # their own sessions
+        probe = Probe(process_groups=[server.running.pid for server in started.values()])   # their own sessions
         sweeps = asyncio.run(termination.run(run_sweeps({name: server.url for name, server in started.items()}, s,
                                                       on_done=on_done, on_rate=on_rate)))
         termination.check()
         quiet = probe.finish()
         for name, server in started.items():
             sweeps[name]["command"] = commands[name]
-            if server.process.poll() is not None:
+            if server.running.poll() is not None:
                 # Its requests are already counted as failed; this says why they failed.
-                sweeps[name]["exited"] = (f"exited with code {server.process.returncode} during the run: "
+                sweeps[name]["exited"] = (f"exited with code {server.running.returncode} during the run: "
                                           f"{server.log_tail()}")
     return sweeps, "; ".join(skipped) or None, quiet
 

@@ -18,6 +18,9 @@ in turns, so one slow spell of the machine hits every system alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 
 from ..backend import synchronize, to_host
@@ -40,18 +43,21 @@ TOPICS = ["the printing press", "volcanoes", "the history of tea", "how bridges 
           "the moon landing", "bread baking", "ocean tides", "the Roman roads", "electric motors", "chess openings",
           "coral reefs", "the first computers", "glaciers", "paper money", "migrating birds"]
 
+Returned = TypeVar("Returned")     # what the timed call returns
 
-def timed(run) -> tuple[float, object]:
+
+def timed(run: Callable[[], Returned]) -> tuple[float, Returned]:
     """(seconds, what run() returned) of one call, timed by measure.time_calls with no warm-up of its own: the
     caller's rounds (run.alternate) make the warm-up call and the repeats, interleaved with the other systems."""
-    out = []
+    out: list[Returned] = []
     timing = time_calls(lambda: out.append(run()), repeats=1, warmup=0)
     return timing.min, out[0]
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:
     """The first n tokens of a long real text (numbered paragraphs, so no two stretches are identical)."""
-    parts, ids = [], []
+    parts: list[str] = []
+    ids: list[int] = []
     while len(ids) < n:
         parts.append(f"Part {len(parts) + 1}. {TEXT}")
         ids = tokenizer.encode("".join(parts))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError
 
@@ -130,7 +131,7 @@ def cmd_bench_serve(args) -> int:
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
-        state = {"server": "server", "task": None}
+        state: dict[str, Any] = {"server": "server", "task": None}      # task: rich's TaskID of the rate running
 
         def on_rate(rate, server=None):
             state["task"] = progress.add_task(f"{server or state['server']} at {rate:g} req/s", total=s.num_prompts)

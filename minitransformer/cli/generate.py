@@ -120,6 +120,7 @@ def _print_stream(deltas):
         sys.stdout.write(last.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    assert last is not None, "a stream yields at least the Delta that finishes it"
     return last.result
 
 

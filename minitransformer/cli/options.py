@@ -6,6 +6,7 @@ Kept apart so both subcommands spell, check and load them the same way.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ..errors import InputError
 from ..kv_storage import CODECS
@@ -98,8 +99,9 @@ def sampling_params(args):
     error names the option as it was typed (--top-p, not top_p)."""
     options = sampling_options()
     try:
-        return SamplingParams(**{o.name: tuple(getattr(args, o.name)) if o.repeated else getattr(args, o.name)
-                                 for o in options})
+        values: dict[str, Any] = {o.name: tuple(getattr(args, o.name)) if o.repeated else getattr(args, o.name)
+                                  for o in options}
+        return SamplingParams(**values)
     except InputError as exc:
         message = str(exc)
         for option in options:

@@ -95,7 +95,10 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
 
 def launch_smem(name: str) -> int:
     """The most dynamic shared memory attention.py asks for this kernel (decode: G = max group, partition 512)."""
-    d = int(re.search(r"(\d+)>$", name).group(1))
+    head_dim = re.search(r"(\d+)>$", name)
+    if head_dim is None:
+        raise ValueError(f"{name}: the kernel's name does not end in its head size (<..., D>)")
+    d = int(head_dim.group(1))
     if name.startswith("flash_prefill_wmma"):
         return wmma_shared_bytes(d)
     if name.startswith("flash_prefill"):
@@ -188,7 +191,7 @@ def compile_with_nvrtc(nvrtc: str, filename: str, expressions: tuple[str, ...], 
         for expr in expressions:
             lowered = ctypes.c_char_p()
             if lib.nvrtcGetLoweredName(program, expr.encode(), ctypes.byref(lowered)) == 0 and \
-                    lowered.value.decode() in parsed:
+                    lowered.value is not None and lowered.value.decode() in parsed:
                 stats[expr] = parsed[lowered.value.decode()]
         return stats, log, True
     finally:

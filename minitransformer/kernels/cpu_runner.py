@@ -106,7 +106,8 @@ def _dims(value, what: str) -> tuple[int, int, int]:
     dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in dims):
         raise KernelError(f"{what} must be a positive int or a tuple of 1 to 3 positive ints, got {value!r}")
-    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+    x, y, z = [int(d) for d in dims] + [1] * (3 - len(dims))
+    return x, y, z
 
 
 # ---- the public classes ------------------------------------------------------------------------------------------
@@ -144,7 +145,10 @@ class CpuModule:
         self._functions, statics = library_symbols(self.library_path)
         # Load address: an exported function's address minus its link-time address in the symbol table.
         link_address = next(a for a, syms in self._functions.items() if "cudacpu_launch" in syms)
-        self._base = ctypes.cast(lib.cudacpu_launch, ctypes.c_void_p).value - link_address
+        launch_address = ctypes.cast(lib.cudacpu_launch, ctypes.c_void_p).value
+        if launch_address is None:
+            raise KernelError(f"{self.library_path}: cudacpu_launch resolved to a null address")
+        self._base = launch_address - link_address
         self._statics = [(name, self._base + address, size) for name, address, size in statics]
 
     def get_function(self, name: str) -> CpuKernel:
@@ -232,6 +236,7 @@ class CpuKernel:
             if isinstance(arg, (bool, int, float)) and not isinstance(arg, np.generic):  # np.float64 is a float
                 raise KernelError(f"{where} is a Python {type(arg).__name__}: pass a NumPy scalar such as "
                                   f"np.int32({arg!r}) (CuPy would pass a Python int as 64 bits, a float as double)")
+            holder: ctypes.c_void_p | ctypes.c_uint64
             if isinstance(arg, np.ndarray):
                 if not param.is_pointer:
                     raise KernelError(f"{where} is a value, got an array")

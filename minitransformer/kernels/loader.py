@@ -10,9 +10,11 @@ kernel reads an `int`) does not fail, it silently computes garbage or reads out 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -146,13 +148,14 @@ def _dims(value, what: str, kernel_name: str) -> tuple[int, int, int]:
     dims = tuple(value) if isinstance(value, tuple) else (value,)
     if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
         raise InputError(f"{kernel_name}: {what} must be 1 to 3 positive sizes, got {value!r}")
-    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+    x, y, z = [int(d) for d in dims] + [1] * (3 - len(dims))
+    return x, y, z
 
 
 @dataclass
 class Kernel:
     """A compiled kernel plus its declared parameters: calling it checks, then launches like cupy.RawKernel."""
-    function: object
+    function: Callable[..., Any]      # the backend's launchable kernel (CuPy RawKernel or the CPU runner's)
     name: str
     params: tuple[Param, ...]
     backend: str
@@ -181,7 +184,7 @@ class Kernel:
 @dataclass
 class Launch:
     """One checked kernel launch, ready to be replayed: what a CUDA graph would capture."""
-    function: object
+    function: Callable[..., Any]      # the backend's launchable kernel (CuPy RawKernel or the CPU runner's)
     grid: tuple
     block: tuple
     args: tuple

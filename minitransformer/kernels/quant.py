@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from .loader import array_param, backend_of, get_kernel, scalar_param, source_constant
+from .loader import Param, array_param, backend_of, get_kernel, scalar_param, source_constant
 
 GEMV_FILE = "dequant_gemv.cu"
 BATCH_SIZES = (1, 8)            # MAX_BATCH instantiations: one sequence, or up to 8 rows per weight read
@@ -50,6 +50,7 @@ def dequant_gemv(x, w, module=None):
     threads = 32 * source_constant(GEMV_FILE, "GEMV_WARPS")
     shared = 4 * max_batch * min(source_constant(GEMV_FILE, "GEMV_CHUNK"), w.in_features)   # x staged, float32
     name = f"dequant_gemv_{w.scheme}<{rows}, {max_batch}>"
+    weights: tuple[Param, ...]
     if w.scheme == "int8":
         weights = (array_param("q", np.int8), array_param("scale", np.float32))
     else:

@@ -181,6 +181,9 @@ def estimate_decode(variant: str, kernel: KernelSass, kernel_g: KernelSass, head
     seconds = 0.0
     in_flight = []
     for loop, loop_g in zip(kernel.streaming_loops(), kernel_g.streaming_loops()):
+        if loop is None or loop_g is None:
+            raise RuntimeError(f"{kernel.name}: a paged-decode partition kernel has a key loop and a value loop; "
+                               "the SASS shows fewer")
         flight = loop.in_flight_bytes * WARP
         in_flight.append(flight)
         seconds += kv_bytes / min(littles_law(flight, warps, busy, latency_ns), issue_bound(loop_g, busy))

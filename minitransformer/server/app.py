@@ -29,6 +29,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -96,7 +97,9 @@ class Server:
         routes += LiveFeed(self).routes(self._endpoint)
         guard = Middleware(Guard, server=self, hosts=self.config.allowed_hosts, origins=self.config.allowed_origins)
         return Starlette(routes=routes, lifespan=self._lifespan, middleware=[guard],
-                         exception_handlers={HTTPException: http_error, Exception: internal_error})
+                         # ignore: Starlette types every handler as taking Exception; http_error takes its key's type
+                         exception_handlers={HTTPException: http_error,  # type: ignore[dict-item]
+                                             Exception: internal_error})
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
@@ -193,8 +196,11 @@ class Server:
             if isinstance(exc, EngineFailed):            # a step failed earlier: no new work
                 raise APIError(503, str(exc), type="server_error") from None
             if isinstance(exc, asyncio.CancelledError):  # our client left while the request was being queued
-                future.add_done_callback(lambda f: not f.cancelled() and f.exception() is None
-                                         and self.loop.abort(f.result()))
+                def abort_once_queued(done) -> None:     # the submission went through after all: take it back
+                    if not done.cancelled() and done.exception() is None:
+                        self.loop.abort(done.result())
+
+                future.add_done_callback(abort_once_queued)
             raise
         builder = ResponseBuilder(request_id, self.config.model_name, chat, self.model.tokenizer,
                                   params.logprobs, api.return_token_ids)
@@ -215,12 +221,13 @@ class Server:
         if not api.max_tokens_given:
             room = budget - len(ids)
             if room < 1:
-                within = f"tenant {tenant.name!r}'s quota of {quota}" if budget == quota else f"{budget} tokens"
+                within = f"tenant {tenant.name!r}'s quota of {quota}" if tenant is not None and budget == quota \
+                    else f"{budget} tokens"
                 raise bad_request(f"the prompt ({len(ids)} tokens) leaves no room for a reply in {within}",
                                   param="messages")
             params = with_max_tokens(params, max(room, params.min_tokens))
         total = len(ids) + params.max_tokens
-        if quota is not None and total > quota:
+        if tenant is not None and quota is not None and total > quota:     # a quota is always a tenant's
             raise bad_request(f"this request needs {total} tokens (prompt {len(ids)} + max_tokens "
                               f"{params.max_tokens}), more than tenant {tenant.name!r}'s whole quota of {quota}: "
                               "it can never run; lower max_tokens or shorten the prompt", param="max_tokens",
@@ -241,7 +248,7 @@ class Server:
             finished = item.result is not None
             if item.text or item.logprobs or finished or (builder.return_token_ids and item.token_ids):
                 yield sse(builder.chunk(item.text, item.logprobs or [], item.result, item.token_ids))
-            if finished:
+            if item.result is not None:                 # finished
                 if include_usage:
                     yield sse(builder.usage_chunk(item.result))
                 break
@@ -296,7 +303,7 @@ class Server:
         elif isinstance(api.prompt, str):
             ids = await run_in_threadpool(tokenizer.encode, api.prompt)
         else:
-            ids = api.prompt
+            ids = cast(list[int], api.prompt)           # not text: parse_generation checked it is token ids
         body = {"count": len(ids), "max_model_len": self.loop.engine.config.max_model_len, "tokens": ids}
         if data.get("return_token_strs"):
             body["token_strs"] = tokenizer.pieces(ids)
@@ -334,16 +341,7 @@ class Server:
 
     def _authorize(self, request: Request) -> Tenant | None:
         keys = self.config.api_keys
-        if keys is None:
-            return None
-        key = _bearer(request)
-        if key is None:
-            raise APIError(401, "missing API key: send the header 'Authorization: Bearer YOUR_KEY'",
-                           code="invalid_api_key")
-        tenant = keys.get(key)
-        if tenant is None:
-            raise APIError(401, "invalid API key", code="invalid_api_key")
-        return tenant
+        return None if keys is None else _tenant_of_key(request, keys)
 
     def viewer(self, request: Request) -> str | None:
         """Whose requests /v1/engine/events may show in detail: None for every tenant's (no keys, or the metrics
@@ -355,7 +353,7 @@ class Server:
                 raise APIError(401, "the engine's events need the metrics key (--metrics-key)",
                                code="invalid_api_key")
             return None
-        return self._authorize(request).name
+        return _tenant_of_key(request, self.config.api_keys).name
 
     def _is_operator(self, request: Request) -> bool:
         key, expected = _bearer(request), self.config.metrics_key
@@ -406,6 +404,18 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+def _tenant_of_key(request: Request, keys: dict[str, Tenant]) -> Tenant:
+    """The tenant of the request's API key, or the 401 of a missing or unknown key."""
+    key = _bearer(request)
+    if key is None:
+        raise APIError(401, "missing API key: send the header 'Authorization: Bearer YOUR_KEY'",
+                       code="invalid_api_key")
+    tenant = keys.get(key)
+    if tenant is None:
+        raise APIError(401, "invalid API key", code="invalid_api_key")
+    return tenant
 
 
 def _bearer(request: Request) -> str | None:

@@ -49,7 +49,7 @@ def protocol_class(header_timeout_s: float, limit_concurrency: int | None) -> ty
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._head_timer = None
+            self._head_timer: asyncio.TimerHandle | None = None
             if limit_concurrency is not None and len(self.connections) > limit_concurrency:
                 self.app = _over_capacity(limit_concurrency)
                 refusals.log("refusing connections over --limit-concurrency %d with 503", limit_concurrency)
@@ -118,7 +118,8 @@ class RateLimitedLog:
     """A warning at most once per interval, with the number of times it was suppressed in between."""
 
     def __init__(self, interval_s: float):
-        self.interval_s, self.last, self.suppressed = interval_s, None, 0
+        self.interval_s, self.suppressed = interval_s, 0
+        self.last: float | None = None          # time.monotonic() of the last line logged
 
     def log(self, message: str, *args) -> None:
         clock = time.monotonic()

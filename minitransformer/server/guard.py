@@ -22,6 +22,7 @@ refused by the JSON routes themselves: they take only `application/json` (app.py
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -40,11 +41,11 @@ class AllowedHosts:
     any_host: bool = False
 
     @classmethod
-    def for_binding(cls, bound_host: str, extra: list[str] = ()) -> AllowedHosts:
+    def for_binding(cls, bound_host: str, extra: Sequence[str] = ()) -> AllowedHosts:
         """The loopback names, the address the server was bound to, and --allowed-hosts."""
-        extra = [host_name(h) for h in extra]
-        names = frozenset([*LOOPBACK_NAMES, host_name(bound_host), *(h for h in extra if h != "*")])
-        return cls(names, any_host="*" in extra)
+        extra_names = [host_name(h) for h in extra]
+        names = frozenset([*LOOPBACK_NAMES, host_name(bound_host), *(h for h in extra_names if h != "*")])
+        return cls(names, any_host="*" in extra_names)
 
     def allows(self, host: str | None) -> bool:
         if self.any_host or host is None:
@@ -97,7 +98,7 @@ class Guard:
 
     def _refusal(self, headers: Headers) -> APIError | None:
         host = headers.get("host")
-        if not self.hosts.allows(host):
+        if host is not None and not self.hosts.allows(host):     # a request without a Host header is allowed
             return APIError(403, f"this server does not answer to the host name {host_name(host)!r} (Host header "
                                  f"{host!r}); if you reach it by that name, start it with --allowed-hosts "
                                  f"{host_name(host)}", code="host_not_allowed")

@@ -157,7 +157,7 @@ class LiveFeed:
         name = name or request.path_params["name"]
         if name not in ASSETS:
             raise APIError(404, f"there is no /static/{name} here", code="not_found")
-        body = resources.files(__package__).joinpath("static", name).read_bytes()
+        body = resources.files(__package__).joinpath("static").joinpath(name).read_bytes()
         return Response(body, media_type=ASSETS[name], headers=PAGE_HEADERS)
 
     async def events(self, request: Request) -> Response:

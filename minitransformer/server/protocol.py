@@ -58,7 +58,7 @@ SAMPLING_FIELDS = {o.name: (None if o.kind is str else list) if o.repeated else 
 class ApiRequest:
     """One checked completion or chat request, ready for the engine."""
     chat: bool
-    prompt: object                   # str | list[int] (completions) or list of {"role", "content"} (chat)
+    prompt: str | list[int] | list[dict]    # str | list[int] (completions) or {"role", "content"} dicts (chat)
     params: SamplingParams           # max_tokens is provisional when max_tokens_given is False (chat default)
     max_tokens_given: bool
     model: str | None
@@ -114,6 +114,7 @@ def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None)
     if _get(data, "suffix", str, None):
         raise bad_request("suffix is not supported", param="suffix")
     _logit_bias(data)
+    prompt: str | list[int] | list[dict]
     if chat:
         prompt = _messages(data.get("messages"), limits)
         if data.get("tools"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 
 from ..request import Result
 
@@ -75,7 +76,7 @@ class ResponseBuilder:
         return self._chunk({"role": "assistant", "content": ""}, None, None) if self.chat else None
 
     def chunk(self, text: str, logprob_entries: list[dict], result: Result | None,
-              token_ids: list[int] = ()) -> dict:
+              token_ids: Sequence[int] = ()) -> dict:
         reasons = finish(result) if result is not None else (None, None)
         body = {"content": text} if self.chat else text
         chunk = self._chunk(body, self.logprobs(logprob_entries), *reasons)

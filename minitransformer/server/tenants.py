@@ -58,7 +58,9 @@ def load_api_keys(path: str | Path) -> dict[str, Tenant]:
     if not isinstance(data, dict) or not data:
         raise InputError(f"the API keys file {path} must be a JSON object mapping each key to "
                          '{"tenant": NAME, "quota_tokens": N, "priority": P}')
-    keys, quotas, salts = {}, {}, {}
+    keys: dict[str, Tenant] = {}
+    quotas: dict[str, int | None] = {}
+    salts: dict[str, str | None] = {}
     for key, entry in data.items():
         where = f"API keys file {path}, key {key[:4]}...:"
         if not key.strip() or key != key.strip():

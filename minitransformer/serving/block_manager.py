@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from ..errors import InputError
 
@@ -115,7 +116,7 @@ class BlockManager:
 
     # ------------------------------------------------------------------ allocation
 
-    def allocate_slots(self, seq, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def allocate_slots(self, seq, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         """Make seq's table cover its cached blocks + computed tokens + num_new_tokens; False (nothing changed) if
         the free blocks do not suffice. Cached blocks that sit in the free queue are taken out of it, not evicted."""
         table = self.block_tables.setdefault(seq.request_id, seq.block_table)
@@ -133,15 +134,22 @@ class BlockManager:
             self.ref_counts[block] += 1
             table.append(block)
         if cached_blocks:
-            self.block_hashes[seq.request_id] = [self.block_hash[b] for b in cached_blocks]
+            self.block_hashes[seq.request_id] = [self._hash_of_cached(b) for b in cached_blocks]
         for _ in range(max(0, new_blocks)):
             block, _ = self.free_queue.popitem(last=False)     # the least recently freed block
-            if self.block_hash[block] is not None:             # evict it from the prefix cache
-                del self.cached_blocks[self.block_hash[block]]
+            evicted_hash = self.block_hash[block]
+            if evicted_hash is not None:                       # evict it from the prefix cache
+                del self.cached_blocks[evicted_hash]
                 self.block_hash[block] = None
             self.ref_counts[block] = 1
             table.append(block)
         return True
+
+    def _hash_of_cached(self, block: int) -> int:
+        """The hash of a block found in the prefix cache (only full, hashed blocks are ever found there)."""
+        block_hash = self.block_hash[block]
+        assert block_hash is not None, f"block {block} came from the prefix cache but has no hash"
+        return block_hash
 
     def cache_full_blocks(self, seq) -> None:
         """After a step: name seq's newly completed full blocks so later requests can reuse them."""

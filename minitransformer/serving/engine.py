@@ -220,10 +220,10 @@ class Engine:
 
     def run(self) -> dict[str, Result]:
         """Step until every request has finished; the Results of the requests that finished meanwhile, by id."""
-        results = {}
+        results: dict[str, Result] = {}
         while self.has_unfinished_requests():
             for out in self.step():
-                if out.finished:
+                if out.result is not None:                  # a finished request's output carries its Result
                     results[out.request_id] = out.result
         return results
 

@@ -26,6 +26,7 @@ itself runs in scripts/gpu_check.py on a GPU. If a capture fails, the reason is 
 from __future__ import annotations
 
 import logging
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,6 +41,13 @@ CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """The padded batch sizes that get a graph: the powers of two below max_num_seqs, and max_num_seqs itself."""
     return tuple(s for s in CAPTURE_SIZES if s < max_num_seqs) + (max_num_seqs,)
+
+
+class ReplayableStep(Protocol):
+    """What DecodeGraphs needs of a step: its static inputs, and replay() (EagerStep here, cuda_graph.GraphedStep)."""
+    inputs: tuple
+
+    def replay(self) -> Any: ...
 
 
 class EagerStep:
@@ -69,7 +77,7 @@ class DecodeGraphs:
                      f"CUDA graph buffers for batches up to {max_num_seqs} with {max_blocks}-block tables", model.xp,
                      "lower max_num_seqs or max_model_len, or cuda_graphs=False")
         self.capture = capture
-        self.steps: dict[int, object] = {}           # capture size -> GraphedStep (GPU) or EagerStep (CPU)
+        self.steps: dict[int, ReplayableStep] = {}   # capture size -> GraphedStep (GPU) or EagerStep (CPU)
         self.replays = {size: 0 for size in self.sizes}
         self.rope_tables: dict[int, tuple] = {}      # capture size -> the RoPE table its graph reads
         self.disabled: str | None = None
@@ -116,6 +124,7 @@ class DecodeGraphs:
         # A captured graph reads the RoPE table at the address it had then: keep that table alive even if the model
         # later grows a longer one (rope.py).
         self.rope_tables[size] = (self.model.rope_cos, self.model.rope_sin)
+        step: ReplayableStep
         if not self.capture:
             step = EagerStep(lambda *b: self._forward(rows, *b), *buffers)
         else:

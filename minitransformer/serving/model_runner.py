@@ -16,6 +16,7 @@ pending tokens go through the final norm and lm_head: a partial prefill chunk sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +27,12 @@ from .paged_cache import PagedStep
 @dataclass
 class StepInputs:
     """The flat inputs of one forward and how its rows split into sequences."""
-    token_ids: object          # (N,)
-    positions: object          # (N,)
-    slots: object              # (N,) cache slot of each token
+    token_ids: Any             # (N,)
+    positions: Any             # (N,)
+    slots: Any                 # (N,) cache slot of each token
     num_decodes: int           # rows [0, num_decodes) are decodes, one per sequence
-    decode_positions: object   # (num_decodes,)
-    decode_tables: object      # (num_decodes, max blocks) padded block tables
+    decode_positions: Any      # (num_decodes,)
+    decode_tables: Any         # (num_decodes, max blocks) padded block tables
     chunks: list               # per prefill chunk: (first row, length, positions (1, n), block table (1, nb))
                                # and keys it reads (its last position + 1)
     logits_rows: list[int]     # rows whose logits are sampled
@@ -42,7 +43,12 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
     """Build the flat arrays from the scheduler's [(sequence, number of tokens to compute)] (host work, small)."""
     decodes = [(s, n) for s, n in scheduled if n == 1]
     chunks = [(s, n) for s, n in scheduled if n > 1]
-    ids, positions, slots, logits_rows, sampled, chunk_meta = [], [], [], [], [], []
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    logits_rows: list[int] = []
+    sampled: list = []
+    chunk_meta: list[tuple[int, int, int]] = []     # per chunk: (first row, length, start)
     for seq, n in decodes + chunks:
         start = seq.num_computed_tokens
         if n > 1:

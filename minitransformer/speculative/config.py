@@ -9,8 +9,12 @@ name the option (`speculative`), never a CLI flag.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..model import Transformer
 
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -22,7 +26,7 @@ class SpeculativeConfig:
     method: str
     k: int = 4
     layers: int = 0
-    draft: object = None
+    draft: Transformer | None = None
     ngram_max: int = 4
     ngram_min: int = 1
 
@@ -49,6 +53,8 @@ def make_config(model, speculative, num_speculative_tokens: int = 4) -> Speculat
     if config.method == "self":
         check_layers(config.layers, model.config.n_layers)
     if config.method == "model":
+        if config.draft is None:
+            raise InputError("speculative method 'model' needs a draft model (SpeculativeConfig(draft=...))")
         check_same_vocabulary(model, config.draft)
     return config
 

@@ -7,6 +7,7 @@ model's forward with layers=L) and SecondModelDrafter (a smaller model of the sa
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 import numpy as np
@@ -36,10 +37,12 @@ def make_drafter(model, config: SpeculativeConfig, cache: KVCache, max_len: int,
         return NgramDrafter(config)
     if config.method == "self":
         return SelfDrafter(model, config.layers, cache, seed)
-    if max_len > config.draft.config.context_length:
+    draft = config.draft
+    assert draft is not None, "make_config gives every 'model' config its draft model"
+    if max_len > draft.config.context_length:
         raise InputError(f"prompt + max_tokens = {max_len} exceeds the draft model's context length of "
-                         f"{config.draft.config.context_length} tokens")
-    return SecondModelDrafter(config.draft, max_len, seed)
+                         f"{draft.config.context_length} tokens")
+    return SecondModelDrafter(draft, max_len, seed)
 
 
 class NgramDrafter:
@@ -61,7 +64,7 @@ class NgramDrafter:
         pass                                        # it holds nothing
 
 
-class ModelDrafter:
+class ModelDrafter(ABC):
     """Drafting with a model, k tokens one at a time, with the request's own SamplingParams processing (so q is
     exactly the distribution each draft was drawn from) and its own random stream. A subclass says where the
     model's cache stands (`rewind(context) -> tokens already cached`) and how to run it (`forward(ids, start)`
@@ -84,6 +87,14 @@ class ModelDrafter:
             if i < k - 1:
                 logits = self.forward([d], len(context) + i)
         return drafts, qs
+
+    @abstractmethod
+    def rewind(self, context: list[int]) -> int:
+        """Make the model's cache hold a prefix of `context` (at least one token left to feed); its length."""
+
+    @abstractmethod
+    def forward(self, ids: list[int], start: int):
+        """(1, V) logits after the last of `ids`, placed at positions start, start + 1, ..."""
 
 
 class SelfDrafter(ModelDrafter):

@@ -5,6 +5,7 @@ back the rejected drafts' K/V; and SpeculativeStats, its counts for --json (less
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..backend import to_host
 from ..kv_cache import KVCache, estimate_kv_bytes
@@ -71,7 +72,10 @@ class SpeculativeRunner:
         max_len = len(self.prompt) + self.params.max_tokens
         self.cache = KVCache(model.config, max_len, xp=model.xp, storage=storage)
         self.drafter = make_drafter(model, config, self.cache, max_len, self.params.seed)
-        self.rows, self.drafts, self.qs, self.row = None, [], None, 0
+        self.rows: Any = None                   # (1, 1 + k, V) logits of the last verify pass, NumPy or CuPy
+        self.drafts: list[int] = []
+        self.qs: list | None = None             # the drafts' distributions (None: one-hot drafts)
+        self.row = 0
         self.stats = SpeculativeStats(config.name, config.k)
 
     def first_logits(self):
