@@ -36,6 +36,14 @@ from minitransformer.sampling import compute_logprobs, make_generator, sample  #
 from minitransformer.stopping import check_stop  # noqa: E402
 
 PROMPT = "The printing press changed Europe because"
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Each row is one pass through the model, and `pos` rises by one per row.",
+    "In section 2, the `check dependency` line says whether forcing one token changed the token after it.",
+    "In section 3, the `check timing` line compares the loop's passes with one pass over the known answer.",
+    "Each claim line under 'What this run shows' says whether this run showed it.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 SAME_LOGPROB = 1e-4         # float32 sums in another order: the one pass and the loop agree to about 1e-5
 

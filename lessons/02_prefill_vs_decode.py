@@ -36,6 +36,14 @@ from minitransformer.prefill import prefill  # noqa: E402
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's ridge point first. It is this machine's FLOP/byte where compute and memory meet.",
+    "In section 3's table, compare each row's FLOP/byte with that ridge. The `says` column names the bound.",
+    "In section 4, `x a batch-1 step` is what one step for 4 sequences costs next to a step for one.",
+    "The claim lines under 'What this run shows' say which of these this run could show.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 
 NEAR = 2.0                # FLOP/byte within 2x of the ridge: no firm call (the ridge is itself two timings)

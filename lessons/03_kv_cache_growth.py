@@ -31,6 +31,13 @@ from minitransformer.prefill import prefill  # noqa: E402
 from minitransformer.sampling import sample  # noqa: E402
 
 PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. The `total measured` column should grow by the same bytes every row.",
+    "`same?` compares the measured bytes with estimate_kv_bytes, and `reserved` is what was allocated up front.",
+    "Section 3 projects the same formula onto an 8B-class model, with no timing involved.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 SAME_VALUES = 1e-4          # float32 sums in another order: token by token and one pass agree to about 1e-5
 KEY_DIFFERS = 0.01          # the same token's keys at two positions count as different when they differ by 1%+

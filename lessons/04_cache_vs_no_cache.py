@@ -27,6 +27,14 @@ from minitransformer.measure import Probe  # noqa: E402
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 2's table first. Compare the `cache ms` and `no cache ms` columns as the step number grows.",
+    "Section 1's `check tokens` line says whether both loops produced the same tokens.",
+    "Section 3's `check totals` line gives both loops' total time.",
+    "The claim lines under 'What this run shows' say which trends this run showed beyond the noise.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 FLAT_BAND = 0.25            # a cached step counts as flat when its last quarter is within 25% of its first
 

@@ -43,6 +43,14 @@ SETTINGS = [                                     # (name, params): vLLM's names;
     ("min_p=0.1", SamplingParams(min_p=0.1)),
 ]
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Each row is one sampling setting applied to the same distribution.",
+    "Compare `candidates (p > 0)` and `entropy (bits)` across the rows.",
+    "Section 2's `check seeds` line says whether one seed repeats and another differs.",
+    "Section 3 times the sampler next to a decode step. The `sampler-small` claim says whether it stayed small.",
+)
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 SMALL_SHARE = 0.10          # "a small share of a step": the slowest sampler's median call under 10% of the fastest step
                             # (its median, not its max: one call preempted by the OS must not decide the claim)

@@ -35,6 +35,14 @@ PROMPT = "What is 2+2?"
 STOP = "math problem"
 EMOJI_PROMPT = "Write a short message with a pizza emoji."
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Look at `finish_reason` and `tokens` for each way a reply ends.",
+    "Section 2's `check ids` line shows the stop string's ids alone and inside the reply.",
+    "In section 3's table, `delta emitted` stays empty until a character's last byte arrives.",
+    "Section 4's `check release` line says what the cache held before and after the cancel.",
+)
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 
 

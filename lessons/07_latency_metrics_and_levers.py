@@ -40,6 +40,14 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
 # them): 5 bits, 0.625 bytes per weight.
 HYPOTHETICAL = [("1B float16", 1e9 * 2), ("7B float16", 7e9 * 2), ("7B Q4_1", 7e9 * 0.625)]
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. All three requests arrive at once, so compare `queue ms` with `TTFT ms`.",
+    "Section 3 moves one lever at a time. Read which column moves in each of its tables.",
+    "Section 4 fills the course's tables with this run's numbers.",
+    "The claim lines under 'What this run shows' say which effects this run showed beyond the noise.",
+)
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 FLAT_BAND = 0.25            # ITL counts as flat when its fastest gap at every prompt length is within 25% of the first
 SAME_BAND = 0.05            # streaming counts as costing nothing extra when the two totals' mins are within 5%

@@ -42,6 +42,14 @@ TEXT = ("A serving engine keeps many requests in flight at once. Each step it de
         "one a slice of the token budget, runs one forward pass over all of their tokens together, samples one new "
         "token per running request and streams it out. Requests arrive at any time, with short or long prompts, and "
         "ask for a few words or a long answer, so no two of them finish at the same moment. ") * 4
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read sections 1 and 2 side by side. Each row is a request and each column an engine step.",
+    "Section 3's table gives what one engine step costs for each mix of sequences.",
+    "Section 4's table sets static against continuous batching, and 4 against 8 and 16 slots.",
+    "The claim lines under 'What this run shows' say which differences this run showed.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 CONTEXT = 64                 # tokens each sequence holds before part 3's timed steps (the H200 column's context too)
 STEP_WARMUP = 2              # untimed rounds of part 3's steps before the timed ones

@@ -34,6 +34,14 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
 SYSTEM = ("You are a helpful assistant for a cooking school. Answer briefly and politely. If a question is not about "
           "cooking, say so and offer a cooking tip instead. Always use metric units, name the utensils needed, and "
           "warn about hot surfaces and sharp knives when they matter.")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Compare the `used` column with the reservations and with `paged`.",
+    "Section 2 prints each request's block table as it grows, one block per 16 tokens.",
+    "In section 3's table, `prefix_cache_hits` counts the prompt tokens found in the cache.",
+    "None of these numbers is a timing, so they are the same on any machine.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 
 

@@ -37,6 +37,14 @@ from minitransformer.serving import Engine  # noqa: E402
 TEXT = ("The kitchen was quiet before dawn. The baker lit the oven, weighed the flour, and set the first dough to "
         "rest while the city slept. By six the shelves were full and the first customers were at the door. ") * 3
 NO_AGING = 10**9                 # aging_steps longer than any run: aging never happens
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's first table. It counts engine steps, so it is the same on any machine.",
+    "Compare the urgent requests' steps to a first token under FCFS and under priority.",
+    "In section 2's table, `waited steps` is the patient request's wait with aging off and on.",
+    "The tables in seconds repeat these comparisons. Their claims need a quiet run.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 ADMISSIONS = (("tenant a, 40 + 8 tokens", 0, 40, "a", "accepted"),       # (what, start, prompt, tenant, expected)
               ("tenant a again, 40 + 8", 40, 40, "a", "accepted"),

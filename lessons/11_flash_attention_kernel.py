@@ -42,6 +42,14 @@ PROMPT = ("Attention lets every token look back at the tokens before it. A GPU k
           "and keeps only a running maximum, a running sum and a partial output for each query row, so the full "
           "table of scores never has to exist in memory.")
 BQ, BK = source_constant(PREFILL_FILE, "PREFILL_BLOCK_Q"), source_constant(PREFILL_FILE, "PREFILL_BLOCK_K")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read the `check` lines of sections 2 to 4 first. Each gives a kernel's largest difference from NumPy.",
+    "Section 1's table shows which key tiles each query tile visits and which it skips.",
+    "Section 5's table counts the bytes each way of computing attention moves, from formulas.",
+    "The claim lines under 'What this run shows' say which checks held.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 TOL = 1e-5                  # the kernel tests' float32 tolerance: a kernel that differs by more is wrong
 GPU_CALLS = 20              # launches per timed sample on a GPU: one launch is a few microseconds, below the clock's

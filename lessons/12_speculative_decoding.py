@@ -51,6 +51,14 @@ PROMPTS = {
             "    return width * height\n\n\ndef area_",
     "free": "Once upon a time, in a small village by the sea, there lived an old lighthouse keeper who",
 }
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read table 1 first. `x a 1-token step` is what a pass over more tokens costs next to a pass over one.",
+    "In table 2, `accepted` and `tok/pass` say how many drafts were kept.",
+    "`speedup` is plain decoding's ms/token over this row's. The claim lines say if it beat the spread.",
+    "Table 2b predicts each speedup from the acceptance and table 1 alone. Compare it with `measured`.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 EXPLAINED = 0.20        # the model explains a row when it predicts the measured speedup within 20% (beyond spread)
 

@@ -36,6 +36,13 @@ from minitransformer.quantize import (QuantizedLinear, expected_weight_bytes, qu
                                       quantize_model, unpack_int4)
 from minitransformer.weights import dequantize, open_gguf  # noqa: E402
 
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read Part 2's table first. Compare each setting's `weights MiB` and `perplexity` with float32's row.",
+    "The `check greedy` lines say how many tokens of each greedy continuation match float32's.",
+    "Part 4's table times one decode step per setting. The speed claims say which way this machine went.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 MiB = 2 ** 20
 QUANTIZED = ("int8 weights", "int4 weights", "int8 KV cache")

@@ -48,6 +48,14 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the
         "their crews trusting a light they never saw being lit. One winter a storm cut the island off for a month, "
         "and the keeper wrote down everything he remembered about the sea, the birds and the people who had lived "
         "there before him. ") * 6
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 2's table first. It gives each configuration's best run, median and spread.",
+    "At the higher rate, compare `tok/s`, `TTFT p99` and `ITL p50` as the slots grow.",
+    "Section 1's `implied tok/s` column checks each run against its own requests' times.",
+    "The claim lines under 'What this run shows' say which of these this run showed.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 AGREE = 1.5           # a run's tok/s within this factor of what its requests' median service time implies
 AT_BOUND = 0.80       # "limited by the arrivals": at least 80% of the most the arrivals allow (that bound serves the
