@@ -209,33 +209,35 @@ def main():
 
     console.rule("[bold]Interview question: is the answer generated in parallel?")
     decode_ms = 1e3 * statistics.median(step_s[1:]) if n > 1 else float("nan")
-    answer = [f"No. This run produced {n} tokens with {n} passes through the model: the prefill read all "
+    answer = [f"No. This run produced {n} tokens with {n} passes through the model. First, the prefill read all "
               f"{len(prompt_ids)} prompt tokens at once ({step_s[0] * 1e3:.0f} ms, timed once), then "
               f"{n - 1} decode steps of one token each ({decode_ms:.0f} ms median, timed once each)."]
     if shown["in-order"]:
-        answer.append(f"Each decode step began only after the previous token was chosen ({n - 1} of {n - 1} steps), "
-                      "because that token is its input.")
+        answer.append(f"Each decode step began only after the previous token was chosen ({n - 1} of {n - 1} steps). "
+                      "That token is its input.")
     else:
-        answer.append("This run's order check did not show every step waiting for the token before it (see the "
-                      "claims above).")
+        answer.append("This run's order check did not show every step waiting for the token before it. The claims "
+                      "above say why.")
     if shown["next-changes"]:
-        answer.append(f"Change that input and the output changes: forcing token {k} to "
+        answer.append(f"Change that input and the output changes. With token {k} forced to "
                       f"{tok.decode([alternative])!r}, {effect}.")
     else:
-        answer.append(f"Forcing token {k} to {tok.decode([alternative])!r} did not show a changed next token in "
-                      "this run (try another --prompt or more --tokens).")
-    answer.append(f"So output length sets the number of steps: {args.tokens} tokens cost up to {args.tokens} "
-                  "sequential passes. Only tokens that are already known, the prompt's, go through in parallel.")
+        answer.append(f"Forcing token {k} to {tok.decode([alternative])!r} did not change the next token in this "
+                      "run. Try another --prompt or more --tokens.")
+    answer.append(f"So output length sets the number of steps. {args.tokens} tokens cost up to {args.tokens} "
+                  "passes, one after another. Only the prompt's tokens, already known, go through in parallel.")
     if shown["same-probabilities"] and shown["one-pass-faster"]:
-        answer.append(f"A known answer can be checked in parallel too: one pass gave the loop's probabilities "
+        answer.append(f"A known answer can be checked in parallel too. Here one pass gave the loop's probabilities "
                       f"(within {diff:.0e}) in {t_pass.min * 1e3:.0f} ms against {t_loop.min * 1e3:.0f} ms for the "
-                      f"loop's {n} passes (fastest of {args.repeats} each, ranges apart).")
+                      f"loop's {n} passes. Each time is the fastest of {args.repeats}, and the two ranges do not "
+                      "overlap.")
     elif shown["same-probabilities"]:
-        answer.append(f"One pass over a known answer gave the loop's probabilities (within {diff:.0e}); whether it "
-                      f"is faster this run could not show ({t_pass.min * 1e3:.0f} vs {t_loop.min * 1e3:.0f} ms at "
-                      "their fastest, see the claims above): run it again on a quiet machine.")
+        answer.append(f"One pass over a known answer gave the loop's probabilities (within {diff:.0e}). This run "
+                      f"could not show whether it is faster: {t_pass.min * 1e3:.0f} vs {t_loop.min * 1e3:.0f} ms at "
+                      "their fastest. The claims above say why. Run it again on a quiet machine.")
     else:
-        answer.append("This run could not show that one pass gives the loop's probabilities (see the claims above).")
+        answer.append("This run could not show that one pass gives the loop's probabilities. The claims above say "
+                      "why.")
     console.print(" ".join(answer))
 
 

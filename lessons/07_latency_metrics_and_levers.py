@@ -291,43 +291,44 @@ def main() -> None:
     console.rule("[bold]Interview question: which latencies do you watch, and why not just the total? (M3)")
     r0, r2 = results[0].metrics, results[-1].metrics
     streamed_total = modes["streamed"].min
-    answer = ["Each one separately: they answer different questions (when does text start, how fast does it flow, "
-              "when is it done)."]
+    answer = ["Each one separately. They answer different questions: when the text starts, how fast it flows, and "
+              "when it is done."]
     if shown["stream-first-sooner"] and shown["stream-same-total"]:
-        answer.append(f"The total alone hides what users feel: streamed and not streamed, the same reply took "
+        answer.append(f"The total alone hides what users feel. Streamed and not streamed, the same reply took "
                       f"{ms(streamed_total)} vs {ms(blocking.min)} ms in total, yet its first text showed after "
                       f"{ms(first.min)} vs {ms(blocking.min)} ms.")
     else:
         answer.append(f"Streamed and not streamed, the same reply took {ms(streamed_total)} vs {ms(blocking.min)} ms "
-                      f"in total and showed its first text after {ms(first.min)} vs {ms(blocking.min)} ms; this run "
-                      "could not show what streaming changes (see the claims above).")
+                      f"in total and showed its first text after {ms(first.min)} vs {ms(blocking.min)} ms. This run "
+                      "could not show what streaming changes. The claims above say why.")
     if shown["queue-in-ttft"]:
         answer.append(f"Request r2 did the same kind of work as r0 (prefill {ms(r2.prefill_s)} vs {ms(r0.prefill_s)} "
-                      f"ms) but waited {ms(r2.queue_s)} ms in the queue, so its TTFT was {ms(r2.ttft_s)} ms against "
-                      f"{ms(r0.ttft_s)}.")
+                      f"ms). But it waited {ms(r2.queue_s)} ms in the queue, so its TTFT was {ms(r2.ttft_s)} ms "
+                      f"against {ms(r0.ttft_s)}.")
     else:
-        answer.append(f"Request r2 (prefill {ms(r2.prefill_s)} ms, queue {ms(r2.queue_s)} ms, TTFT {ms(r2.ttft_s)} ms) "
-                      f"against r0 (TTFT {ms(r0.ttft_s)} ms): this run could not show the queue's share.")
+        answer.append(f"Request r2 had prefill {ms(r2.prefill_s)} ms, queue {ms(r2.queue_s)} ms and TTFT "
+                      f"{ms(r2.ttft_s)} ms, against r0's TTFT of {ms(r0.ttft_s)} ms. This run could not show the "
+                      "queue's share.")
     levers = []
     if shown["ttft-grows-with-prompt"]:
-        levers.append(f"TTFT follows the prompt ({ttft_growth:.1f}x from {lengths[0]} to {lengths[-1]} tokens) and "
-                      "the queue")
+        levers.append(f"Here TTFT follows the prompt ({ttft_growth:.1f}x from {lengths[0]} to {lengths[-1]} tokens) "
+                      "and the queue.")
     if shown["itl-flat"]:
         levers.append(f"ITL stays flat as the prompt grows ({ms(itl[lengths[0]].min)} -> {ms(itl[lengths[-1]].min)} "
-                      "ms)")
+                      "ms).")
     if shown["above-floor"]:
-        levers.append(f"a decode step ({ms(decode_ms)} ms here) cannot beat the bytes it reads: "
-                      f"{model.weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s is a floor of {ms(floor)} ms")
+        levers.append(f"A decode step ({ms(decode_ms)} ms here) cannot beat the bytes it reads. Reading "
+                      f"{model.weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s sets a floor of {ms(floor)} "
+                      "ms.")
     if shown["e2e-grows-with-output"]:
-        levers.append(f"the total adds {ms(per_token)} ms per output token")
-    if levers:
-        answer.append("Here " + "; ".join(levers) + ".")
+        levers.append(f"Output length sets the total: the total adds {ms(per_token)} ms per output token.")
+    answer += levers
     if all(shown[k] for k in ("ttft-grows-with-prompt", "itl-flat", "e2e-grows-with-output")):
-        answer.append("So caps and stops cut the total, trimming and queue control cut TTFT, and a smaller or "
-                      "quantized model lowers the floor under ITL.")
+        answer.append("So caps and stops cut the total. Trimming the prompt and controlling the queue cut TTFT. A "
+                      "smaller or quantized model lowers the floor under ITL.")
     else:
-        answer.append("This run could not show every lever (see the claims above): run it again with nothing else "
-                      "on the machine before trusting which lever moves which number.")
+        answer.append("This run could not show every lever. The claims above say which. Run it again with nothing "
+                      "else on the machine before trusting which lever moves which number.")
     console.print(" ".join(answer))
 
 

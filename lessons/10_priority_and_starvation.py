@@ -312,11 +312,11 @@ def main():
     if shown["urgent-first"]:
         answer.append(f"Behind a flood of {args.flood} low-priority requests, FCFS gave the urgent ones their first "
                       f"token {max(u_fcfs)} steps after arrival; priority scheduling took {max(u_prio)} steps"
-                      + (" (the wait for a running request to free a slot: running requests are not preempted for it, "
-                         "only when KV blocks run out)." if shown["no-preemption"] else "."))
+                      + (". That is the wait for a running request to free a slot. Running requests are not "
+                         "preempted for it, only when KV blocks run out." if shown["no-preemption"] else "."))
     else:
         answer.append(f"This run could not show priority serving the urgent requests sooner: {max(u_prio)} steps "
-                      f"under priority vs {max(u_fcfs)} under FCFS (see the claims above).")
+                      f"under priority vs {max(u_fcfs)} under FCFS. The claims above say why.")
     if shown["low-later"]:
         answer.append(f"The low-priority requests paid for it: their first token came {low['continuous']:.1f} -> "
                       f"{low['priority']:.1f} steps after arrival on average"
