@@ -144,8 +144,8 @@ def main():
     reason = decision.finish_reason + (f" ({decision.stop_reason!r})" if decision.stop_reason is not None else "")
     console.print(f"finished: {reason} after {n} tokens = {n} passes "
                   f"through the model (1 prefill + {n - 1} decode steps). Text: {detok.text!r}")
-    console.print("ms: each step timed once, as it ran (step 1 is the prefill; a warm-up pass ran first, so it is "
-                  "not charged for the process's first-call costs); lesson 02 repeats and interleaves these timings.")
+    console.print("ms: each step timed once, as it ran. Step 1 is the prefill. A warm-up pass ran first, so step 1 is "
+                  "not charged for the process's first-call costs. Lesson 02 repeats and interleaves these timings.")
     console.print("Diagram: figures/request_flow.png, the same stages as generate() runs them (tokenize, schedule, "
                   "prefill, sample, stream and stop checks, decode, finalize), each with its file and measured time.")
     console.print(f"check ids: {out}")
@@ -179,8 +179,8 @@ def main():
     rows = all_logits[len(prompt_ids) - 1:]                                         # (n, V): logits before each token
     parallel = compute_logprobs(rows, out, 0)
     diff = max(abs(r["logprob"] - np.log(p)) for r, p in zip(parallel, chosen_p))
-    console.print(f"one forward pass over prompt + all {n} answer tokens scores every answer token at once; "
-                  "its probabilities against the loop's:")
+    console.print(f"One forward pass over prompt + all {n} answer tokens scores every answer token at once. "
+                  "Its probabilities against the loop's:")
     console.print(f"check parallel pass: max |log p loop - log p one pass| = {diff:.1e} over {n} tokens")
 
     def one_pass():                                                   # the pass above again
@@ -194,13 +194,13 @@ def main():
             decode_step(model, [token], cache)
     times = interleaved({"loop": loop, "one pass": one_pass}, repeats=args.repeats)
     t_loop, t_pass = times["loop"], times["one pass"]
-    console.print(f"timed in turns, {args.repeats} rounds after a warm-up round (the fastest is what a quiet machine "
-                  "gives, the median what you typically get, the spread how far to trust either): the loop's "
-                  f"{n} passes {t_loop.ms()}, one pass over all {n} {t_pass.ms()}")
+    console.print(f"Timed in turns, {args.repeats} rounds after a warm-up round. The fastest is what a quiet machine "
+                  "gives, the median what you typically get, and the spread how far to trust either. The loop's "
+                  f"{n} passes: {t_loop.ms()}. One pass over all {n}: {t_pass.ms()}.")
     console.print(f"check timing: loop {t_loop.min * 1e3:.1f}-{t_loop.max * 1e3:.1f} ms, one pass "
                   f"{t_pass.min * 1e3:.1f}-{t_pass.max * 1e3:.1f} ms")
-    console.print("but that pass needed the answer as its input: it can verify tokens (speculative decoding does), "
-                  "it cannot produce them")
+    console.print("But that pass needed the answer as its input. It can verify tokens, as speculative decoding does. "
+                  "It cannot produce them.")
 
     console.rule("[bold]4. What this run shows")
     quiet = probe.finish()
