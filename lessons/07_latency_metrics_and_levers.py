@@ -321,7 +321,7 @@ def main() -> None:
                       f"{model.weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s sets a floor of {ms(floor)} "
                       "ms.")
     if shown["e2e-grows-with-output"]:
-        levers.append(f"Output length sets the total: the total adds {ms(per_token)} ms per output token.")
+        levers.append(f"And the total adds {ms(per_token)} ms per output token.")
     answer += levers
     if all(shown[k] for k in ("ttft-grows-with-prompt", "itl-flat", "e2e-grows-with-output")):
         answer.append("So caps and stops cut the total. Trimming the prompt and controlling the queue cut TTFT. A "
