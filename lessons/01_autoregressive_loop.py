@@ -25,15 +25,15 @@ from rich.live import Live
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, load_model  # noqa: E402
-from minitransformer.claims import NUMBER, Claim, find_numbers, report  # noqa: E402
-from minitransformer.decode import decode_step  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.detokenizer import IncrementalDetokenizer  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.sampling import compute_logprobs, make_generator, sample  # noqa: E402
-from minitransformer.stopping import check_stop  # noqa: E402
+from minitransformer import KVCache, SamplingParams, load_model
+from minitransformer.claims import NUMBER, Claim, find_numbers, report
+from minitransformer.decode import decode_step
+from minitransformer.detokenizer import IncrementalDetokenizer
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, interleaved
+from minitransformer.prefill import prefill
+from minitransformer.sampling import compute_logprobs, make_generator, sample
+from minitransformer.stopping import check_stop
 
 PROMPT = "The printing press changed Europe because"
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):

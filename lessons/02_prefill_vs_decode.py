@@ -25,14 +25,19 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.machine import (H200, forward_cost, measure_copy_bandwidth,  # noqa: E402
-                                           measure_gemm_flops, roofline_tokens_per_s)
-from minitransformer.claims import Claim, find_numbers, flat, report  # noqa: E402
-from minitransformer.decode import decode_step  # noqa: E402
-from minitransformer.measure import Probe, Timing, interleaved, machine_peaks  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
+from minitransformer import KVCache, SamplingParams, generate, load_model
+from minitransformer.bench.machine import (
+    H200,
+    forward_cost,
+    measure_copy_bandwidth,
+    measure_gemm_flops,
+    roofline_tokens_per_s,
+)
+from minitransformer.claims import Claim, find_numbers, flat, report
+from minitransformer.decode import decode_step
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, Timing, interleaved, machine_peaks
+from minitransformer.prefill import prefill
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
@@ -93,7 +98,7 @@ def claims(output: str) -> list[Claim]:
                                                         r"([\d.]+)-([\d.]+) us")
     h_ridge, h_decode, h_batch = find_numbers(output, r"check h200: ridge ([\d.]+) FLOP/byte, decode ([\d.]+) "
                                                       r"FLOP/byte, batch ratio ([\d.]+)")
-    intensity = lambda c: c["flops"] / c["bytes"]                            # noqa: E731
+    intensity = lambda c: c["flops"] / c["bytes"]
     return [
         Claim("first-token-slower", "the first token takes longer than each later one (a whole prompt vs one "
               "token)", ttft_lo > itl_hi, f"fastest TTFT {ttft_lo:.1f} ms vs slowest ITL p50 {itl_hi:.1f} ms"),

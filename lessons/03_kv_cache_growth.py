@@ -22,13 +22,13 @@ from rich.live import Live
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, load_model  # noqa: E402
-from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report  # noqa: E402
-from minitransformer.decode import decode_step  # noqa: E402
-from minitransformer.measure import Probe  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.sampling import sample  # noqa: E402
+from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, load_model
+from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report
+from minitransformer.decode import decode_step
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe
+from minitransformer.prefill import prefill
+from minitransformer.sampling import sample
 
 PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):

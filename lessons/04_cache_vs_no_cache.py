@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.measure import Probe  # noqa: E402
+from minitransformer import SamplingParams, generate, load_model
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
@@ -134,9 +134,9 @@ def main():
     first_slow, last_slow = np.median(quarter(slow, False)), np.median(quarter(slow, True))
     slope_fast = np.polyfit(np.arange(1, N), fast[1:], 1)[0] if N > 2 else 0.0   # seconds per extra token
     slope_slow = np.polyfit(np.arange(1, N), slow[1:], 1)[0] if N > 2 else 0.0
-    console.print(f"decode steps, first vs last quarter (medians): cache {first_fast * 1e3:.1f} -> {last_fast * 1e3:.1f} ms "
-                  f"(slope {slope_fast * 1e6:+.0f} us per token), no cache {first_slow * 1e3:.1f} -> "
-                  f"{last_slow * 1e3:.1f} ms (slope {slope_slow * 1e6:+.0f} us per token)")
+    console.print(f"decode steps, first vs last quarter (medians): cache {first_fast * 1e3:.1f} -> "
+                  f"{last_fast * 1e3:.1f} ms (slope {slope_fast * 1e6:+.0f} us per token), no cache "
+                  f"{first_slow * 1e3:.1f} -> {last_slow * 1e3:.1f} ms (slope {slope_slow * 1e6:+.0f} us per token)")
     ranges = [f"{q.min() * 1e3:.1f}-{q.max() * 1e3:.1f} ms" for t in (fast, slow) for q in (quarter(t, False),
                                                                                           quarter(t, True))]
     console.print(f"check quarters: cache first {ranges[0]}, last {ranges[1]}; no cache first {ranges[2]}, last "

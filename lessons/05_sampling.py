@@ -24,13 +24,13 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.claims import Claim, flat, report, table_with  # noqa: E402
-from minitransformer.decode import decode_step  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.sampling import filtered_probs, make_generator, sample  # noqa: E402
+from minitransformer import KVCache, SamplingParams, generate, load_model
+from minitransformer.claims import Claim, flat, report, table_with
+from minitransformer.decode import decode_step
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, interleaved
+from minitransformer.prefill import prefill
+from minitransformer.sampling import filtered_probs, make_generator, sample
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived a"
 SETTINGS = [                                     # (name, params): vLLM's names; temperature 1 unless said

@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import SamplingParams, generate, load_model, stream  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, flat, report, table_with  # noqa: E402
-from minitransformer.generate import CachedRunner  # noqa: E402
-from minitransformer.measure import Probe  # noqa: E402
+from minitransformer import SamplingParams, generate, load_model, stream
+from minitransformer.claims import Claim, find_numbers, flat, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.generate import CachedRunner
+from minitransformer.measure import Probe
 
 PROMPT = "What is 2+2?"
 STOP = "math problem"

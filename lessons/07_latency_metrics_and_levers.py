@@ -23,15 +23,15 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, generate, load_model, stream  # noqa: E402
-from minitransformer.bench.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.generate import _run, make_request, make_runner  # noqa: E402
-from minitransformer.measure import Probe, Timing, interleaved, machine_peaks, time_calls  # noqa: E402
-from minitransformer.metrics import now  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.sampling import make_generator, sample  # noqa: E402
+from minitransformer import KVCache, SamplingParams, generate, load_model, stream
+from minitransformer.bench.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.generate import _run, make_request, make_runner
+from minitransformer.measure import Probe, Timing, interleaved, machine_peaks, time_calls
+from minitransformer.metrics import now
+from minitransformer.prefill import prefill
+from minitransformer.sampling import make_generator, sample
 
 REQUESTS = ["What is 2+2?", "Name three colors of the rainbow.", "Write one sentence about the sea."]
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
@@ -192,7 +192,7 @@ def main() -> None:
                   f"{ms(blocking.min)} ms ({modes['streamed'].min / blocking.min:.2f}x; same tokens, same passes)")
 
     console.rule(f"[bold]3. The levers, one at a time ({args.repeats} runs of each setting, in turns)")
-    greedy = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
+    greedy = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     out_t, out_runs = repeated({n: (lambda n=n: generate(model, REQUESTS[0], greedy(n), chat=True)) for n in outputs},
                                args.repeats)
     table = Table("output tokens", "total min ms", "total median ms", "total spread ms", "TTFT min ms",
@@ -244,7 +244,7 @@ def main() -> None:
     pre, dec = forward_cost(model.config, lengths[-1]), forward_cost(model.config, 1, lengths[-1])
     console.print(f"check roofline: prefill {pre.intensity:.2f} FLOP/byte, decode {dec.intensity:.2f} FLOP/byte "
                   f"(FLOPs per byte moved, bench/machine.py forward_cost)")
-    bound = lambda c: f"{'compute' if c.intensity > ridge else 'memory'} ({c.intensity:.2f} FLOP/byte)"  # noqa: E731
+    bound = lambda c: f"{'compute' if c.intensity > ridge else 'memory'} ({c.intensity:.2f} FLOP/byte)"
     t1 = Table("T1 phase", "processes", f"roofline bound (ridge {ridge:.2f} FLOP/byte)", "user-facing metric",
                "measured (min)")
     t1.add_row("prefill", f"all {lengths[-1]} prompt tokens at once", bound(pre), "TTFT",

@@ -31,12 +31,12 @@ from rich.console import Console
 from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import H200  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer import SamplingParams, load_model
+from minitransformer.bench.machine import H200
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, interleaved
+from minitransformer.serving import Engine
 
 TEXT = ("A serving engine keeps many requests in flight at once. Each step it decides which requests run, gives each "
         "one a slice of the token budget, runs one forward pass over all of their tokens together, samples one new "
@@ -115,7 +115,7 @@ def draw(path, runs, requests, max_num_seqs):
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.2 + 0.22 * len(requests) * len(runs)), sharex=True)
     colors = {".": "#dddddd", "P": "#d62728", "D": "#1f77b4", "-": "#ffbf00"}
     for ax, (policy, (lanes, s)) in zip(axes, runs.items()):
-        for y, (rid, lane) in enumerate(lanes.items()):
+        for y, lane in enumerate(lanes.values()):
             for ch, color in colors.items():
                 ax.broken_barh([(i, 1) for i, c in enumerate(lane) if c == ch], (y - 0.4, 0.8), color=color)
         ax.set_yticks(range(len(lanes)), list(lanes), fontsize=7)

@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import SamplingParams, estimate_kv_bytes, load_model  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, flat, report, table_with  # noqa: E402
-from minitransformer.measure import Probe  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer import SamplingParams, estimate_kv_bytes, load_model
+from minitransformer.claims import Claim, find_numbers, flat, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe
+from minitransformer.serving import Engine
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a GPU does.",
              "Give three tips for learning to cook.", "Why is the sky blue?", "Name two planets.",

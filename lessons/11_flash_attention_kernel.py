@@ -24,18 +24,17 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-import minitransformer.attention_backend  # noqa: E402
-from minitransformer import KVCache, load_model  # noqa: E402
-from minitransformer.claims import NUMBER, Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.kernels import flash_prefill, paged_decode  # noqa: E402
-from minitransformer.kernels.attention import (PREFILL_FILE, plan_flash_prefill, plan_paged_decode,  # noqa: E402
-                                              prefill_shared_bytes)
-from minitransformer.kernels.loader import source_constant  # noqa: E402
-from minitransformer.kernels.prefill_wmma import WMMA_FILE, wmma_shared_bytes  # noqa: E402
-from minitransformer.layers import attention  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
+import minitransformer.attention_backend
+from minitransformer import KVCache, load_model
+from minitransformer.claims import NUMBER, Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.kernels import flash_prefill, paged_decode
+from minitransformer.kernels.attention import PREFILL_FILE, plan_flash_prefill, plan_paged_decode, prefill_shared_bytes
+from minitransformer.kernels.loader import source_constant
+from minitransformer.kernels.prefill_wmma import WMMA_FILE, wmma_shared_bytes
+from minitransformer.layers import attention
+from minitransformer.measure import Probe, interleaved
+from minitransformer.prefill import prefill
 
 PROMPT = ("Attention lets every token look back at the tokens before it. A GPU kernel computes it in tiles: a block of "
           "threads loads a few queries, streams the keys and values through fast shared memory one tile at a time, "
@@ -110,7 +109,8 @@ def claims(output: str) -> list[Claim]:
 
 
 def record_attention(model, ids):
-    """Prefill `ids` with every layer's call of layers.causal_attention recorded: [(q, k, v, q_pos, k_pos, out)], cache."""
+    """Prefill `ids` with every layer's call of layers.causal_attention recorded.
+    Returns [(q, k, v, q_pos, k_pos, out)], cache."""
     calls, real = [], minitransformer.attention_backend.causal_attention
     def spy(*args):
         calls.append([np.ascontiguousarray(a) for a in args] + [real(*args)])

@@ -31,19 +31,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.machine import H200  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with, to_float  # noqa: E402
-from minitransformer.measure import Probe, Timing, interleaved  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.speculative.acceptance import accept_or_resample, processed_probs  # noqa: E402
-from minitransformer.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT  # noqa: E402
+from minitransformer import KVCache, SamplingParams, generate, load_model
+from minitransformer.bench.machine import H200
+from minitransformer.claims import Claim, find_numbers, report, table_with, to_float
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe, Timing, interleaved
+from minitransformer.prefill import prefill
+from minitransformer.speculative.acceptance import accept_or_resample, processed_probs
+from minitransformer.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT
 
 PROMPTS = {
     "repeat": SPEC_PROMPT,          # the list the prompt holds; figures/draft_and_verify.png draws this prompt's run
@@ -96,7 +95,7 @@ def claims(output: str) -> list[Claim]:
         lo, hi = plain[name][0] / (r[6] + r[7]), sum(plain[name]) / r[6]         # its range over the runs
         fits.append((abs(predicted / point - 1) <= EXPLAINED or lo <= predicted <= hi,
                      hi / lo <= (1 + EXPLAINED) / (1 - EXPLAINED), name, drafter, k, predicted, lo, hi))
-    missed = [f for f in fits if not f[0]]      # off by more than EXPLAINED from the fastest runs, and outside their range
+    missed = [f for f in fits if not f[0]]      # off by > EXPLAINED from the fastest runs, and outside their range
     noisy = [f for f in fits if not f[1]]       # the runs vary more than the band: said in the evidence
     worst = (missed or noisy or fits)[0]
     lookup = {(r[0], r[2]): r[5] for r in spec if r[1] == "ngram"}
@@ -117,10 +116,12 @@ def claims(output: str) -> list[Claim]:
               f"2 rows fastest {mm[2]:.0f} us vs twice the 1 row's slowest, {2 * (mm[0] + mm[1]):.0f} us"),
         Claim("model-explains", f"acceptance and table 1's pass costs predict every measured speedup within "
               f"{EXPLAINED:.0%} (or inside its runs' range)", several and not missed,
-              f"{len(fits) - len(missed)} of {len(fits)} rows within {EXPLAINED:.0%}, {len(noisy)} whose runs vary more "
-              f"than that band (-{EXPLAINED:.0%} to +{EXPLAINED:.0%}); {'off' if missed else 'varying' if noisy else 'e.g.'}: {worst[2]}/{worst[3]}/"
+              f"{len(fits) - len(missed)} of {len(fits)} rows within {EXPLAINED:.0%}, {len(noisy)} whose runs vary "
+              f"more than that band (-{EXPLAINED:.0%} to +{EXPLAINED:.0%}); "
+              f"{'off' if missed else 'varying' if noisy else 'e.g.'}: {worst[2]}/{worst[3]}/"
               f"k={worst[4]}: predicted {worst[5]:.2f}x, measured {worst[6]:.2f}-{worst[7]:.2f}x" + needs),
-        Claim("spec-won", "some speculative run was faster than plain decoding beyond the spread", several and bool(won),
+        Claim("spec-won", "some speculative run was faster than plain decoding beyond the spread",
+              several and bool(won),
               f"best {best[0]}/{best[1]}/k={best[2]}: {best[6]:.1f} ms/token (spread {best[7]:.1f}) vs plain "
               f"{plain[best[0]][0]:.1f} ms{needs}", required=False),        # won or lost: the machine answers
         Claim("spec-lost", "every speculative run was slower than plain decoding beyond the spread",
@@ -230,7 +231,7 @@ def sampled_check(model, layers: int, temperature: float, draws: int, seed: int)
         accepted += token == x          # kept (a redraw that lands on x again counts too: a tiny overcount)
         spec[token] += 1
     plain = np.bincount(rng.choice(len(p), size=draws, p=p), minlength=len(p))
-    tv = lambda a, b: 0.5 * float(np.abs(a - b).sum())                                     # noqa: E731
+    tv = lambda a, b: 0.5 * float(np.abs(a - b).sum())
     bound = 0.5 * float(np.sqrt(p * (1 - p) / draws).sum()) + float(np.sqrt(np.log(1000) / (2 * draws)))
     return {"temperature": temperature, "accept": accepted / draws, "overlap": float(np.minimum(p, q).sum()),
             "tv_spec": tv(spec / draws, p), "tv_plain": tv(plain / draws, p), "bound": bound, "tv_draft": tv(q, p)}
@@ -337,10 +338,10 @@ def main():
                               f"{s['accepted_tokens']}/{s['draft_tokens']}", f"{a:.2f}", f"{per_pass:.2f}",
                               f"{t.min * 1e3:.1f}", f"{t.median * 1e3:.1f}", f"{t.spread * 1e3:.1f}", f"{speedup:.2f}")
     console.print(f"2. greedy, {args.tokens} new tokens; per prompt, plain and every speculative setting run "
-                  f"{args.repeats} time{'s' * (args.repeats != 1)} in turns. same = identical to plain greedy in every run; accepted = drafts "
-                  "kept / drafts checked (a draft after a rejection is never checked); a = their ratio; tok/pass = "
-                  "tokens per verify pass; ms/token = decode time per token (fastest run; median; spread); speedup "
-                  "= plain's fastest ms/token / this row's", table)
+                  f"{args.repeats} time{'s' * (args.repeats != 1)} in turns. same = identical to plain greedy in "
+                  "every run; accepted = drafts kept / drafts checked (a draft after a rejection is never checked); "
+                  "a = their ratio; tok/pass = tokens per verify pass; ms/token = decode time per token (fastest "
+                  "run; median; spread); speedup = plain's fastest ms/token / this row's", table)
     if "repeat" in args.prompts.split(",") and "ngram" in drafters and SPEC_K in ks and args.tokens == \
             SPEC_PARAMS.max_tokens:
         accepted, checked, passes = counts["repeat", "ngram", SPEC_K]
@@ -356,8 +357,8 @@ def main():
         tokens, verify, drafting = predict(drafts, a, lambda T: cost[f"verify {T}"].min / step, draft_steps[drafter])
         config = draft_config(model, drafter, draft)
         h_draft = 0.0 if config is None else h200_steps(config, 1, context, model.config)
-        h_tokens, h_verify, h_drafting = predict(drafts, a, lambda T: h200_steps(model.config, T, context,
-                                                                                 model.config), h_draft)
+        h200_verify = lambda T, context=context: h200_steps(model.config, T, context, model.config)
+        h_tokens, h_verify, h_drafting = predict(drafts, a, h200_verify, h_draft)
         predicted, gpu = tokens / (verify + drafting), h_tokens / (h_verify + h_drafting)
         predictions[name, drafter, k] = (tokens, verify, drafting, predicted, gpu)
         table.add_row(name, drafter, str(k), f"{np.mean(drafts):.2f}", f"{tokens:.2f}", f"{per_pass:.2f}",

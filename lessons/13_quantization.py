@@ -23,18 +23,17 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.errors import MiniTransformerError  # noqa: E402
-from minitransformer import KVCache, estimate_kv_bytes, load_model  # noqa: E402
-from minitransformer.bench.machine import H200, measure_copy_bandwidth, measure_gemm_flops  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.decode import decode_step  # noqa: E402
-from minitransformer.kernels.quant import dequant_gemv  # noqa: E402
-from minitransformer.measure import Probe, interleaved, machine_peaks  # noqa: E402
-from minitransformer.prefill import prefill  # noqa: E402
-from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy  # noqa: E402
-from minitransformer.quantize import (QuantizedLinear, expected_weight_bytes, quantize_int4,  # noqa: E402
-                                      quantize_model, unpack_int4)
-from minitransformer.weights import dequantize, open_gguf  # noqa: E402
+from minitransformer import KVCache, estimate_kv_bytes, load_model
+from minitransformer.bench.machine import H200, measure_copy_bandwidth, measure_gemm_flops
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.decode import decode_step
+from minitransformer.errors import MiniTransformerError
+from minitransformer.kernels.quant import dequant_gemv
+from minitransformer.measure import Probe, interleaved, machine_peaks
+from minitransformer.prefill import prefill
+from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy
+from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
+from minitransformer.weights import dequantize, open_gguf
 
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
 # where to look and what the numbers there decide, never which way a timing went.

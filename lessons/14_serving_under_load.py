@@ -16,6 +16,8 @@ each step may also get slower as the batch grows (every running request's next t
 the KV cache must hold every running request's keys and values. This lesson drives the real Engine with timed
 arrivals, the loop `minitransformer serve` runs (that server's engine thread does exactly this between HTTP requests;
 `minitransformer bench serve` measures the same quantities over HTTP), and sweeps the arrival rate and max_num_seqs.
+The loop and the numbers each run is summarized into are minitransformer/bench/engine_load.py; the figure
+figures/serving_tradeoff.png runs the same loop and draws throughput against TTFT p99.
 
 Every configuration runs --repeats times, in turns (round 1 runs each once, then round 2, ...), so a busy moment hits
 them alike; each run's throughput is checked against what its own requests' times imply (a run that stalled is
@@ -26,28 +28,29 @@ Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/
 """
 
 import argparse
-import heapq
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import H200  # noqa: E402
-from minitransformer.claims import Claim, find_numbers, report, table_with  # noqa: E402
-from minitransformer.errors import InputError, MiniTransformerError  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
-from minitransformer.metrics import now  # noqa: E402
-from minitransformer.serving import Engine  # noqa: E402
+from minitransformer import load_model
+from minitransformer.bench.engine_load import (
+    AT_BOUND,
+    arrival_bound,
+    arrival_offsets,
+    fastest_service,
+    load_label,
+    spread_of,
+    sweep,
+    workload,
+)
+from minitransformer.bench.machine import H200
+from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.measure import Probe
 
-TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passed in the dark, "
-        "their crews trusting a light they never saw being lit. One winter a storm cut the island off for a month, "
-        "and the keeper wrote down everything he remembered about the sea, the birds and the people who had lived "
-        "there before him. ") * 6
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
 # where to look and what the numbers there decide, never which way a timing went.
 WHAT_TO_LOOK_AT = (
@@ -58,8 +61,6 @@ WHAT_TO_LOOK_AT = (
 )
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 AGREE = 1.5           # a run's tok/s within this factor of what its requests' median service time implies
-AT_BOUND = 0.80       # "limited by the arrivals": at least 80% of the most the arrivals allow (that bound serves the
-                      # last request alone at the fastest service any request got: no run can quite reach it)
 QUEUEING = 0.8        # "almost all of it queueing": the queue p99 drop is at least 80% of the TTFT p99 drop
 
 
@@ -121,79 +122,7 @@ def claims(output: str) -> list[Claim]:
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-
-def workload(tokenizer, n: int, max_prompt: int, max_tokens: int, seed: int):
-    """n requests: (prompt ids of 16..max_prompt tokens, max_tokens), the same for every configuration."""
-    rng, ids = np.random.default_rng(seed), tokenizer.encode(TEXT)
-    lengths = rng.integers(16, max_prompt + 1, n)
-    starts = rng.integers(0, len(ids) - max_prompt, n)
-    return [(ids[s:s + p], max_tokens) for s, p in zip(starts, lengths)]
-
-
-def arrival_offsets(n: int, rate: float, seed: int) -> np.ndarray:
-    """Poisson arrivals: exponential gaps with mean 1/rate seconds; the first request arrives at 0."""
-    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, n)
-    return np.concatenate([[0.0], np.cumsum(gaps[1:])])
-
-
-def serve(model, requests, offsets, max_num_seqs: int, num_blocks):
-    """The server's engine loop, in real time: add each request when its arrival time has come, step while there
-    is work, sleep until the next arrival otherwise. Returns the results, the engine and the wall time."""
-    engine = Engine(model, max_num_seqs=max_num_seqs, num_blocks=num_blocks, enable_prefix_caching=False)
-    start, pending, results, peak_blocks = now(), list(range(len(requests))), {}, 0
-    while pending or engine.has_unfinished_requests():
-        while pending and now() - start >= offsets[pending[0]]:
-            i = pending.pop(0)
-            prompt, max_tokens = requests[i]
-            engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-                               request_id=f"r{i:02d}", arrival_time=start + offsets[i])   # queue counts from here
-        if engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    results[out.request_id] = out.result
-            bm = engine.block_manager
-            peak_blocks = max(peak_blocks, bm.num_blocks - bm.num_free_blocks)
-        else:
-            time.sleep(max(0.0, offsets[pending[0]] - (now() - start)))
-    return results, engine, now() - start, peak_blocks
-
-
-def replay_wall(offsets, service: float, slots: int) -> float:
-    """When the last request would finish if every request took `service` seconds once it had a slot: first come,
-    first served on `slots` slots, the arrivals as they were. What the run's own typical request implies."""
-    free = [0.0] * slots                                               # when each slot is next free
-    finish = 0.0
-    for arrival in sorted(offsets):
-        start = max(arrival, heapq.heappop(free))
-        heapq.heappush(free, start + service)
-        finish = max(finish, start + service)
-    return finish
-
-
-def summarize(results, engine, wall: float, peak_blocks: int, offsets, slots: int) -> dict:
-    """Throughput, the three waits (p50 / p99 over the requests) and the throughput the run's median service time
-    (first scheduled -> finished) implies when replayed on the same arrivals."""
-    rs = list(results.values())
-    pct = lambda xs, q: float(np.percentile(xs, q))                                     # noqa: E731
-    queue = [r.metrics.queue_s for r in rs]
-    service = [r.metrics.e2e_s - r.metrics.queue_s for r in rs]
-    itl = np.concatenate([r.metrics.itl_s for r in rs])
-    tokens = sum(len(r.token_ids) for r in rs)
-    return {"tok_s": tokens / wall, "implied": tokens / replay_wall(offsets, float(np.median(service)), slots),
-            "queue50": pct(queue, 50), "queue99": pct(queue, 99),
-            "prefill50": pct([r.metrics.prefill_s for r in rs], 50),
-            "decode50": pct([r.metrics.e2e_s - r.metrics.ttft_s for r in rs], 50),
-            "ttft99": pct([r.metrics.ttft_s for r in rs], 99), "itl50": pct(itl, 50), "itl99": pct(itl, 99),
-            "preemptions": engine.stats.num_preemptions, "fastest_service": min(service), "tokens": tokens,
-            "kv_mib": engine.kv_bytes(peak_blocks * engine.block_manager.block_size) / 2**20}
-
-
-def spread_of(runs: list[dict], key: str, higher_is_better: bool = False) -> tuple[float, float, float]:
-    """(best, median, spread) of one number over a configuration's runs: the best run is the one a quiet machine
-    gives (noise only slows a run down), the spread (max - min) says how far to trust a difference."""
-    values = [r[key] for r in runs]
-    best = max(values) if higher_is_better else min(values)
-    return best, float(np.median(values)), max(values) - min(values)
+# The runs themselves (arrivals, the engine loop, each run's summary) are minitransformer/bench/engine_load.py.
 
 
 def draw(path: Path, runs: dict, rates, sizes) -> None:
@@ -241,10 +170,6 @@ def headers(*names: str) -> list[str]:
     return [split.get(name, name.replace(" ", "\n")) for name in names]
 
 
-def load_label(rate: float) -> str:
-    return "all requests at once" if np.isinf(rate) else f"{rate:g} requests/s"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=16, help="requests per run (at least 2)")
@@ -276,19 +201,10 @@ def main():
     probe = Probe()                                                      # is the machine quiet during this run?
     requests = workload(model.tokenizer, args.requests, args.max_prompt, args.max_tokens, args.seed)
     offsets = {rate: arrival_offsets(args.requests, rate, args.seed) for rate in rates}
-    serve(model, requests[:2], np.zeros(2), sizes[-1], args.num_blocks)     # warm-up: first-call costs, untimed
 
     console.rule(f"[bold]1. {args.requests} requests (prompts 16-{args.max_prompt} tokens, {args.max_tokens} new "
                  "tokens each, greedy), Poisson arrivals")
-    runs = {(rate, m): [] for rate in rates for m in sizes}
-
-    def configuration(rate, m):
-        def run():
-            result = serve(model, requests, offsets[rate], m, args.num_blocks)
-            runs[rate, m].append(summarize(*result, offsets[rate], m))
-        return run
-
-    interleaved({f"{rate:g}/{m}": configuration(rate, m) for rate, m in runs}, repeats=args.repeats, warmup=0)
+    runs = sweep(model, requests, offsets, sizes, args.repeats, args.num_blocks)     # after an untimed warm-up
     table = Table(*headers("rate /s", "slots", "run", "out tok/s", "implied tok/s", "queue p50", "queue p99",
                            "prefill p50", "decode p50", "TTFT p99", "ITL p50 ms", "ITL p99 ms", "KV MiB"))
     for (rate, m), done in runs.items():
@@ -327,12 +243,11 @@ def main():
     console.print("best: the highest tok/s and the lowest latencies of the runs (noise only ever slows a run down); "
                   "spread: highest - lowest. TTFT and queue in seconds, ITL in ms.", highlight=False)
     for rate in rates:
-        last = float(offsets[rate][-1])
-        fastest = min(s["fastest_service"] for m in sizes for s in runs[rate, m])
+        last, fastest = float(offsets[rate][-1]), fastest_service(runs, rate)
         tokens = runs[rate, sizes[0]][0]["tokens"]
         console.print(f"check arrivals at {rate:g} requests/s: the last request arrives at {last:.2f} s and needs at "
                       f"least {fastest:.2f} s of service (the fastest any request got), so the {tokens} tokens take "
-                      f"{last + fastest:.2f} s at the least: at most {tokens / (last + fastest):.1f} tok/s",
+                      f"{last + fastest:.2f} s at the least: at most {arrival_bound(runs, offsets, rate):.1f} tok/s",
                       highlight=False)
     if args.figure:
         draw(args.figure, runs, rates, sizes)
@@ -349,8 +264,8 @@ def answer(shown, runs, rates, sizes, config, offsets, repeats, stalled: bool) -
     """The interview answer, with this run's numbers; every direction it states is a claim this run showed."""
     heavy, light, small, big = rates[-1], rates[0], sizes[0], sizes[-1]
     a, b, c = runs[heavy, small], runs[heavy, big], runs[light, big]
-    best = lambda done, key, up=False: spread_of(done, key, up)[0]                        # noqa: E731
-    median = lambda done, key: spread_of(done, key)[1]                                    # noqa: E731
+    best = lambda done, key, up=False: spread_of(done, key, up)[0]
+    median = lambda done, key: spread_of(done, key)[1]
     gpu = H200.seconds(H200.cost(config, 1, 64, batch=big)) / H200.seconds(H200.cost(config, 1, 64, batch=small))
     console.rule("[bold]Interview question: how would you improve throughput for a high-traffic chat API?")
     text = [f"Under the heavier load ({load_label(heavy)}), going from max_num_seqs {small} to {big}"]
@@ -380,9 +295,7 @@ def answer(shown, runs, rates, sizes, config, offsets, repeats, stalled: bool) -
     text.append(f"On an {H200.name} a bf16 decode step of {big} sequences would cost {gpu:.2f}x one of {small} at "
                 f"its roofline. Reading the weights dominates there. So the ITL price of more slots stays small "
                 f"until the batch nears {H200.ridge:.0f} sequences.")
-    got = best(c, "tok_s", True)
-    tokens, last = c[0]["tokens"], float(offsets[light][-1])
-    bound = tokens / (last + min(s["fastest_service"] for m in sizes for s in runs[light, m]))
+    got, bound = best(c, "tok_s", True), arrival_bound(runs, offsets, light)
     if shown["light-at-bound"]:
         text.append(f"At the lighter load ({load_label(light)}) {big} slots delivered {got:.1f} tok/s, "
                     f"{got / bound:.0%} of the {bound:.1f} tok/s the arrivals allow. There throughput cannot exceed "

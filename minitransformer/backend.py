@@ -149,7 +149,7 @@ def available_memory(xp=np) -> tuple[int | None, str]:
             limits.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical memory"))
         except (OSError, ValueError, AttributeError):
             pass
-    import resource                  # Unix only, like the rest of this function
+    import resource  # Unix only, like the rest of this function
 
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:

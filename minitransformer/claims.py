@@ -18,6 +18,7 @@ as what it prints follows from its numbers.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass
 
 from .measure import Quietness
@@ -141,3 +142,27 @@ def table_with(text: str, column: str) -> PrintedTable:
         if any(c.startswith(column) for c in table.columns):
             return table
     raise ValueError(f"the output has no table with a column {column!r}")
+
+
+# ------------------------------------------------------------------------------------------------ spread cells
+
+def spread_cell(values, fmt: str = ".2f") -> str:
+    """'4.74 (4.80, 0.12)': the fastest of repeated timings (what a quiet machine gives), the median, the spread
+    (max - min). cell_range() reads it back."""
+    return f"{min(values):{fmt}} ({statistics.median(values):{fmt}}, {max(values) - min(values):{fmt}})"
+
+
+def cell_range(text: str) -> tuple[float, float]:
+    """[fastest, slowest] of a spread_cell 'min (median, spread)'."""
+    low, _, spread = (float(x) for x in re.findall(r"\d+(?:\.\d+)?", text))
+    return low, low + spread
+
+
+def below(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """A's whole range lies below B's: a difference beyond both runs' spread."""
+    return a[1] < b[0]
+
+
+def span(r: tuple[float, float], unit: str = "s") -> str:
+    """'1.15-1.21 s': a range as a claim's evidence prints it."""
+    return f"{r[0]:.2f}-{r[1]:.2f} {unit}"

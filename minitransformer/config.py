@@ -54,7 +54,7 @@ class ModelConfig:
         return self.n_kv_heads * self.head_dim
 
     @classmethod
-    def from_gguf(cls, reader) -> "ModelConfig":
+    def from_gguf(cls, reader) -> ModelConfig:
         """Read the config from a `gguf.GGUFReader`; one clear error for anything we cannot run."""
         arch = _field(reader, "general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:

@@ -40,7 +40,7 @@ __all__ = ["generate", "stream", "make_request", "Request", "Result", "Delta", "
 def generate(model, prompt, params: SamplingParams | None = None, chat: bool = False, **options) -> Result:
     """Run one request to the end and return its Result (options as for `stream`)."""
     delta = None
-    for delta in stream(model, prompt, params, chat, **options):
+    for delta in stream(model, prompt, params, chat, **options):   # noqa: B007 (run to the end; the last delta has the Result)
         pass
     return delta.result
 

@@ -4,6 +4,7 @@ Every lesson, figure, notebook and benchmark times through this module, so they 
 
     time_calls    warm up, then repeat a call and keep every sample: min, median, spread
     interleaved   two or more contenders timed in turns (A B A B ...), so a slow moment hits each of them alike
+    in_turns      the same, keeping each run's result, after one untimed round whose results give the step counts
     Probe         is the machine quiet? Other programs' share of the CPUs during the run (read from the kernel's
                   counters, minus our own CPU time), the load average, and a fixed calibration (one matmul of the
                   default model's shape) timed at the start and at the end: on a quiet machine the two agree
@@ -21,8 +22,8 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy
 
@@ -102,6 +103,20 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int = 5, warmup:
                 sync()
             samples[name].append(time.perf_counter() - start)
     return {name: Timing(tuple(s)) for name, s in samples.items()}
+
+
+def in_turns(contenders: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict]:
+    """Run each contender once untimed (the warm-up), then `repeats` times in turns with the others, keeping what
+    each run returns. For runs whose schedule is the same every time (engine steps, token ids: lesson 10), the
+    warm-up's result gives those numbers and the timed ones give the seconds.
+    Returns ({name: the warm-up's result}, {name: [the timed runs' results]})."""
+    first = {name: run() for name, run in contenders.items()}
+    timed: dict[str, list] = {name: [] for name in contenders}
+
+    def keep(name):
+        return lambda: timed[name].append(contenders[name]())
+    interleaved({name: keep(name) for name in contenders}, repeats=repeats, warmup=0)    # the round above warmed up
+    return first, timed
 
 
 # ------------------------------------------------------------------------------------------------ quietness
@@ -223,7 +238,7 @@ class Quietness:
                 + ("quiet" if self.quiet else "busy"))
 
     @classmethod
-    def parse(cls, text: str) -> "Quietness | None":
+    def parse(cls, text: str) -> Quietness | None:
         """The Quietness whose line() appears in `text` (wrapped or not), or None."""
         m = QUIET_LINE.search(" ".join(text.split()))
         if not m:

@@ -26,8 +26,9 @@ Shapes: B rows (requests), V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -279,8 +280,9 @@ def _top_k_top_p_mask(masked, params: Sequence[SamplingParams], width: int | Non
       tied with it is kept too (the set can exceed the smallest one by those ties). vLLM and HF leave this to an
       unstable sort; keeping the whole tie makes the result independent of token numbering, like top_k.
     Only the largest logits can pass, so the sort covers a prefix, the W largest logits found by an O(V) partition,
-    instead of all V (a full sort of the vocabulary per row is the sampler's largest cost): W = the largest top_k, or at least
-    TOP_P_PREFIX when a row has top_p without top_k; if those W tokens do not reach such a row's top_p, sort all V.
+    instead of all V (a full sort of the vocabulary per row is the sampler's largest cost): W = the largest top_k, or
+    at least TOP_P_PREFIX when a row has top_p without top_k; if those W tokens do not reach such a row's top_p, sort
+    all V.
     Every number a row's decision uses is the same whatever W is, so the result does not depend on the neighbours.
     """
     xp = array_module(masked)

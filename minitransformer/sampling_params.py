@@ -90,7 +90,7 @@ class SamplingParams:
         "report the K most probable tokens at every step", "K", http=False))
 
     def __post_init__(self):
-        set_ = lambda name, value: object.__setattr__(self, name, value)    # noqa: E731 (frozen dataclass)
+        set_ = lambda name, value: object.__setattr__(self, name, value)
         set_("max_tokens", _integer("max_tokens", self.max_tokens))
         if self.max_tokens < 1:
             raise InputError(f"max_tokens must be at least 1, got {self.max_tokens}")

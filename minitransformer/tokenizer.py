@@ -259,7 +259,7 @@ class Tokenizer:
         if self._chat is None:
             if not self.chat_template:
                 raise ModelFileError("model file has no tokenizer.chat_template: use a plain prompt (chat=False)")
-            special = lambda i: self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""  # noqa: E731
+            special = lambda i: self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""
             self._chat = ChatTemplate(self.chat_template, bos_token=special(self.bos_id),
                                       eos_token=special(self.eos_id))
         return self._chat

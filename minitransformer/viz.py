@@ -8,6 +8,8 @@
     kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
     roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
     batching_sweep.png               decode tokens/s and ITL over batch sizes, next to an H200's roofline (viz_batching)
+    serving_tradeoff.png             lesson 14's load: output tokens/s vs TTFT p99 over max_num_seqs, a line per arrival
+                                     rate (viz_tradeoff)
     request_flow.png ... draft_and_verify.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
                                      viz_flow.py, viz_shapes.py, viz_attention.py, viz_capacity.py, viz_concepts.py
 
@@ -39,20 +41,31 @@ from .sampling_params import SamplingParams
 from .viz_attention import draw_query_vs_cache
 from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_batch_sweep
 from .viz_capacity import draw_users_that_fit
-from .viz_timeline import draw_request_timeline, run_request_timeline
 from .viz_concepts import draw_draft_and_verify, draw_paged_attention
-from .viz_measure import (FULL, QUICK, machine_label, measure_cache_vs_no_cache, measure_itl, measure_kv_bytes,
-                          measure_peaks, measure_ttft, text_ids)
 from .viz_flow import draw_request_flow, run_request_flow
+from .viz_measure import (
+    FULL,
+    QUICK,
+    machine_label,
+    measure_cache_vs_no_cache,
+    measure_itl,
+    measure_kv_bytes,
+    measure_peaks,
+    measure_ttft,
+    text_ids,
+)
 from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
+from .viz_timeline import draw_request_timeline, run_request_timeline
+from .viz_tradeoff import LOAD_SWEEP, QUICK_LOAD_SWEEP, draw_serving_tradeoff, measure_tradeoff
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
-           "kv_cache_bytes.png", "roofline.png", "batching_sweep.png")
-CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png", "prefill_vs_decode_shapes.png",
-                   "users_that_fit.png", "paged_attention.png",
+           "kv_cache_bytes.png", "roofline.png", "batching_sweep.png", "serving_tradeoff.png")
+CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png",
+                   "prefill_vs_decode_shapes.png", "users_that_fit.png", "paged_attention.png",
                    "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
+# They show times: drawn only from a quiet run (or --allow-busy).
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
-         "batching_sweep.png", "request_flow.png", "request_timeline.png")                         # they show times: drawn only from a quiet run (or --allow-busy)
+         "batching_sweep.png", "serving_tradeoff.png", "request_flow.png", "request_timeline.png")
 DPI = 100
 
 
@@ -176,7 +189,8 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
 # what each measured figure needs measured first; the concept diagrams run their own scenario
 NEEDS = {"ttft_vs_prompt_length.png": ("ttft",), "itl_vs_context_length.png": ("itl", "peaks"),
          "step_time_cache_vs_no_cache.png": ("steps",), "kv_cache_bytes.png": ("kv",),
-         "roofline.png": ("ttft", "itl", "peaks"), "batching_sweep.png": ("batch",)}
+         "roofline.png": ("ttft", "itl", "peaks"), "batching_sweep.png": ("batch",),
+         "serving_tradeoff.png": ("load",)}
 
 
 def select_figures(only: str | None) -> list[str]:
@@ -212,6 +226,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
 
     names, sweep = select_figures(only), QUICK if quick else FULL
     batches = QUICK_BATCHES if quick else BATCHES
+    load = QUICK_LOAD_SWEEP if quick else LOAD_SWEEP
     needs = {need for name in names for need in NEEDS.get(name, ())}
     measures = {"ttft": ("TTFT over prompt lengths", measure_ttft, len(sweep.prompt_lengths)),
                 "itl": ("ITL over context lengths", measure_itl, len(sweep.context_lengths)),
@@ -219,7 +234,9 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "kv": ("KV cache bytes", measure_kv_bytes, len(sweep.kv_batches)),
                 "peaks": ("bandwidth and GEMM peaks", measure_peaks, 2),      # (progress label, function, ticks)
                 "batch": ("decode steps over batch sizes", lambda model, _, tick: measure_batch_sweep(
-                    model, batches, tick=tick), len(batches))}
+                    model, batches, tick=tick), len(batches)),
+                "load": ("requests arriving, slots swept", lambda model, _, tick: measure_tradeoff(
+                    model, load, tick=tick), load.runs)}
     timed = [name for name in names if name in TIMED]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -257,6 +274,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
                                                         where, p),
                 "batching_sweep.png": lambda p: draw_batching_sweep(model, m["batch"], where, p),
+                "serving_tradeoff.png": lambda p: draw_serving_tradeoff(m["load"], where, p),
                 "request_flow.png": lambda p: draw_request_flow(model, p, flow_where, data=m["flow"]),
                 "request_timeline.png": lambda p: draw_request_timeline(model, p, flow_where, data=m["timeline"]),
                 "kv_cache_growth.png": lambda p: draw_kv_cache_growth(model, p),

@@ -4,7 +4,8 @@
                          B = 1 .. 64 (the fastest of a few steps after a warm-up): tokens/s = B / step time, and the
                          step time itself, which is every sequence's ITL; next to them the roofline projection of the
                          same steps on an H200 (bench/machine.py's datasheet peaks: a lower bound on time, no launch
-                         costs). A marker shows the batch size from which no doubling gains STOPS_PAYING in tokens/s any more
+                         costs). A marker shows the batch size from which no doubling gains STOPS_PAYING in tokens/s
+                         any more
 
 Decode reads every weight once per step whatever B is, so while the step is bound by memory a bigger batch is more
 tokens for nearly the same time: tokens/s grows almost linearly and ITL hardly moves. Once the arithmetic of B rows
@@ -71,7 +72,8 @@ def measure_batch_sweep(model, batches=BATCHES, context: int = CONTEXT, repeats:
         cache = KVCache(model.config, context + 1 + repeats, batch=batch, xp=model.xp)
         prefill(model, [ids] * batch, cache)                                   # (B, context) prompts
         tokens = [ids[-1]] * batch                                             # (B,) the step's input tokens
-        timing = time_calls(lambda: decode_step(model, tokens, cache), repeats=repeats, warmup=1)
+        timing = time_calls(lambda tokens=tokens, cache=cache: decode_step(model, tokens, cache),
+                            repeats=repeats, warmup=1)
         fastest.append(timing.min)
         slowest.append(timing.max)
         cache.release()

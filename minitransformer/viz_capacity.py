@@ -110,8 +110,8 @@ def draw_users_that_fit(model, path) -> list[Capacity]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle("How many users fit: each request's KV cache is bytes per token x its context; the memory the weights "
-                 "leave caps the sum\n(the dots: the most requests that fit at that context; 90% of the memory is the server's, "
-                 "as vLLM's default gpu_memory_utilization; lessons 03 and 09)",
+                 "leave caps the sum\n(the dots: the most requests that fit at that context; 90% of the memory is the "
+                 "server's, as vLLM's default gpu_memory_utilization; lessons 03 and 09)",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(Path(path), dpi=100)

@@ -51,7 +51,7 @@ class StageTimer:
         self._depth = {stage: 0 for stage in stages}
         self._undo: list[tuple[object, str, object]] = []
 
-    def __enter__(self) -> "StageTimer":
+    def __enter__(self) -> StageTimer:
         try:
             for stage, targets in self.stages.items():
                 for target in targets:

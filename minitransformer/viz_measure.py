@@ -85,7 +85,7 @@ def measure_ttft(model, sweep: Sweep, tick) -> dict:
     params = SamplingParams(max_tokens=1, temperature=0.0)
     for n in sweep.prompt_lengths:
         ids = text_ids(model, n)
-        runs = [result.metrics for result in _repeat(lambda: generate(model, ids, params), sweep.repeats)]
+        runs = [result.metrics for result in _repeat(lambda ids=ids: generate(model, ids, params), sweep.repeats)]
         for key, values in (_spread("ttft_s", Timing(tuple(m.ttft_s for m in runs))) | _spread(
                 "prefill_s", Timing(tuple(m.prefill_s for m in runs)))).items():
             columns.setdefault(key, []).append(values)
@@ -100,7 +100,7 @@ def measure_itl(model, sweep: Sweep, tick) -> dict:
     for n in sweep.context_lengths:
         cache = KVCache(model.config, n + sweep.decode_steps + 1, xp=model.xp)
         prefill(model, text_ids(model, n), cache)
-        timing = time_calls(lambda: decode_step(model, [42], cache), repeats=sweep.decode_steps, warmup=1)
+        timing = time_calls(lambda cache=cache: decode_step(model, [42], cache), repeats=sweep.decode_steps, warmup=1)
         for key, value in _spread("itl_s", timing).items():
             columns.setdefault(key, []).append(value)
         tick()

@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.machine import measure_copy_bandwidth, roofline_tokens_per_s  # noqa: E402
-from minitransformer.kv_cache import estimate_kv_bytes  # noqa: E402
-from minitransformer.measure import Probe, Timing, interleaved, time_calls  # noqa: E402
+from minitransformer import SamplingParams, generate, load_model
+from minitransformer.bench.machine import measure_copy_bandwidth, roofline_tokens_per_s
+from minitransformer.kv_cache import estimate_kv_bytes
+from minitransformer.measure import Probe, Timing, interleaved, time_calls
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
           "were made and who could read them.")
@@ -94,7 +94,7 @@ def main() -> None:
         for n in args.new_tokens:
             tokens = set()
 
-            def run(use_cache: bool, prompt=prompt, n=n):
+            def run(use_cache: bool, prompt=prompt, n=n, tokens=tokens):
                 return lambda: tokens.add(tuple(generate(model, prompt, greedy(n), use_cache=use_cache).token_ids))
             pair = interleaved({"no cache": run(False), "cache": run(True)}, repeats=args.repeats)
             if len(tokens) != 1:

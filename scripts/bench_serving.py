@@ -28,11 +28,12 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, generate, load_model  # noqa: E402
-from minitransformer.bench.machine import measure_copy_bandwidth  # noqa: E402
-from minitransformer.measure import Probe, interleaved  # noqa: E402
+from minitransformer import SamplingParams, generate, load_model
+from minitransformer.bench.machine import measure_copy_bandwidth
+
 # The prompt mix and the engine run are shared with `minitransformer bench`.
-from minitransformer.bench.workloads import run_engine, serving_prompts as prompts  # noqa: E402
+from minitransformer.bench.workloads import run_engine, serving_prompts as prompts
+from minitransformer.measure import Probe, interleaved
 
 
 def main() -> None:
@@ -128,8 +129,9 @@ def main() -> None:
     console.print(f"fastest of {args.repeats} rounds in turns; {quiet.line()}"
                   + ("" if quiet.quiet else f". Busy ({quiet.why_busy()}): rerun on a quiet machine"),
                   markup=False, highlight=False)
-    console.print(f"decode step with {numbers['decode_step_sequences']} sequences: {numbers['decode_step_s_median'] * 1e3:.0f} ms "
-                  f"(median), streaming all {model.weight_bytes / 2**20:.0f} MiB of weights once: "
+    console.print(f"decode step with {numbers['decode_step_sequences']} sequences: "
+                  f"{numbers['decode_step_s_median'] * 1e3:.0f} ms (median), streaming all "
+                  f"{model.weight_bytes / 2**20:.0f} MiB of weights once: "
                   f"{numbers['weight_gb_s_in_decode']:.1f} GB/s of weights, against a copy bandwidth (read + "
                   f"write) of {numbers['copy_bandwidth_gb_s']:.1f} GB/s on this machine.\n"
                   f"first step: {numbers['prefill_tokens']} prompt tokens in {numbers['prefill_step_s']:.2f} s; "

@@ -27,11 +27,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams  # noqa: E402
-from minitransformer.errors import InputError  # noqa: E402
-from minitransformer.generate import make_request  # noqa: E402
-from minitransformer.measure import Timing, time_calls  # noqa: E402
-from minitransformer.tokenizer import load_tokenizer  # noqa: E402
+from minitransformer import SamplingParams
+from minitransformer.errors import InputError
+from minitransformer.generate import make_request
+from minitransformer.measure import Timing, time_calls
+from minitransformer.tokenizer import load_tokenizer
 
 
 def random_word(length: int, rng: random.Random) -> str:

@@ -50,10 +50,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]     # run from a checkout without installing; gpu_probe beside us
 
-from gpu_measure import decode_speed, engine_decode, greedy, hf_decode_speed, prefill_speed  # noqa: E402
-from gpu_probe import gpu_status, model_path, tests_missing  # noqa: E402
-from minitransformer.errors import ModelFileError  # noqa: E402
-from minitransformer.kernels.checked import CHECKED_ENV  # noqa: E402
+from gpu_measure import decode_speed, engine_decode, greedy, hf_decode_speed, prefill_speed
+from gpu_probe import gpu_status, model_path, tests_missing
+from minitransformer.errors import ModelFileError
+from minitransformer.kernels.checked import CHECKED_ENV
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
 
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     args.prefill = ([int(t) for t in args.prefill.split(",")] if args.prefill
                     else [512] if args.quick else [512, 4096])
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device}
-    save = lambda r: Path(args.json).write_text(json.dumps(r, indent=2))   # noqa: E731
+    save = lambda r: Path(args.json).write_text(json.dumps(r, indent=2))
     try:
         args.model = report["model"] = str(model_path(args.model))           # never a download
     except ModelFileError as exc:

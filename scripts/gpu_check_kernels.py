@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run from a checkout without installing
 
-from minitransformer.kernels.attention import plan_flash_prefill, plan_paged_decode  # noqa: E402
-from minitransformer.layers import attention  # noqa: E402
+from minitransformer.kernels.attention import plan_flash_prefill, plan_paged_decode
+from minitransformer.layers import attention
 
 
 def gpu_or_exit():

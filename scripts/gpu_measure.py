@@ -45,7 +45,7 @@ def decode_speed(model, batch: int, prompt_len: int = 32, steps: int = 32) -> fl
         token = decode_step(model, token, cache).argmax(-1)              # warm-up step
         synchronize(xp)
 
-        def steps_run(token=token):
+        def steps_run(token=token, cache=cache):
             for _ in range(steps - 1):
                 token = decode_step(model, token, cache).argmax(-1)
         seconds.append(time_calls(steps_run, repeats=1, warmup=0, sync=lambda: synchronize(xp)).min)

@@ -26,10 +26,10 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from notebook_07_cells import CELLS as CELLS_07          # scripts/ is on sys.path when this file runs
+from notebook_07_cells import CELLS as CELLS_07  # scripts/ is on sys.path when this file runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minitransformer.measure import Probe  # noqa: E402
+from minitransformer.measure import Probe
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 TIMED = ("01", "02", "04")          # they print how long something took: executed only on a quiet machine

@@ -29,7 +29,8 @@ CONTROL_TEXTS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "
 WORDS = {
     "latin": ["hello", "world", "The", "quick", "brown", "fox", "naïve", "café", "résumé", "Ångström", "straße",
               "Größe", "señor", "niño", "façade", "œuvre", "Dvořák", "Łódź", "İstanbul", "ÉCOLE", "coöperate", "ﬁne"],
-    "cjk": ["日本語", "中文", "漢字", "東京タワー", "ひらがな", "カタカナ", "한국어", "안녕하세요", "你好，世界", "「引用」", "。"],
+    "cjk": ["日本語", "中文", "漢字", "東京タワー", "ひらがな", "カタカナ", "한국어", "안녕하세요", "你好，世界",
+            "「引用」", "。"],
     "cyrillic": ["Привет", "мир", "Москва", "ёлка", "Україна", "ЖЖЖ", "съешь"],
     "arabic": ["مرحبا", "بالعالم", "العربية", "٣٤٥", "سلام"],
     "other_scripts": ["Γειά", "σου", "नमस्ते", "שלום", "ภาษาไทย", "ሰላም", "Ꭳ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "ℕ", "Ⅻ"],
@@ -164,6 +165,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import llama_cpp
+
     from minitransformer.weights import resolve_model_path
 
     llm = llama_cpp.Llama(model_path=str(resolve_model_path(args.model)), vocab_only=True, verbose=False)

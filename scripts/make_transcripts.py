@@ -47,8 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from minitransformer.claims import printed_verdicts, verdict_line  # noqa: E402
-from minitransformer.measure import PEAKS_ENV, QUIET_LINE, Quietness  # noqa: E402
+from minitransformer.claims import printed_verdicts, verdict_line
+from minitransformer.measure import PEAKS_ENV, QUIET_LINE, Quietness
 
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"
@@ -292,7 +292,7 @@ def refresh_quotes(doc: Path = INTERVIEW) -> list[str]:
             stale.append(quote)
             continue
         written = "“" + r"\s+".join(map(re.escape, quote.split())) + "”"     # the doc may wrap a quote over lines
-        text = re.sub(written, lambda m: rewrap(m.group(0), hits[0]), text)
+        text = re.sub(written, lambda m, hit=hits[0]: rewrap(m.group(0), hit), text)
     doc.write_text(text)
     return stale
 

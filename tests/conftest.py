@@ -17,6 +17,16 @@ from tiny_model import write_tiny_llama
 os.environ.setdefault("MINITRANSFORMER_CHECKED", "1")
 
 
+def pytest_collection_modifyitems(items):
+    """Mark every test that needs the real model `real_model`, so `python -m pytest -m "not real_model"` is a fast loop
+    on the tiny model alone. A test needs it when it asks for the real_model_path fixture (real_model and
+    real_tokenizer ask for it); a test that runs a lesson, a notebook or the CLI on the default model carries the mark
+    itself (pytestmark)."""
+    for item in items:
+        if "real_model_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """A tiny llama GGUF (F32, Q8_0 and Q4_1 tensors) written once per test session."""

@@ -120,7 +120,7 @@ def test_markdown_numbers_equal_the_json(bench_run):
         assert f"median {row['medians']['ours']:.{digits}f}, spread {(row['spread']['ours'] - 1) * 100:.0f}%" in line
     ratio = {r["id"]: r["value"] for r in data["ratios"]}
     for key, row in data["rows"].items():
-        line = next(l for label, l in lines.items() if label.startswith(
+        line = next(text for label, text in lines.items() if label.startswith(
             {"prefill": f"prefill {row['size']} tokens", "decode": f"decode batch {row['size']} ",
              "generate_cache": "generate with cache", "generate_no_cache": "generate without cache",
              "continuous": "continuous,"}[row["workload"]]))
@@ -130,7 +130,7 @@ def test_markdown_numbers_equal_the_json(bench_run):
         if "roofline" in row["values"]:
             assert cells[2] == f"{row['values']['roofline']:.{digits}f}"
             assert cells[3].startswith(f"{ratio[key + '/roofline']:.2f}x")
-    target = next(l for label, l in lines.items() if label.startswith("decode batch 1: ours / float32 roofline"))
+    target = next(text for label, text in lines.items() if label.startswith("decode batch 1: ours / float32 roofline"))
     assert f"{ratio['decode_b1/roofline']:.2f}x" in target
     assert data["quietness"]["line"] in text
     assert re.search(r"copy bandwidth ([\d.]+) GB/s", text).group(1) == \
@@ -228,11 +228,12 @@ def test_a_ratio_is_beyond_noise_only_when_the_runs_do_not_overlap():
             "prefill_16": _row({"ours": [0.10, 0.20, 0.30], "llama-cpp-python": [0.15, 0.16, 0.17]}, size=16),
             "decode_b1": _row({"ours": [30.0, 31.0], "llama-cpp-python": [29.0, 30.5]}, runs_unit="tok/s")}
     got = {r["id"]: r for r in ratios(rows, ["ours", "llama-cpp-python"])}
-    assert got["prefill_8/llama-cpp-python"]["beyond_noise"] and got["prefill_8/llama-cpp-python"]["value"] == pytest.approx(2.0)
+    prefill_8 = got["prefill_8/llama-cpp-python"]
+    assert prefill_8["beyond_noise"] and prefill_8["value"] == pytest.approx(2.0)
     assert not got["prefill_16/llama-cpp-python"]["beyond_noise"]             # ours' runs straddle the peer's
     assert not got["decode_b1/llama-cpp-python"]["beyond_noise"]              # best 31 vs 30.5, but 30.0 < 30.5
     cell = report.ratio_cell(got["decode_b1/llama-cpp-python"])
-    assert cell == f"{31 / 30.5:.2f}x (within noise)" and report.ratio_cell(got["prefill_8/llama-cpp-python"]) == "2.00x"
+    assert cell == f"{31 / 30.5:.2f}x (within noise)" and report.ratio_cell(prefill_8) == "2.00x"
 
 
 def test_a_busy_run_says_its_figures_are_not_a_quiet_machines():

@@ -15,8 +15,13 @@ import pytest
 
 import minitransformer.layers
 from minitransformer import KVCache, ModelConfig
-from minitransformer.bench.machine import (PhaseCost, forward_cost, measure_copy_bandwidth, measure_gemm_flops,
-                                           roofline_tokens_per_s)
+from minitransformer.bench.machine import (
+    PhaseCost,
+    forward_cost,
+    measure_copy_bandwidth,
+    measure_gemm_flops,
+    roofline_tokens_per_s,
+)
 from minitransformer.decode import decode_step
 from minitransformer.prefill import prefill
 from minitransformer.weights import open_gguf

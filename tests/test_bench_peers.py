@@ -15,11 +15,17 @@ from pathlib import Path
 import pytest
 
 from minitransformer.bench import peer_cache, serve_compare
+from minitransformer.bench.managed_server import ManagedServer, free_port
 from minitransformer.bench.peers import LlamaBatchedBench, batched_bench_argv, parse_batched_bench
 from minitransformer.bench.serve import run_sweep
-from minitransformer.bench.managed_server import ManagedServer, free_port
-from minitransformer.bench.serve_compare import (CompareOptions, context_per_request, llama_server_argv, plan_servers,
-                                                 vllm_argv, vllm_env)
+from minitransformer.bench.serve_compare import (
+    CompareOptions,
+    context_per_request,
+    llama_server_argv,
+    plan_servers,
+    vllm_argv,
+    vllm_env,
+)
 from minitransformer.bench.serve_report import LLAMA_CPP_PYTHON, LLAMA_SERVER, summarize, vllm_name
 from minitransformer.bench.serve_workload import ServeSettings
 from minitransformer.weights import find_default_model

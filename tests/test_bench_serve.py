@@ -16,10 +16,9 @@ import pytest
 
 from minitransformer import cli
 from minitransformer.bench import serve_compare, serve_report
-from minitransformer.bench.serve import RequestRecord, SSEParser, send_request
-from minitransformer.bench.serve_workload import ServeSettings, arrival_times, make_prompts, poisson_gaps
 from minitransformer.bench.managed_server import ManagedServer, free_port
-from minitransformer.bench.serve import BenchServeError
+from minitransformer.bench.serve import BenchServeError, RequestRecord, SSEParser, send_request
+from minitransformer.bench.serve_workload import ServeSettings, arrival_times, make_prompts, poisson_gaps
 
 
 def test_percentile_is_numpy_linear_and_none_when_empty():

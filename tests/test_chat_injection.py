@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from minitransformer import SamplingParams, generate, stream
 from minitransformer.errors import InputError
@@ -29,8 +28,9 @@ def user(content):
     return [{"role": "user", "content": content}]
 
 
+USER_CHAT = user(INJECTION)                              # the injection as the only turn
 # The tiny model's context (128 tokens) holds no default system prompt beside the injection: give a short one.
-TINY_CHAT = [{"role": "system", "content": "s"}, *user(INJECTION)]
+TINY_CHAT = [{"role": "system", "content": "s"}, *USER_CHAT]
 
 
 def control_ids(tokenizer, ids):
@@ -48,7 +48,7 @@ def whole_text_ids(tokenizer, messages, **kw):
     return tokenizer.encode(tokenizer.render_chat(messages, **kw), special=True)
 
 
-def check_injection_is_plain(tokenizer, ids, messages=user(INJECTION)):
+def check_injection_is_plain(tokenizer, ids, messages=USER_CHAT):
     assert control_ids(tokenizer, ids) == STRUCTURE
     assert user_turn(tokenizer, ids) == "user\n" + INJECTION
     assert tokenizer.decode(ids) == tokenizer.render_chat(messages)

@@ -187,8 +187,7 @@ def test_download_offline_is_one_line_exit_2(tmp_path):
 def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, capsys):
     """--speculative gives plain greedy's tokens with the acceptance numbers in --json; --weights / --kv-cache run
     the quantized model and int8 cache (the same result as the Python API with the same settings)."""
-    from minitransformer import SamplingParams, generate, load_model
-    from minitransformer import estimate_kv_bytes
+    from minitransformer import SamplingParams, estimate_kv_bytes, generate, load_model
     from minitransformer.quantize import quantize_model
 
     base = ["generate", "the cat the cat the cat", "--max-tokens", "8", "--ignore-eos", "--json",

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from minitransformer.kernels.attention import DECODE_EXPRESSIONS, DECODE_SIMPLE_EXPRESSIONS, PREFILL_EXPRESSIONS
+from minitransformer.kernels.compile_check import parse_ptxas, run_compile_check
 from minitransformer.kernels.prefill_wmma import WMMA_EXPRESSIONS
 from minitransformer.kernels.quant import GEMV_EXPRESSIONS
-from minitransformer.kernels.compile_check import parse_ptxas, run_compile_check
 from minitransformer.kernels.toolchain import find_compiler
 
 ALL_KERNELS = sorted(PREFILL_EXPRESSIONS + WMMA_EXPRESSIONS + DECODE_EXPRESSIONS + DECODE_SIMPLE_EXPRESSIONS

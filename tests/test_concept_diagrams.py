@@ -14,18 +14,14 @@ import sys
 import numpy as np
 import pytest
 
-from minitransformer import KVCache, SamplingParams, generate, viz
-from minitransformer.kv_storage import KVStorage
-from minitransformer import viz_concepts as vc
-from minitransformer import viz_flow as vf
-from minitransformer import viz_shapes as vs
+from minitransformer import KVCache, SamplingParams, generate, viz, viz_concepts as vc, viz_flow as vf, viz_shapes as vs
 from minitransformer.backend import to_host
 from minitransformer.bench.machine import forward_cost
 from minitransformer.decode import decode_step
 from minitransformer.errors import InputError
+from minitransformer.kv_storage import KVStorage
 from minitransformer.prefill import prefill
 from minitransformer.serving import Engine
-
 from test_bench_machine import record_attention_shapes
 from test_figures import ROOT, png_size
 

@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 
 from minitransformer.kernels.cpu_runner import ORDERS, CpuModule, KernelError
-
 from test_cpu_runner import MODES, PLANTED, line_of, planted
-
 
 
 def assert_product(actual, a, b, c=0.0, what=""):
@@ -47,7 +45,7 @@ CASES = [(col_a, col_b, col_c) for col_a in (0, 1) for col_b in (0, 1) for col_c
 
 
 def expression(col_a: int, col_b: int, col_c: int) -> str:
-    name = lambda col: "wmma::col_major" if col else "wmma::row_major"   # noqa: E731
+    name = lambda col: "wmma::col_major" if col else "wmma::row_major"
     return f"layouts<{name(col_a)}, {name(col_b)}, {col_c}>"
 
 

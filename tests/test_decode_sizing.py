@@ -14,8 +14,14 @@ import pytest
 from minitransformer.errors import InputError
 from minitransformer.kernels import paged_decode
 from minitransformer.kernels.attention import plan_paged_decode
-from minitransformer.kernels.decode_sizing import (DECODE_BLOCKS_PER_SM, DEFAULT_NUM_SMS, MAX_PARTITION,
-                                                   SIMPLE_PARTITION, choose_partition_size, decode_shared_bytes)
+from minitransformer.kernels.decode_sizing import (
+    DECODE_BLOCKS_PER_SM,
+    DEFAULT_NUM_SMS,
+    MAX_PARTITION,
+    SIMPLE_PARTITION,
+    choose_partition_size,
+    decode_shared_bytes,
+)
 from minitransformer.kernels.loader import MAX_SHARED_BYTES
 from test_kernels import F16_TOL, F32_TOL, make_paged, paged_reference
 

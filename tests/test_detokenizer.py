@@ -5,8 +5,7 @@ real tokenizer against a brute-force reference that re-decodes the full prefix a
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from minitransformer.detokenizer import IncrementalDetokenizer
 from minitransformer.sampling import SamplingParams

@@ -16,15 +16,13 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from minitransformer.errors import InputError
 from minitransformer.kernels import flash_prefill
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, CpuModule
 from minitransformer.kernels.loader import KERNEL_DIR, build_module, read_source
 from minitransformer.kernels.prefill_wmma import WMMA_EXPRESSIONS, WMMA_FILE
-
 from test_kernels import PREFILL_CASES, device, prefill_reference, to_device, to_host  # noqa: F401 (fixture)
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -44,7 +42,7 @@ def inputs(B, H, K, Tq, Tk, d, seed):
 
 
 @pytest.mark.parametrize("B,H,K,Tq,Tk,d", PREFILL_CASES + [(1, 9, 3, 1, 1000, 64), (1, 3, 1, 130, 1000, 128)])
-def test_wmma_prefill_float16(device, B, H, K, Tq, Tk, d):
+def test_wmma_prefill_float16(device, B, H, K, Tq, Tk, d):  # noqa: F811 (device: test_kernels' fixture, imported)
     q, k, v = inputs(B, H, K, Tq, Tk, d, seed=Tq * 1000 + Tk)
     out, lse = flash_prefill(*(to_device(a, device) for a in (q, k, v)), return_lse=True, variant="wmma")
     ref_out, ref_lse = prefill_reference(q, k, v)

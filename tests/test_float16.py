@@ -13,16 +13,20 @@ import sys
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, generate, load_model
-from minitransformer import attention_backend
-from minitransformer import model as model_module
+from minitransformer import SamplingParams, attention_backend, generate, load_model, model as model_module
 from minitransformer.backend import matmul_float16
 from minitransformer.errors import InputError
 from minitransformer.generate import make_request
 from minitransformer.kv_cache import KVCache
 from minitransformer.prefill import prefill
-from minitransformer.quantize import (FLOAT16_MAX, QuantizedLinear, expected_weight_bytes, quantize_model,
-                                      quantized_bytes, set_use_kernel)
+from minitransformer.quantize import (
+    FLOAT16_MAX,
+    QuantizedLinear,
+    expected_weight_bytes,
+    quantize_model,
+    quantized_bytes,
+    set_use_kernel,
+)
 
 U = 2.0 ** -11                     # float16 unit roundoff (round to nearest, 11-bit significand)
 

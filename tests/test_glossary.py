@@ -158,7 +158,7 @@ def test_links_from_the_glossary_and_reading_list_to_other_pages_land_on_heading
 def running_text(text: str) -> str:
     """The text with everything that cannot carry a link blanked: code blocks, headings, inline code, link targets,
     HTML tags and “quotes” copied from a transcript. Same length, so an offset means the same place in both."""
-    blank = lambda m: re.sub(r"[^\n]", " ", m.group())            # noqa: E731
+    blank = lambda m: re.sub(r"[^\n]", " ", m.group())
     text = without_code_blocks(text)
     text = re.sub(r"^#{1,6} .*$", blank, text, flags=re.M)
     text = re.sub(r"`[^`\n]*`", blank, text)

@@ -10,10 +10,10 @@ import pytest
 
 from minitransformer import load_model
 from minitransformer.attention_backend import ArrayAttention, KernelAttention, consecutive
+from minitransformer.decode import decode_step
 from minitransformer.errors import InputError
 from minitransformer.kv_cache import KVCache
 from minitransformer.prefill import prefill
-from minitransformer.decode import decode_step
 
 
 def has_gpu() -> bool:
@@ -205,6 +205,7 @@ def greedy_gpu(model, prompt, steps):
 @gpu
 def test_cuda_graph_replay_matches_plain_launches():
     import cupy
+
     from minitransformer.cuda_graph import GraphedStep
     x = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
     step = GraphedStep(lambda a: (a @ a.T + 1.0).sum(axis=0), x)

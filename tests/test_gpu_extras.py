@@ -1,6 +1,7 @@
 """The `gpu` extras of pyproject.toml resolve on PyPI to a CuPy whose [ctk] extra brings NVRTC and the CUDA headers
 as wheels, for the CUDA major the flavour is named after: what a machine with only the NVIDIA driver needs before the
-first kernel compiles. Asks pip (metadata only, no wheel downloaded); skipped when the package index cannot be reached."""
+first kernel compiles. Asks pip (metadata only, no wheel downloaded); skipped when the package index cannot be
+reached."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ import pytest
 from minitransformer import SamplingParams, load_model
 from minitransformer.serving import Engine
 from minitransformer.serving.graph_runner import capture_sizes
-
 from test_serving_engine import MIXED, prompts_of
 
 

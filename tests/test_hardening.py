@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 import zipfile
@@ -120,7 +119,7 @@ def test_cli_bad_command_is_one_line_exit_2(tiny_model_path, argv, message):
 
 def api_cases():
     params = SamplingParams(max_tokens=2)
-    g = lambda prompt, **kw: lambda m: generate(m, prompt, kw.pop("params", params), **kw)   # noqa: E731
+    g = lambda prompt, **kw: lambda m: generate(m, prompt, kw.pop("params", params), **kw)
     return [
         ("prompt None", g(None), "prompt must be a str, a list of token ids"),
         ("prompt int", g(123), "got int 123"),

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-import make_transcripts as mt  # noqa: E402
+import make_transcripts as mt
 
 DOC = ROOT / "docs" / "interview.md"
 ITEMS = [f"Z{i}" for i in range(1, 7)] + [f"Q{i}" for i in range(1, 4)] + [f"M{i}" for i in range(1, 6)] \
@@ -110,7 +110,7 @@ def test_worked_solutions_print_what_the_doc_says_and_a_wrong_number_fails(model
 
 def test_refresh_takes_the_transcripts_new_numbers_and_lists_quotes_it_cannot_find(tmp_path):
     transcript = mt.transcript_for(mt.lessons()[0])
-    line = next(l for l in mt.read(transcript)[1].splitlines() if re.search(r"[a-z]{3,} \d", l))
+    line = next(text for text in mt.read(transcript)[1].splitlines() if re.search(r"[a-z]{3,} \d", text))
     old = mt.flat(line)
     changed = mt.NUMBER.sub(lambda m: "9" * len(m.group()), old)           # the same words, other numbers
     doc = tmp_path / "doc.md"

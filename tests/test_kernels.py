@@ -13,8 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from minitransformer.errors import InputError
 from minitransformer.kernels import flash_prefill, paged_decode

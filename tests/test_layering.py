@@ -23,8 +23,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minitransformer"
 
 # bottom -> top; a name ending in ".*" covers a package's modules (its __init__ included)
 LAYERS = [
-    ("foundation", ["errors", "backend", "config", "weights", "bpe", "pretokenize", "chat_template", "tokenizer", "measure", "claims",
-                    "sampling_params", "metrics", "detokenizer", "cuda_graph"]),
+    ("foundation", ["errors", "backend", "config", "weights", "bpe", "pretokenize", "chat_template", "tokenizer",
+                    "measure", "claims", "sampling_params", "metrics", "detokenizer", "cuda_graph"]),
     ("arrays", ["layers", "rope", "kernels.*"]),
     ("model", ["attention_backend", "model"]),
     ("caches", ["kv_storage", "kv_cache", "serving.paged_cache"]),
@@ -32,7 +32,7 @@ LAYERS = [
     ("loops", ["no_cache", "speculative.*", "generate"]),
     ("serving", ["serving.*"]),
     ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes",
-               "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_measure",
+               "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_tradeoff", "viz_measure",
                "viz"]),
     ("server", ["server.*"]),
     ("cli", ["cli.*", "__main__", "minitransformer"]),

@@ -6,14 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer import KVCache
-from minitransformer import viz_attention as va
-from minitransformer import viz_capacity as vcap
+from minitransformer import KVCache, viz_attention as va, viz_capacity as vcap
 from minitransformer.backend import to_host
 from minitransformer.decode import decode_step
 from minitransformer.kv_cache import estimate_kv_bytes
 from minitransformer.prefill import prefill
-
 from test_figures import png_size
 
 
@@ -119,3 +116,110 @@ def test_batching_stops_paying_where_no_later_doubling_gains():
     assert stops_paying((1, 2), [10, 11]) == 1
     assert stops_paying((1, 4), [10, 11]) is None                      # no doubling in the sweep: nothing to say
     assert stops_paying((1, 2, 8, 16), [10, 19, 40, 42]) == 8          # only doublings count
+
+
+# ---------------------------------------------------------------------------------------------------- serving trade-off
+
+def test_serving_tradeoff_points_are_the_runs_own_numbers(real_model, tmp_path):
+    """Every run is lesson 14's loop on the real engine; the points drawn are its fastest runs' own throughput
+    (tokens / wall time) and TTFT p99 (over its requests' TTFTs), labelled with their max_num_seqs."""
+    from minitransformer import viz_tradeoff as vt
+    from minitransformer.bench.engine_load import arrival_offsets
+
+    settings = vt.LoadSweep(rates=(4.0, float("inf")), slots=(1, 2), requests=3, max_tokens=3, max_prompt=24,
+                            repeats=2)
+    ticks = []
+    data = vt.measure_tradeoff(real_model, settings, tick=lambda: ticks.append(1))
+    assert len(ticks) == settings.runs == 8
+    assert set(data.runs) == {(rate, m) for rate in settings.rates for m in settings.slots}
+    for (rate, _slots), done in data.runs.items():
+        assert len(done) == settings.repeats
+        last = arrival_offsets(settings.requests, rate, settings.seed)[-1]
+        for run in done:
+            assert run["tokens"] == settings.requests * settings.max_tokens           # ignore_eos: every token
+            assert run["tok_s"] == run["tokens"] / run["wall_s"]
+            assert len(run["ttft_s"]) == settings.requests
+            assert run["ttft99"] == float(np.percentile(run["ttft_s"], 99))
+            assert run["wall_s"] > last                                               # the last must arrive first
+            assert run["tok_s"] <= data.bound[rate]                                   # what arrives caps it
+    for rate in settings.rates:                                                       # the bound, worked out here
+        fastest = min(run["fastest_service"] for m in settings.slots for run in data.runs[rate, m])
+        last = arrival_offsets(settings.requests, rate, settings.seed)[-1]
+        assert data.bound[rate] == pytest.approx(settings.requests * settings.max_tokens / (last + fastest))
+
+    path = tmp_path / "serving_tradeoff.png"
+    drawn = vt.draw_serving_tradeoff(data, "test run", path)
+    assert png_size(path) == (900, 560)
+    for rate in settings.rates:
+        best = [max(data.runs[rate, m], key=lambda run: run["tok_s"]) for m in settings.slots]
+        assert drawn["points"][rate] == ([run["tok_s"] for run in best], [run["ttft99"] for run in best])
+        assert drawn["labels"][rate] == [str(m) for m in settings.slots]
+        assert drawn["bounds"][rate] == data.bound[rate]
+        assert drawn["knees"][rate] == vt.knee(settings.slots, [run["tok_s"] for run in best], data.bound[rate])
+    assert len(drawn["rings"]) == sum(m is not None for m in drawn["knees"].values())
+
+
+def test_the_knee_is_the_fewest_slots_at_what_arrives():
+    from minitransformer.viz_tradeoff import knee
+
+    slots = (1, 2, 4, 8, 16)
+    assert knee(slots, [33, 37, 40, 42, 43], bound=51.5) == 8               # 42 >= 0.8 x 51.5 = 41.2
+    assert knee(slots, [33, 37, 40, 42, 43], bound=50.0) == 4               # exactly 80%: reached
+    assert knee(slots, [35, 40, 45, 60, 71], bound=169.0) is None           # the engine still limits at 16
+    assert knee(slots, [45, 30, 44, 46, 47], bound=50.0) == 4               # a dip below it: not yet
+    assert knee(slots, [45, 46, 47, 48, 39], bound=50.0) is None            # the most slots fell below it
+
+
+def planted(tok_s: dict, ttft: dict, bound: dict, spread: float = 0.9):
+    """A Tradeoff with two runs per configuration: the given numbers and a slower run (tok/s x spread, TTFT /
+    spread)."""
+    from minitransformer import viz_tradeoff as vt
+
+    rates = tuple(tok_s)
+    settings = vt.LoadSweep(rates=rates, slots=(1, 4, 16), requests=16, max_tokens=24, max_prompt=160, repeats=2)
+    runs = {(rate, m): [{"tok_s": tok_s[rate][i], "ttft99": ttft[rate][i]},
+                        {"tok_s": tok_s[rate][i] * spread, "ttft99": ttft[rate][i] / spread}]
+            for rate in rates for i, m in enumerate(settings.slots)}
+    return vt.Tradeoff(settings, runs, bound)
+
+
+def test_the_figures_notes_follow_the_numbers(tmp_path):
+    """A planted run: the ring and its note only where a rate reached what arrives; the TTFT cost only when every
+    run of the most slots was slower to a first token than every run at the knee; a log axis only over a decade."""
+    from minitransformer import viz_tradeoff as vt
+
+    data = planted({2.0: [33, 42, 43], 8.0: [35, 45, 71]}, {2.0: [4.1, 0.5, 0.9], 8.0: [8.5, 5.4, 1.27]},
+                   {2.0: 50.0, 8.0: 169.0})
+    drawn = vt.draw_serving_tradeoff(data, "planted", tmp_path / "a.png")
+    assert drawn["knees"] == {2.0: 4, 8.0: None}
+    assert drawn["rings"] == [(42, 0.5)]                                    # the fastest run at the knee
+    notes = " ".join(drawn["notes"])
+    assert "2 requests/s: from 4 slots on" in notes and "8 requests/s: 16 slots did not reach 80%" in notes
+    assert "16 slots cost TTFT p99 against 4 (best runs 0.50 -> 0.90 s" in notes   # 0.9 > 0.5 / 0.9: runs apart
+    assert drawn["log_y"]                                                   # 0.5 .. 9.4 s
+
+    close = planted({2.0: [33, 42, 43]}, {2.0: [4.1, 0.5, 0.52]}, {2.0: 50.0})
+    drawn = vt.draw_serving_tradeoff(close, "planted", tmp_path / "b.png")
+    assert drawn["knees"] == {2.0: 4} and "cost TTFT p99" not in " ".join(drawn["notes"])   # within the spread
+    assert not drawn["log_y"]                                               # 0.5 .. 4.6 s: under a decade
+
+    never = planted({8.0: [35, 45, 71]}, {8.0: [8.5, 5.4, 1.27]}, {8.0: 169.0})
+    drawn = vt.draw_serving_tradeoff(never, "planted", tmp_path / "c.png")
+    assert drawn["rings"] == [] and drawn["knees"] == {8.0: None}
+
+
+def test_serving_tradeoff_is_timed_and_refused_on_a_busy_machine(tiny_model_path, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from minitransformer import viz
+    from test_figures import busy_run
+
+    assert "serving_tradeoff.png" in viz.FIGURES and "serving_tradeoff.png" in viz.TIMED
+    busy = busy_run(monkeypatch, quiet=False)
+    console = Console(file=io.StringIO(), width=300)
+    written = viz.make_figures(tmp_path, quick=True, model_path=tiny_model_path, console=console,
+                               only="serving_tradeoff")
+    assert written == [] and not (tmp_path / "serving_tradeoff.png").exists()
+    assert viz.refusal("serving_tradeoff.png", busy) in console.file.getvalue()

@@ -50,7 +50,8 @@ def test_tile_by_tile_mirror_ends_at_the_kernels_output_and_lse(lesson_output):
     out_diff, lse_diff = check(out, rf"check mirror: \|acc/l - kernel out\| = {NUMBER}, \|m \+ log l - kernel lse\| "
                                     rf"= {NUMBER}")
     assert out_diff < 1e-5 and lse_diff < 1e-5
-    rows = re.findall(r"│ (\d+)-(\d+) +│ +(-?[0-9.]+) +│ +(-?[0-9.]+) +│ +([0-9.]+) +│ +([0-9.]+) +│ +([0-9.e+-]+) +│", out)
+    rows = re.findall(r"│ (\d+)-(\d+) +│ +(-?[0-9.]+) +│ +(-?[0-9.]+) +│ +([0-9.]+) +│ +([0-9.]+) +│ "
+                      r"+([0-9.e+-]+) +│", out)
     assert [int(r[0]) for r in rows][:2] == [32, 0], rows          # last key tile first, as the kernel visits them
     running_max = [float(r[3]) for r in rows[:2]]
     assert running_max[1] == max(running_max[0], float(rows[1][2]))  # m is the max of the tile maxima seen so far

@@ -149,7 +149,7 @@ def test_sampled_speculation_draws_from_the_targets_distribution(lesson):
     rows = [tuple(map(float, r)) for r in SAMPLED.findall(section)]
     assert [r[0] for r in rows] == [0.7, 1.0, 1.5], section[:3000]
     assert "10000 next tokens" in flat(section)
-    for temperature, accepted, overlap, tv_spec, tv_plain, bound, tv_draft in rows:
+    for _temperature, accepted, overlap, tv_spec, tv_plain, bound, tv_draft in rows:
         assert tv_spec <= bound and tv_plain <= bound
         assert tv_draft > 2 * bound                                   # the check can tell q from p
         assert abs(accepted - overlap) <= 4 * (overlap * (1 - overlap) / 10_000) ** 0.5 + 0.002

@@ -11,10 +11,11 @@ import re
 import numpy as np
 import pytest
 
+from minitransformer.bench import engine_load
 from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.measure import Quietness
-from test_lessons_08_10 import load_lesson, run_lesson
 from printed_output import edit_cell
+from test_lessons_08_10 import load_lesson, run_lesson
 
 L14 = "14_serving_under_load.py"
 REPEATS = 2
@@ -86,11 +87,11 @@ def test_all_at_once_one_slot_queues_and_four_slots_hold_more_cache(lesson_14):
 
 def test_replay_of_the_typical_request():
     """replay_wall: first come, first served on `slots` slots, each request taking the same service time."""
-    lesson = load_lesson(L14)
-    assert lesson.replay_wall([0, 0, 0], 1.0, 1) == pytest.approx(3.0)          # one after another
-    assert lesson.replay_wall([0, 0, 0], 1.0, 3) == pytest.approx(1.0)          # all at once
-    assert lesson.replay_wall([0, 5], 1.0, 1) == pytest.approx(6.0)             # idle until the second arrives
-    assert lesson.replay_wall([0, 0.5, 0.6], 1.0, 2) == pytest.approx(2.0)      # the third waits for the first
+    replay_wall = engine_load.replay_wall
+    assert replay_wall([0, 0, 0], 1.0, 1) == pytest.approx(3.0)          # one after another
+    assert replay_wall([0, 0, 0], 1.0, 3) == pytest.approx(1.0)          # all at once
+    assert replay_wall([0, 5], 1.0, 1) == pytest.approx(6.0)             # idle until the second arrives
+    assert replay_wall([0, 0.5, 0.6], 1.0, 2) == pytest.approx(2.0)      # the third waits for the first
 
 
 def decided(output: str) -> dict:
@@ -149,13 +150,15 @@ def test_an_edited_number_flips_its_claim(lesson_14):
 
 
 def test_arrivals_are_poisson_and_reproducible():
-    lesson = load_lesson(L14)
-    offsets = lesson.arrival_offsets(20_000, 4.0, seed=3)
+    arrival_offsets = engine_load.arrival_offsets
+    offsets = arrival_offsets(20_000, 4.0, seed=3)
     gaps = np.diff(offsets)
     assert offsets[0] == 0 and np.all(gaps >= 0)
     assert abs(gaps.mean() - 0.25) < 4 * 0.25 / np.sqrt(len(gaps))          # exponential: std = mean
-    assert np.array_equal(offsets, lesson.arrival_offsets(20_000, 4.0, seed=3))
-    assert np.all(lesson.arrival_offsets(5, float("inf"), seed=0) == 0)     # "inf": all at once
+    assert np.array_equal(offsets, arrival_offsets(20_000, 4.0, seed=3))
+    assert np.all(arrival_offsets(5, float("inf"), seed=0) == 0)     # "inf": all at once
+    # the lesson's own arrivals: its transcript's "the last request arrives at 6.94 s" (16 requests, 2/s, seed 0)
+    assert round(float(arrival_offsets(16, 2.0, seed=0)[-1]), 2) == 6.94
 
 
 @pytest.mark.parametrize("flags, message", [(["--rates", "fast"], "--rates must be comma-separated numbers"),

@@ -12,13 +12,12 @@ claim is first made to hold (the table edited into a quiet run's shape), so the 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-
-import importlib.util
 
 import numpy as np
 import pytest
@@ -246,13 +245,14 @@ def out07(real_model_path):
 
 
 def test_lesson_07_latency_metrics_and_levers(real_model_path, out07):
+    from gguf import GGUFReader
+
     from minitransformer import load_tokenizer
     from minitransformer.config import ModelConfig
-    from gguf import GGUFReader
 
     tok = load_tokenizer(real_model_path)
     out = out07
-    ms = lambda cell: float(cell) / 1e3                                   # noqa: E731  printed ms -> seconds
+    ms = lambda cell: float(cell) / 1e3
     prompts = ["What is 2+2?", "Name three colors of the rainbow.", "Write one sentence about the sea."]
     previous_total = 0.0
     for i, prompt in enumerate(prompts):

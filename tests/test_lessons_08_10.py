@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate
-from minitransformer.claims import is_shown, printed_verdicts
+from minitransformer.claims import is_shown, printed_verdicts, table_with
 from minitransformer.measure import Quietness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +234,7 @@ def test_09_memory_table_matches_the_kv_formula(lesson_09, real_model):
                       rf"{MIB} +│ ([0-9.]+)% +│", lesson_09)
     assert len(rows) >= 2, lesson_09[:3000]
     sums = np.zeros(4)                                   # token-steps: used, reserved max_model_len, promised, paged
-    for step, peak, running, tokens, used, ctx, promised, blocks, paged, waste in rows:
+    for _step, peak, running, tokens, used, ctx, promised, blocks, paged, waste in rows:
         running, tokens, blocks = int(running), int(tokens), int(blocks)
         assert float(used) == pytest.approx(tokens * per_token, abs=0.006)
         assert float(ctx) == pytest.approx(running * CTX09 * per_token, abs=0.006)
@@ -322,13 +322,15 @@ def test_09_claims_follow_the_printed_numbers(lesson_09):
 
 L10 = "10_priority_and_starvation.py"
 SLOTS10, FLOOD, URGENT, LOW_TOKENS, URGENT_TOKENS, STREAM, AGING = 2, 4, 1, 3, 2, 5, 2
+HOG, CAP, CANCEL_AT = 24, 48, 3             # part 4's long request and max_model_len; part 6's cancelling step
 
 
 @pytest.fixture(scope="module")
 def lesson_10(real_model_path):
     return run_lesson(L10, real_model_path, "--slots", str(SLOTS10), "--flood", str(FLOOD), "--urgent", str(URGENT),
                       "--low-tokens", str(LOW_TOKENS), "--urgent-tokens", str(URGENT_TOKENS), "--stream", str(STREAM),
-                      "--aging", str(AGING))
+                      "--aging", str(AGING), "--hog-tokens", str(HOG), "--cap", str(CAP), "--cancel-at",
+                      str(CANCEL_AT))
 
 
 def simulate(arrivals, slots, policy, aging=10**9):
@@ -375,7 +377,7 @@ def test_10_aging_bounds_the_starved_request(lesson_10):
     rows = re.findall(r"│ (off|every \d+ steps) +│ (\d+) +│ (\d+) +│ (\d+) +│ (\d+) +│ "
                       r"[0-9.]+ \([0-9.]+, [0-9.]+\) +│", lesson_10)
     assert [r[0] for r in rows] == ["off", f"every {AGING} steps"]
-    for (label, arrived, first_step, waited, ahead), aging in zip(rows, (10**9, AGING)):
+    for (_label, arrived, first_step, waited, ahead), aging in zip(rows, (10**9, AGING)):
         first = simulate(arrivals, 2, "priority", aging)
         assert (int(arrived), int(first_step), int(waited)) == (1, first["patient"], first["patient"] - 1)
         assert int(ahead) == sum(1 for rid, s in first.items() if rid != "patient" and s < first["patient"])
@@ -389,9 +391,10 @@ def test_10_claims_follow_the_printed_numbers(lesson_10):
     """The verdicts printed are the claims' on this output; the claims about the order of service (steps, not
     timed) hold; a number edited to contradict one fails it."""
     found = assert_verdicts_as_printed(L10, lesson_10)
-    assert set(found) == {"urgent-first", "low-later", "same-work", "no-preemption", "starves", "aging-bounds",
-                          "admission", "urgent-sooner-s", "low-later-s", "aging-sooner-s"}
-    for key in ("urgent-first", "low-later", "same-work", "no-preemption", "starves", "aging-bounds", "admission"):
+    steps = ("urgent-first", "low-later", "same-work", "no-preemption", "starves", "aging-bounds", "admission",
+             "hog-starves", "cap-bounds", "timeout-partial", "timeout-frees", "cancel-frees", "cancel-unaffected")
+    assert set(found) == {*steps, "urgent-sooner-s", "low-later-s", "aging-sooner-s"}
+    for key in steps:
         assert found[key].holds and not found[key].timed, found[key]
     fcfs = re.search(r"│ FCFS \(continuous\) +│ \[([\d, ]+)\]", lesson_10)[1]
     assert not decided(L10, edit_cell(lesson_10, "priority", 1, f"[{fcfs}]"))["urgent-first"].holds
@@ -406,3 +409,49 @@ def test_10_claims_follow_the_printed_numbers(lesson_10):
     assert decided(L10, fast)["urgent-sooner-s"].holds
     slow = edit_cell(fast, "priority", 1, "8.99 (9.00, 0.02)", after=clock)
     assert not decided(L10, slow)["urgent-sooner-s"].holds
+
+
+def test_10_guardrails_follow_the_limits(lesson_10):
+    """Part 4 against one slot on paper: the hog holds it for its whole reply (HOG tokens, or what max_model_len CAP
+    leaves a 40-token prompt), then each short request (4 tokens) in turn. Parts 5 and 6: the reasons, the partial
+    reply and the blocks as the engine's rules give them."""
+    rows = table_with(lesson_10, "hog: asked").rows                  # wrapped cells joined
+    assert [r[0].split() for r in rows] == [["none", str(rows[0][0].split()[1])], ["max_model_len", str(CAP)]]
+    for (label, asked, admission, made, last, waits), hog in zip(rows, (HOG, CAP - 40)):
+        assert (int(asked), int(made), int(last)) == (HOG, hog, hog - 1)
+        assert admission == ("accepted" if label.startswith("none") else f"refused; asked again for {hog}")
+        # the first short request's first token comes the step after the hog's last, the others 4 steps apart
+        assert [int(w) for w in re.findall(r"\d+", waits)] == [hog - 1 + 4 * i for i in range(3)]
+    flat = " ".join(lesson_10.split())
+    made, asked = (int(x) for x in re.search(r"ended after [\d.]+ s with (\d+) of (\d+) tokens", flat).groups())
+    assert 0 < made < asked == 1000
+    assert "The engine's Result: finish_reason abort, stop_reason timeout." in flat
+    assert "The HTTP API reports finish_reason length, stop_reason timeout." in flat
+    before, pool, running, after = (int(x) for x in re.search(
+        r"KV blocks free: (\d+) of (\d+) before it, (\d+) of \d+ after its last token, (\d+) of", flat).groups())
+    assert before == after == pool == 64 and 0 < pool - running <= -(-(20 + made) // 16)
+    cancelled = re.search(r"│ c, cancelled before step (\d+) +│ abort +│ cancelled +│ (\d+) +│ - +│",
+                          lesson_10)
+    assert cancelled and int(cancelled[1]) == int(cancelled[2]) == CANCEL_AT       # one token a step until then
+    for rid in "ab":
+        assert re.search(rf"│ {rid} +│ length +│ - +│ 16 +│ 16 of 16 +│", lesson_10), rid
+
+
+def test_10_guardrail_claims_fail_on_contrary_numbers(lesson_10):
+    """Each guardrail claim fails when one printed number or word contradicts it."""
+    found = decided(L10, lesson_10)
+    assert all(found[k].holds for k in ("hog-starves", "cap-bounds", "timeout-partial", "timeout-frees",
+                                        "cancel-frees", "cancel-unaffected"))
+    uncapped = re.search(r"│ (none \d+) ", lesson_10)[1]                          # 'none 8192': the model's context
+    assert not decided(L10, edit_cell(lesson_10, uncapped, 5, "[1, 5, 9]"))["hog-starves"].holds
+    assert not decided(L10, edit_cell(lesson_10, f"max_model_len {CAP}", 2, "accepted"))["cap-bounds"].holds
+    assert not decided(L10, edit_cell(lesson_10, f"max_model_len {CAP}", 5, "[99, 103, 107]"))["cap-bounds"].holds
+    reason = lesson_10.replace("abort, stop_reason timeout.", "abort, stop_reason cancelled.")
+    assert reason != lesson_10 and not decided(L10, reason)["timeout-partial"].holds
+    whole = re.sub(r"with \d+ of 1000 tokens", "with 1000 of 1000 tokens", lesson_10)
+    assert not decided(L10, whole)["timeout-partial"].holds
+    kept = re.sub(r"(\d+) of 64 after the timeout", "60 of 64 after the timeout", lesson_10)
+    assert not decided(L10, kept)["timeout-frees"].holds
+    late = re.sub(r"Right after it, before any other step: \d+", "Right after it, before any other step: 0", lesson_10)
+    assert not decided(L10, late)["cancel-frees"].holds
+    assert not decided(L10, edit_cell(lesson_10, "a", 4, "15 of 16"))["cancel-unaffected"].holds

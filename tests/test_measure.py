@@ -16,8 +16,17 @@ from rich.console import Console
 from rich.table import Table
 
 from minitransformer import measure
-from minitransformer.claims import (Claim, find_numbers, is_shown, printed_verdicts, report, table_with, tables,
-                                    to_float, verdict_line)
+from minitransformer.claims import (
+    Claim,
+    find_numbers,
+    is_shown,
+    printed_verdicts,
+    report,
+    table_with,
+    tables,
+    to_float,
+    verdict_line,
+)
 from minitransformer.measure import Probe, Quietness, Timing, interleaved, machine_peaks, time_calls
 
 

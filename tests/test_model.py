@@ -61,8 +61,8 @@ def naive_forward(model, ids):
     RoPE pairs adjacent dimensions (the GGUF layout), computed with complex numbers."""
     cfg = model.config
     T, d, H, K = len(ids), cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    W = lambda a: np.asarray(a, dtype=np.float64)          # noqa: E731
-    norm = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps) * W(w)   # noqa: E731
+    W = lambda a: np.asarray(a, dtype=np.float64)
+    norm = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps) * W(w)
     angle = np.arange(T)[:, None] * cfg.rope_base ** (-np.arange(0, d, 2) / d)              # (T, d/2)
 
     def rope(x):                                           # (T, heads, d)

@@ -8,11 +8,9 @@ from generate() run here. We also check the committed copy: it carries its outpu
 
 from __future__ import annotations
 
-
 import pytest
 
 from minitransformer import SamplingParams, generate
-
 from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
 nbformat = pytest.importorskip("nbformat")

@@ -7,7 +7,6 @@ carries its outputs, its figures, and stays small.
 
 from __future__ import annotations
 
-
 import pytest
 
 from notebook_runner import NOTEBOOKS, execute_notebook, summary

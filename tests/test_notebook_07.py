@@ -8,12 +8,10 @@ from a full forward pass and a softmax written here, and the TV bound's formula 
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 from minitransformer import SamplingParams, generate
-
 from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
 nbformat = pytest.importorskip("nbformat")

@@ -13,7 +13,6 @@ them); on a 2-core machine shared with other jobs the wall time was 4-5 minutes.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -83,7 +82,8 @@ def test_01_tokens_embeddings_attention_and_next_token(run, real_model):
     def rope(a):
         even, odd = a[:, 0::2], a[:, 1::2]
         out = np.empty_like(a)
-        out[:, 0::2], out[:, 1::2] = even * np.cos(angle) - odd * np.sin(angle), even * np.sin(angle) + odd * np.cos(angle)
+        out[:, 0::2] = even * np.cos(angle) - odd * np.sin(angle)
+        out[:, 1::2] = even * np.sin(angle) + odd * np.cos(angle)
         return out
     weights = _softmax(rope(q)[-1] @ rope(k).T / np.sqrt(HEAD_DIM))                          # last query sees all
     np.testing.assert_allclose(s["attn_last_row"], weights, atol=1e-4)

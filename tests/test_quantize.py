@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from minitransformer import KVCache, Transformer, estimate_kv_bytes
 from minitransformer.errors import InputError
@@ -20,8 +19,17 @@ from minitransformer.kv_storage import CODECS
 from minitransformer.model import LayerWeights
 from minitransformer.prefill import prefill
 from minitransformer.quality import Scores, greedy, score_corpus, score_greedy, stdlib_corpus
-from minitransformer.quantize import (GROUP, QuantizedLinear, dequantize_int4, dequantize_int8, expected_weight_bytes,
-                                      quantize_int4, quantize_int8, quantize_model, unpack_int4)
+from minitransformer.quantize import (
+    GROUP,
+    QuantizedLinear,
+    dequantize_int4,
+    dequantize_int8,
+    expected_weight_bytes,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+    unpack_int4,
+)
 
 quantize_kv, dequantize_kv = CODECS["int8"].encode, CODECS["int8"].decode    # the int8 KV codec (kv_storage.py)
 
@@ -141,8 +149,8 @@ def dequantized_twin(q: Transformer) -> Transformer:
     """A plain float32 Transformer holding the quantized model's dequantized matrices (the reference path)."""
     def f(w):
         return np.ascontiguousarray(w.dequantize().T)                                      # (in, out)
-    layers = [LayerWeights(l.attn_norm, f(l.w_qkv), f(l.wo), l.ffn_norm, f(l.w_gate_up), f(l.w_down))
-              for l in q.layers]
+    layers = [LayerWeights(layer.attn_norm, f(layer.w_qkv), f(layer.wo), layer.ffn_norm, f(layer.w_gate_up),
+                           f(layer.w_down)) for layer in q.layers]
     table = q.embedding.dequantize()
     return Transformer(q.config, q.tokenizer, table, layers, q.final_norm, table.T, np, "cpu")
 

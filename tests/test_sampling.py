@@ -6,13 +6,18 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from minitransformer import sampling
 from minitransformer.errors import InputError
-from minitransformer.sampling import (SamplingParams, apply_penalties, compute_logprobs, filtered_probs,
-                                      make_generator, sample)
+from minitransformer.sampling import (
+    SamplingParams,
+    apply_penalties,
+    compute_logprobs,
+    filtered_probs,
+    make_generator,
+    sample,
+)
 
 
 def row(*values):

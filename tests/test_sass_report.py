@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from minitransformer.kernels.toolchain import find_nvcc
 from minitransformer.kernels.decode_sizing import DECODE_VARIANTS, decode_expressions
 from minitransformer.kernels.sass_loops import find_loops, innermost_busiest, parse_sass, split_functions
-from minitransformer.kernels.sass_report import (HBM_BYTES_PER_S, blocks_per_sm, compile_sass, estimate_decode,
-                                                 find_cuobjdump, littles_law)
+from minitransformer.kernels.sass_report import (
+    HBM_BYTES_PER_S,
+    blocks_per_sm,
+    compile_sass,
+    estimate_decode,
+    find_cuobjdump,
+    littles_law,
+)
+from minitransformer.kernels.toolchain import find_nvcc
 
 LISTING = """
         Function : _Z4demoPKfPf

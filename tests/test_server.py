@@ -228,7 +228,7 @@ def test_control_token_text_in_a_message_reaches_the_model_as_plain_text(real_se
     url = real_server.url
     benign = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()["tokens"]
     injected = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": evil}]}).json()["tokens"]
-    control = lambda ids: [i for i in ids if i in (1, 2)]                                   # noqa: E731
+    control = lambda ids: [i for i in ids if i in (1, 2)]
     assert control(injected) == control(benign)                    # the template's own turns, nothing more
     plain = real_tokenizer.encode(evil)                            # the content as ordinary text
     assert any(injected[i:i + len(plain)] == plain for i in range(len(injected)))

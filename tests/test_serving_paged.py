@@ -8,9 +8,9 @@ from minitransformer.attention_backend import ArrayAttention
 from minitransformer.errors import InputError
 from minitransformer.kv_cache import KVCache
 from minitransformer.layers import attention
-from minitransformer.serving import BlockManager, PagedKVCache
 from minitransformer.request import Request
 from minitransformer.sampling_params import SamplingParams
+from minitransformer.serving import BlockManager, PagedKVCache
 from minitransformer.serving.sequence import Sequence
 
 

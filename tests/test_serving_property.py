@@ -4,8 +4,7 @@ manager's invariants hold (reference counts >= 0 and equal to the tables, free l
 budget and max_num_seqs; at the end every request has finished with a reason, every block is free, and each
 request's tokens are exactly those it produces alone (a cancelled one: a prefix of them), preempted or not."""
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from minitransformer import SamplingParams, generate
 from minitransformer.serving import Engine

@@ -14,8 +14,13 @@ from minitransformer.decode import decode_step
 from minitransformer.generate import make_request
 from minitransformer.kv_cache import KVCache, estimate_kv_bytes
 from minitransformer.prefill import prefill
-from minitransformer.speculative import (SpeculativeConfig, SpeculativeRunner, accept_or_resample, make_config,
-                                         NgramDrafter)
+from minitransformer.speculative import (
+    NgramDrafter,
+    SpeculativeConfig,
+    SpeculativeRunner,
+    accept_or_resample,
+    make_config,
+)
 from minitransformer.speculative.runner import VerifyPass
 from tiny_model import write_tiny_llama
 

@@ -6,8 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from minitransformer.errors import InputError, ModelFileError
 from minitransformer.tokenizer import BYTE_TO_CHAR, NORMAL, Tokenizer, bpe

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import make_transcripts as mt  # noqa: E402
+import make_transcripts as mt
 
 # The smallest settings that still print every section, table and kind of row label the defaults print (a sweep
 # of 2 values where the default sweeps 3: its row labels are numbers, masked alike).
@@ -34,7 +34,7 @@ SMALL = {
     "09": ["--requests", "3", "--max-tokens", "12", "--block-size", "4", "--shared", "3", "--every", "1",
            "--max-model-len", "512"],
     "10": ["--slots", "2", "--flood", "4", "--urgent", "1", "--low-tokens", "3", "--urgent-tokens", "2", "--stream",
-           "5", "--aging", "2"],
+           "5", "--aging", "2", "--hog-tokens", "24", "--cap", "48", "--cancel-at", "3"],
     "11": ["--layers", "2", "--sizes", "256,2048"],
     "12": ["--tokens", "6", "--ks", "1,2", "--prompts", "repeat,code,free", "--repeats", "1", "--draws", "400",
            "--temperatures", "0.7,1.0"],
@@ -241,7 +241,8 @@ def test_lesson_04_on_a_busy_machine_withholds_its_timing_verdicts(real_model_pa
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         lesson = next(p for p in LESSONS if p.stem.startswith("04"))
-        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600, env={"MINITRANSFORMER_MODEL": str(real_model_path)})
+        code, out, err, _ = mt.run(lesson, SMALL["04"], timeout=600,
+                                   env={"MINITRANSFORMER_MODEL": str(real_model_path)})
     finally:
         for process in spin:
             process.kill()

@@ -6,8 +6,7 @@ import zipfile
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from minitransformer import load_model
-from minitransformer import weights
+from minitransformer import load_model, weights
 from minitransformer.errors import ModelFetchError, ModelFileError
 from tiny_model import write_tiny_llama
 

@@ -320,8 +320,8 @@ def print_table(result: dict, console) -> None:
     table.add_row(*cells.values())
     console.print(table)
     by_batch = ", ".join(f"{n}x b{batch}" for batch, n in b["decode_steps_by_batch"].items())
-    console.print(f"bound: prefill {seconds(b['prefill_s'])} s + decode {seconds(b['decode_s'])} s over the engine's steps "
-                  f"({b['steps']['prefill_only']} prefill, {b['steps']['mixed']} mixed, "
+    console.print(f"bound: prefill {seconds(b['prefill_s'])} s + decode {seconds(b['decode_s'])} s over the "
+                  f"engine's steps ({b['steps']['prefill_only']} prefill, {b['steps']['mixed']} mixed, "
                   f"{b['steps']['decode_only']} decode-only; decode batches {by_batch})")
     server = result["server"]
     if server and server["failed"]:

@@ -14,9 +14,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from .serve import BenchServeError
 
@@ -60,7 +60,7 @@ class ManagedServer:
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "ManagedServer":
+    def __enter__(self) -> ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             # A Ctrl-C between the fork and `self.process = ...` would leave a server nobody stops: it waits,

@@ -15,8 +15,8 @@ import error, a missing file). Nothing is ever downloaded. Definitions, matching
                           B * N / (t(N+1) - t(1)), which removes the prefill and the first token
     HF generate           generate(use_cache=True|False) end to end for N new tokens -> (seconds, ids)
     llama-cpp-python prefill P   llm.reset(); llm.eval(ids), timed (prompt processing, pp)
-    llama-cpp-python decode      batch 1 only (no batched API here): after eval(prompt), N single-token evals, each token
-                          the argmax of the previous logits (greedy, fixed length, no EOS stop) -> N / seconds (tg)
+    llama-cpp-python decode      batch 1 only (no batched API here): after eval(prompt), N single-token evals, each
+                          token the previous logits' argmax (greedy, fixed length, no EOS stop) -> N / seconds (tg)
     batched-bench decode B   llama-batched-bench -npp P -ntg N -npl B: B prompts of P tokens prefilled, then N
                           steps that each decode one token of all B sequences -> its S_TG column, B * N / t_tg
     batched-bench continuous the same number of requests at once, each prompt as long as our prompts' mean (so the

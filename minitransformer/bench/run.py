@@ -2,9 +2,9 @@
 
 Order of work: copy bandwidth and GEMM FLOP/s first (machine.py), then each workload. Inside a workload the systems
 alternate, so a slow spell of this shared machine hits all of them alike: one warm-up call per system (dropped),
-then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept runs of a system are a measure.Timing (a rate r counts as
-1/r seconds per unit of work); its figure is the best run, the one nearest to a quiet machine (noise only ever adds
-time), with the median and the spread kept next to it:
+then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept runs of a system are a
+measure.Timing (a rate r counts as 1/r seconds per unit of work); its figure is the best run, the one nearest to a
+quiet machine (noise only ever adds time), with the median and the spread kept next to it:
 
     prefill P       runs are seconds; tok/s = P / min(seconds)      (median: P / median(seconds))
     decode B        runs are tok/s (B * N / decode seconds); the highest of them
@@ -195,7 +195,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         ids = prompt_ids(tokenizer, p)
         tick = stage(f"prefill {p} tokens")
         live = [x for x in systems if x.supports("prefill")]
-        runs = alternate(live, lambda x: x.prefill_seconds(ids), s.repeats, tick, s.settle_s)
+        runs = alternate(live, lambda x, ids=ids: x.prefill_seconds(ids), s.repeats, tick, s.settle_s)
         cost = forward_cost(cfg, p, weight_bytes=wb)
         row = summarize(dict(workload="prefill", size=p, unit="tok/s", runs_unit="s", runs=runs,
                              flops=cost.flops, bytes=cost.bytes, intensity=cost.intensity))
@@ -207,7 +207,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     for b in s.batches:
         tick = stage(f"decode batch {b}")
         live = [x for x in systems if x.supports("decode", b)]
-        runs = alternate(live, lambda x: x.decode_tok_s(b, ids, s.decode_tokens), s.repeats, tick, s.settle_s)
+        runs = alternate(live, lambda x, b=b: x.decode_tok_s(b, ids, s.decode_tokens), s.repeats, tick, s.settle_s)
         cost = forward_cost(cfg, 1, context, batch=b, weight_bytes=wb)
         row = summarize(dict(workload="decode", size=b, unit="tok/s", runs_unit="tok/s", runs=runs,
                              flops=cost.flops, bytes=cost.bytes, intensity=cost.intensity))
@@ -224,7 +224,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     for use_cache, row in ((True, "generate_cache"), (False, "generate_no_cache")):
         tick = stage("generate " + ("with" if use_cache else "without") + " the cache")
         live = [x for x in systems if x.supports("generate")]
-        runs = alternate(live, lambda x: timed(x, use_cache), s.repeats, tick, s.settle_s)
+        runs = alternate(live, lambda x, use_cache=use_cache: timed(x, use_cache), s.repeats, tick, s.settle_s)
         rows[row] = summarize(dict(workload=row, size=s.cache_new_tokens, unit="s", runs_unit="s", runs=runs))
     equal = {name: tokens.get((name, True)) == tokens.get((name, False)) for name in rows["generate_cache"]["runs"]}
     if not equal.get("ours", True):

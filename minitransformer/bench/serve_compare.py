@@ -24,6 +24,7 @@ import importlib.util
 import math
 import os
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +32,9 @@ from pathlib import Path
 from ..measure import Probe
 from . import peer_cache
 from .managed_server import ManagedServer, Termination, free_port
-from .serve import BenchServeError, ServeSettings, run_sweeps
+from .serve import ServeSettings, run_sweeps
 from .serve_report import LLAMA_CPP_PYTHON, LLAMA_SERVER, vllm_name
 from .serve_workload import make_prompts
-
 
 PEER_KEYS = ("llama-cpp-python", "llama-server", "vllm")      # what --compare / --peers choose from
 VLLM_MODES = ("eager", "compiled")

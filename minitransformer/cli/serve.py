@@ -70,11 +70,11 @@ def add_serve_parser(commands) -> None:
 def cmd_serve(args) -> int:
     from rich.console import Console
 
-    from ..serving import Engine
     from ..server import EngineLoop, Server, ServerConfig, ServerMetrics
     from ..server.guard import AllowedHosts
     from ..server.runner import run
     from ..server.tenants import load_api_keys, tenant_quotas
+    from ..serving import Engine
 
     _check_options(args)
     keys = load_api_keys(args.api_keys) if args.api_keys else None

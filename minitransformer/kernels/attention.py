@@ -16,13 +16,36 @@ import numpy as np
 from ..backend import array_module
 from ..errors import InputError
 from .checked import check_block_tables, checked_mode
-from .decode_sizing import (DECODE_VARIANTS, PARTITION_KERNELS, check_variant, choose_partition_size,
-                            decode_expressions, decode_shared_bytes, decode_threads, device_sm_count)
-from .plan import (DTYPES, HEAD_DIMS, AttentionPlan, check_aligned16, check_array_storage, check_head_dim,
-                   check_heads, check_prefill_inputs)
+from .decode_sizing import (
+    DECODE_VARIANTS,
+    PARTITION_KERNELS,
+    check_variant,
+    choose_partition_size,
+    decode_expressions,
+    decode_shared_bytes,
+    decode_threads,
+    device_sm_count,
+)
+from .loader import (
+    CUDA_TYPE_NAMES,
+    MAX_SHARED_BYTES,
+    array_param,
+    backend_of,
+    get_kernel,
+    scalar_param,
+    source_constant,
+)
+from .plan import (
+    DTYPES,
+    HEAD_DIMS,
+    AttentionPlan,
+    check_aligned16,
+    check_array_storage,
+    check_head_dim,
+    check_heads,
+    check_prefill_inputs,
+)
 from .prefill_wmma import plan_flash_prefill_wmma
-from .loader import (CUDA_TYPE_NAMES, MAX_SHARED_BYTES, array_param, backend_of, get_kernel, scalar_param,
-                     source_constant)
 
 PREFILL_FILE = "flash_prefill.cu"
 DECODE_FILE = "paged_decode.cu"

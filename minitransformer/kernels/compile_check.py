@@ -28,8 +28,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .attention import (DECODE_EXPRESSIONS, DECODE_FILE, DECODE_SIMPLE_EXPRESSIONS, DECODE_SIMPLE_FILE, HEAD_DIMS,
-                        PREFILL_EXPRESSIONS, PREFILL_FILE, decode_shared_bytes, prefill_shared_bytes)
+from .attention import (
+    DECODE_EXPRESSIONS,
+    DECODE_FILE,
+    DECODE_SIMPLE_EXPRESSIONS,
+    DECODE_SIMPLE_FILE,
+    HEAD_DIMS,
+    PREFILL_EXPRESSIONS,
+    PREFILL_FILE,
+    decode_shared_bytes,
+    prefill_shared_bytes,
+)
 from .loader import COMPILE_OPTIONS, CUPY_ADDED_OPTIONS, read_source, source_constant
 from .prefill_wmma import WMMA_EXPRESSIONS, WMMA_FILE, wmma_shared_bytes
 from .quant import GEMV_EXPRESSIONS, GEMV_FILE

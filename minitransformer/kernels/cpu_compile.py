@@ -15,8 +15,8 @@ import os
 import re
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import MiniTransformerError
 from ..weights import cache_dir
@@ -71,7 +71,7 @@ def translation_unit(code: str, names: Sequence[str], source_name: str) -> str:
             "    return ::cudacpu::launch(*c, cudacpu_entries[i].thunk, cudacpu_entries[i].kernel, args); }\n")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiler_id() -> str:
     try:
         return subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.split("\n")[0]

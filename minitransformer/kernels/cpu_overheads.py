@@ -11,7 +11,6 @@ import numpy as np
 
 from .cpu_runner import DEFAULT_ORDER, MODES, ORDERS, CpuModule
 
-
 # ---- what the emulation costs ----------------------------------------------------------------------------------------
 
 _OVERHEAD_SOURCE = r"""

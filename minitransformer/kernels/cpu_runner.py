@@ -31,8 +31,8 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -147,7 +147,7 @@ class CpuModule:
         self._base = ctypes.cast(lib.cudacpu_launch, ctypes.c_void_p).value - link_address
         self._statics = [(name, self._base + address, size) for name, address, size in statics]
 
-    def get_function(self, name: str) -> "CpuKernel":
+    def get_function(self, name: str) -> CpuKernel:
         """A kernel by its extern "C" name or a name expression ("flash_prefill<float, 64>"), as CuPy's."""
         if name not in self._names:                      # a name not given up front: rebuild with it (cached)
             try:

@@ -11,7 +11,7 @@ reaches.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from ..errors import InputError
 from .loader import MAX_SHARED_BYTES, source_constant
@@ -63,7 +63,7 @@ def decode_shared_bytes(group: int, head_dim: int, partition_size: int, block_si
     return FLOAT_BYTES * (group * partition_size + group + warps * group * head_dim) + block_ids
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cupy_sm_count(device_id: int) -> int:
     import cupy
     return int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])

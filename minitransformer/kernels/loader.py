@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +63,7 @@ def read_source(filename: str) -> str:
     return "\n".join(expand(filename)) + "\n"
 
 
-@lru_cache(maxsize=None)
+@cache
 def source_constant(filename: str, name: str) -> int:
     """`constexpr int NAME = value;` of a kernel file: the Python side reads its launch sizes from the source."""
     match = re.search(rf"constexpr\s+int\s+{name}\s*=\s*(\d+)\s*;", read_source(filename))
@@ -94,7 +94,7 @@ def build_module(source: str, name_expressions: tuple[str, ...], backend: str, s
     raise InputError(f"unknown kernel backend {backend!r}; choose 'cupy' or 'cpu'")
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_module(filename: str, name_expressions: tuple[str, ...], backend: str):
     """The module of a kernel file with all the listed template instantiations, built once per process."""
     return build_module(read_source(filename), name_expressions, backend, filename)
@@ -172,7 +172,7 @@ class Kernel:
         grid, block = self.check(grid, block, args, shared_mem)
         self.function(grid, block, args, shared_mem=int(shared_mem))
 
-    def prepare(self, grid, block, args: tuple, shared_mem: int = 0) -> "Launch":
+    def prepare(self, grid, block, args: tuple, shared_mem: int = 0) -> Launch:
         """Check once now; the returned Launch replays the raw launch with no checks (for timing loops)."""
         grid, block = self.check(grid, block, args, shared_mem)
         return Launch(self.function, grid, block, args, int(shared_mem))

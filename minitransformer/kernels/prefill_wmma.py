@@ -14,8 +14,8 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import InputError
-from .plan import HEAD_DIMS, AttentionPlan, check_aligned16, check_prefill_inputs
 from .loader import array_param, backend_of, get_kernel, scalar_param, source_constant
+from .plan import HEAD_DIMS, AttentionPlan, check_aligned16, check_prefill_inputs
 
 WMMA_FILE = "flash_prefill_wmma.cu"
 WMMA_EXPRESSIONS = tuple(f"flash_prefill_wmma<{d}>" for d in HEAD_DIMS)
@@ -25,7 +25,7 @@ HALF_BYTES, FLOAT_BYTES = 2, 4
 def wmma_shared_bytes(head_dim: int) -> int:
     """Dynamic shared memory of one block: k_tile and v_tile (BK, d + 8) float16, and per warp s_tile (16, BK + 4)
     float32, p_tile (16, BK + 8) float16 and row_scale (16,) float32 (flash_prefill_wmma.cu's layout)."""
-    c = lambda name: source_constant(WMMA_FILE, name)                       # noqa: E731
+    c = lambda name: source_constant(WMMA_FILE, name)
     block_k, tile, warps = c("WMMA_BLOCK_K"), c("WMMA_TILE"), c("WMMA_WARPS")
     kv = 2 * block_k * (head_dim + c("WMMA_HALF_PAD")) * HALF_BYTES
     per_warp = tile * ((block_k + c("WMMA_FLOAT_PAD")) * FLOAT_BYTES + (block_k + c("WMMA_HALF_PAD")) * HALF_BYTES

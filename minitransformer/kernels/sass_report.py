@@ -32,8 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .compile_check import DEFAULT_ARCH, KERNEL_FILES, demangle, instantiation_source, nvcc_command, parse_ptxas
-from .decode_sizing import (DECODE_VARIANTS, DEFAULT_NUM_SMS, PARTITION_KERNELS, choose_partition_size,
-                            decode_expressions, decode_shared_bytes, decode_threads)
+from .decode_sizing import (
+    DECODE_VARIANTS,
+    DEFAULT_NUM_SMS,
+    PARTITION_KERNELS,
+    choose_partition_size,
+    decode_expressions,
+    decode_shared_bytes,
+    decode_threads,
+)
 from .sass_loops import Loop, find_loops, innermost_busiest, parse_sass, split_functions
 from .toolchain import cuda_roots, find_nvcc, nvidia_wheel_dirs
 

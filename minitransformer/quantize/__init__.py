@@ -32,10 +32,28 @@ Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quanti
 """
 
 from ..backend import INT8_MAX
-from .linear import (DEFAULT_BLOCK_BYTES, KERNEL_MAX_ROWS, QuantizedLinear, expected_weight_bytes, quantize_model,
-                     quantized_bytes, set_use_kernel)
-from .schemes import (FLOAT16_MAX, GROUP, INT4_LEVELS, SCHEMES, dequantize_float16, dequantize_int4,
-                      dequantize_int8, quantize_float16, quantize_int4, quantize_int8, unpack_int4)
+from .linear import (
+    DEFAULT_BLOCK_BYTES,
+    KERNEL_MAX_ROWS,
+    QuantizedLinear,
+    expected_weight_bytes,
+    quantize_model,
+    quantized_bytes,
+    set_use_kernel,
+)
+from .schemes import (
+    FLOAT16_MAX,
+    GROUP,
+    INT4_LEVELS,
+    SCHEMES,
+    dequantize_float16,
+    dequantize_int4,
+    dequantize_int8,
+    quantize_float16,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
 
 __all__ = [
     "SCHEMES", "GROUP", "INT8_MAX", "INT4_LEVELS", "quantize_int8", "dequantize_int8",

@@ -16,8 +16,16 @@ from ..backend import DTYPE, array_module, matmul_float16
 from ..config import ModelConfig
 from ..errors import InputError
 from ..model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer
-from .schemes import (GROUP, SCHEMES, dequantize_float16, dequantize_int4, dequantize_int8, quantize_float16,
-                      quantize_int4, quantize_int8)
+from .schemes import (
+    GROUP,
+    SCHEMES,
+    dequantize_float16,
+    dequantize_int4,
+    dequantize_int8,
+    quantize_float16,
+    quantize_int4,
+    quantize_int8,
+)
 
 DEFAULT_BLOCK_BYTES = 1 << 20   # the float32 block dequantized at a time by the NumPy path (1 MiB)
 KERNEL_MAX_ROWS = 8             # decode-sized inputs (<= 8 rows) go to the GEMV kernel (use_kernel) or int4's
@@ -59,7 +67,7 @@ class QuantizedLinear:
         self.use_kernel = use_kernel
 
     @classmethod
-    def from_float(cls, w_out_in, scheme: str, **options) -> "QuantizedLinear":
+    def from_float(cls, w_out_in, scheme: str, **options) -> QuantizedLinear:
         """Quantize a float (out, in) matrix (GGUF's layout; pass `w.T` for model.py's (in, out) matrices)."""
         xp = array_module(w_out_in)
         if scheme == "f16":                   # rounded first, so the contiguous copy is the half-size one

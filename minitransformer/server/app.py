@@ -43,8 +43,7 @@ from ..metrics import now
 from ..request import Delta, make_request
 from .connections import quiet_accept_errors
 from .engine_loop import EngineLoop
-from .errors import (APIError, EngineFailed, QueueFull, bad_request, http_error, internal_error,
-                     too_many_requests)
+from .errors import APIError, EngineFailed, QueueFull, bad_request, http_error, internal_error, too_many_requests
 from .guard import AllowedHosts, Guard
 from .live import LiveFeed
 from .protocol import ApiRequest, PromptLimits, parse_generation, parse_json, parse_token_ids, with_max_tokens

@@ -40,7 +40,7 @@ class AllowedHosts:
     any_host: bool = False
 
     @classmethod
-    def for_binding(cls, bound_host: str, extra: list[str] = ()) -> "AllowedHosts":
+    def for_binding(cls, bound_host: str, extra: list[str] = ()) -> AllowedHosts:
         """The loopback names, the address the server was bound to, and --allowed-hosts."""
         extra = [host_name(h) for h in extra]
         names = frozenset([*LOOPBACK_NAMES, host_name(bound_host), *(h for h in extra if h != "*")])

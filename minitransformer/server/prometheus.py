@@ -58,7 +58,7 @@ class ServerMetrics:
         self.labels = f'model_name="{_escape(model_name)}"'
         self.lock = threading.Lock()
         self.finished: dict[str, int] = {}
-        seconds = lambda name, help: Histogram(name, help, LATENCY_BUCKETS)   # noqa: E731
+        seconds = lambda name, help: Histogram(name, help, LATENCY_BUCKETS)
         self.ttft = seconds("vllm:time_to_first_token_seconds", "Time to first token in seconds.")
         self.itl = seconds("vllm:inter_token_latency_seconds", "Time between consecutive output tokens in seconds.")
         self.queue = seconds("vllm:request_queue_time_seconds", "Time a request waited before its first schedule.")

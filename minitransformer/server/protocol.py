@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from ..backend import is_int
 from ..errors import InputError
 from ..sampling_params import SamplingParams, sampling_options
-from .errors import APIError, bad_request
+from .errors import bad_request
 
 # logit_bias maps token ids to biases. A bias list is a handful of banned or favoured tokens; 300 entries is far past
 # that, and past it a body is refused before its entries are read one by one.
@@ -82,7 +82,7 @@ class PromptLimits:
     max_token_ids: int
 
     @classmethod
-    def for_context(cls, tokens: int) -> "PromptLimits":
+    def for_context(cls, tokens: int) -> PromptLimits:
         """The limits for requests of at most `tokens` tokens (prompt + max_tokens)."""
         return cls(tokens * PROMPT_CHARS_PER_TOKEN, max(1, tokens // MIN_TOKENS_PER_MESSAGE), max(1, tokens - 1))
 

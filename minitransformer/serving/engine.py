@@ -266,7 +266,7 @@ class Engine:
         values that stay true while the engine steps on. One pass over the pool and the unfinished sequences: build
         it between steps, in the thread that steps the engine (the live page does, only while someone watches)."""
         bm, scheduler = self.block_manager, self.scheduler
-        view = lambda seq: SequenceView.of(seq, bm.block_tables.get(seq.request_id, ()))   # noqa: E731
+        view = lambda seq: SequenceView.of(seq, bm.block_tables.get(seq.request_id, ()))
         return EngineSnapshot(self.num_steps, self.config, self.stats, tuple(map(view, scheduler.running)),
                               tuple(map(view, scheduler.waiting)), tuple(bm.block_states()), tuple(bm.ref_counts),
                               tuple(self._finished))

@@ -53,7 +53,7 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
         if start + n == seq.num_tokens:             # this chunk reaches the end: its last row predicts a token
             logits_rows.append(len(ids) - 1)
             sampled.append(seq)
-    as_index = lambda values: xp.asarray(np.asarray(values, dtype=INDEX_DTYPE))   # noqa: E731
+    as_index = lambda values: xp.asarray(np.asarray(values, dtype=INDEX_DTYPE))
     tables = [block_manager.block_tables[s.request_id] for s, _ in decodes]
     width = max((len(t) for t in tables), default=0)
     padded = np.zeros((len(tables), width), dtype=INDEX_DTYPE)                    # (num_decodes, width)
