@@ -36,6 +36,14 @@ from minitransformer.sampling import compute_logprobs, make_generator, sample
 from minitransformer.stopping import check_stop
 
 PROMPT = "The printing press changed Europe because"
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Each row is one pass through the model, and `pos` rises by one per row.",
+    "In section 2, the `check dependency` line says whether forcing one token changed the token after it.",
+    "In section 3, the `check timing` line compares the loop's passes with one pass over the known answer.",
+    "Each claim line under 'What this run shows' says whether this run showed it.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 SAME_LOGPROB = 1e-4         # float32 sums in another order: the one pass and the loop agree to about 1e-5
 
@@ -136,8 +144,8 @@ def main():
     reason = decision.finish_reason + (f" ({decision.stop_reason!r})" if decision.stop_reason is not None else "")
     console.print(f"finished: {reason} after {n} tokens = {n} passes "
                   f"through the model (1 prefill + {n - 1} decode steps). Text: {detok.text!r}")
-    console.print("ms: each step timed once, as it ran (step 1 is the prefill; a warm-up pass ran first, so it is "
-                  "not charged for the process's first-call costs); lesson 02 repeats and interleaves these timings.")
+    console.print("ms: each step timed once, as it ran. Step 1 is the prefill. A warm-up pass ran first, so step 1 is "
+                  "not charged for the process's first-call costs. Lesson 02 repeats and interleaves these timings.")
     console.print("Diagram: figures/request_flow.png, the same stages as generate() runs them (tokenize, schedule, "
                   "prefill, sample, stream and stop checks, decode, finalize), each with its file and measured time.")
     console.print(f"check ids: {out}")
@@ -171,8 +179,8 @@ def main():
     rows = all_logits[len(prompt_ids) - 1:]                                         # (n, V): logits before each token
     parallel = compute_logprobs(rows, out, 0)
     diff = max(abs(r["logprob"] - np.log(p)) for r, p in zip(parallel, chosen_p))
-    console.print(f"one forward pass over prompt + all {n} answer tokens scores every answer token at once; "
-                  "its probabilities against the loop's:")
+    console.print(f"One forward pass over prompt + all {n} answer tokens scores every answer token at once. "
+                  "Its probabilities against the loop's:")
     console.print(f"check parallel pass: max |log p loop - log p one pass| = {diff:.1e} over {n} tokens")
 
     def one_pass():                                                   # the pass above again
@@ -186,13 +194,13 @@ def main():
             decode_step(model, [token], cache)
     times = interleaved({"loop": loop, "one pass": one_pass}, repeats=args.repeats)
     t_loop, t_pass = times["loop"], times["one pass"]
-    console.print(f"timed in turns, {args.repeats} rounds after a warm-up round (the fastest is what a quiet machine "
-                  "gives, the median what you typically get, the spread how far to trust either): the loop's "
-                  f"{n} passes {t_loop.ms()}, one pass over all {n} {t_pass.ms()}")
+    console.print(f"Timed in turns, {args.repeats} rounds after a warm-up round. The fastest is what a quiet machine "
+                  "gives, the median what you typically get, and the spread how far to trust either. The loop's "
+                  f"{n} passes: {t_loop.ms()}. One pass over all {n}: {t_pass.ms()}.")
     console.print(f"check timing: loop {t_loop.min * 1e3:.1f}-{t_loop.max * 1e3:.1f} ms, one pass "
                   f"{t_pass.min * 1e3:.1f}-{t_pass.max * 1e3:.1f} ms")
-    console.print("but that pass needed the answer as its input: it can verify tokens (speculative decoding does), "
-                  "it cannot produce them")
+    console.print("But that pass needed the answer as its input. It can verify tokens, as speculative decoding does. "
+                  "It cannot produce them.")
 
     console.rule("[bold]4. What this run shows")
     quiet = probe.finish()
@@ -201,33 +209,35 @@ def main():
 
     console.rule("[bold]Interview question: is the answer generated in parallel?")
     decode_ms = 1e3 * statistics.median(step_s[1:]) if n > 1 else float("nan")
-    answer = [f"No. This run produced {n} tokens with {n} passes through the model: the prefill read all "
+    answer = [f"No. This run produced {n} tokens with {n} passes through the model. First, the prefill read all "
               f"{len(prompt_ids)} prompt tokens at once ({step_s[0] * 1e3:.0f} ms, timed once), then "
               f"{n - 1} decode steps of one token each ({decode_ms:.0f} ms median, timed once each)."]
     if shown["in-order"]:
-        answer.append(f"Each decode step began only after the previous token was chosen ({n - 1} of {n - 1} steps), "
-                      "because that token is its input.")
+        answer.append(f"Each decode step began only after the previous token was chosen ({n - 1} of {n - 1} steps). "
+                      "That token is its input.")
     else:
-        answer.append("This run's order check did not show every step waiting for the token before it (see the "
-                      "claims above).")
+        answer.append("This run's order check did not show every step waiting for the token before it. The claims "
+                      "above say why.")
     if shown["next-changes"]:
-        answer.append(f"Change that input and the output changes: forcing token {k} to "
+        answer.append(f"Change that input and the output changes. With token {k} forced to "
                       f"{tok.decode([alternative])!r}, {effect}.")
     else:
-        answer.append(f"Forcing token {k} to {tok.decode([alternative])!r} did not show a changed next token in "
-                      "this run (try another --prompt or more --tokens).")
-    answer.append(f"So output length sets the number of steps: {args.tokens} tokens cost up to {args.tokens} "
-                  "sequential passes. Only tokens that are already known, the prompt's, go through in parallel.")
+        answer.append(f"Forcing token {k} to {tok.decode([alternative])!r} did not change the next token in this "
+                      "run. Try another --prompt or more --tokens.")
+    answer.append(f"So output length sets the number of steps. {args.tokens} tokens cost up to {args.tokens} "
+                  "passes, one after another. Only the prompt's tokens, already known, go through in parallel.")
     if shown["same-probabilities"] and shown["one-pass-faster"]:
-        answer.append(f"A known answer can be checked in parallel too: one pass gave the loop's probabilities "
+        answer.append(f"A known answer can be checked in parallel too. Here one pass gave the loop's probabilities "
                       f"(within {diff:.0e}) in {t_pass.min * 1e3:.0f} ms against {t_loop.min * 1e3:.0f} ms for the "
-                      f"loop's {n} passes (fastest of {args.repeats} each, ranges apart).")
+                      f"loop's {n} passes. Each time is the fastest of {args.repeats}, and the two ranges do not "
+                      "overlap.")
     elif shown["same-probabilities"]:
-        answer.append(f"One pass over a known answer gave the loop's probabilities (within {diff:.0e}); whether it "
-                      f"is faster this run could not show ({t_pass.min * 1e3:.0f} vs {t_loop.min * 1e3:.0f} ms at "
-                      "their fastest, see the claims above): run it again on a quiet machine.")
+        answer.append(f"One pass over a known answer gave the loop's probabilities (within {diff:.0e}). This run "
+                      f"could not show whether it is faster: {t_pass.min * 1e3:.0f} vs {t_loop.min * 1e3:.0f} ms at "
+                      "their fastest. The claims above say why. Run it again on a quiet machine.")
     else:
-        answer.append("This run could not show that one pass gives the loop's probabilities (see the claims above).")
+        answer.append("This run could not show that one pass gives the loop's probabilities. The claims above say "
+                      "why.")
     console.print(" ".join(answer))
 
 

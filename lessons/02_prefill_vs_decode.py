@@ -41,6 +41,14 @@ from minitransformer.prefill import prefill
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's ridge point first. It is this machine's FLOP/byte where compute and memory meet.",
+    "In section 3's table, compare each row's FLOP/byte with that ridge. The `says` column names the bound.",
+    "In section 4, `x a batch-1 step` is what one step for 4 sequences costs next to a step for one.",
+    "The claim lines under 'What this run shows' say which of these this run could show.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 
 NEAR = 2.0                # FLOP/byte within 2x of the ridge: no firm call (the ridge is itself two timings)
@@ -318,40 +326,41 @@ def main():
     console.rule("[bold]Interview questions")
     pre, dec = forward_cost(cfg, longest, weight_bytes=weights), forward_cost(cfg, 1, longest, weight_bytes=weights)
     t_pre, t_dec = prefills[longest], decodes[longest]
-    answer = [f"[bold]Why is the first token slower than the rest?[/] The first token needs the whole prompt through "
-              f"every layer, each later token one token's pass: the same request (prompt {len(prompt)} tokens), run "
-              f"{times(args.repeats)}, had TTFT {ttft.min * 1e3:.0f} ms at the fastest (median "
-              f"{ttft.median * 1e3:.0f}) and ITL p50 {itl.min * 1e3:.1f} ms (median {itl.median * 1e3:.1f})."]
+    answer = [f"[bold]Why is the first token slower than the rest?[/] The first token needs the whole prompt to pass "
+              f"through every layer. Each later token needs one token's pass. The same request, with a prompt of "
+              f"{len(prompt)} tokens, was run {times(args.repeats)}. It had TTFT {ttft.min * 1e3:.0f} ms at the "
+              f"fastest (median {ttft.median * 1e3:.0f}) and ITL p50 {itl.min * 1e3:.1f} ms "
+              f"(median {itl.median * 1e3:.1f})."]
     if shown["first-token-slower"]:
         answer.append(f"The first token took {ttft.min / itl.min:.0f}x as long, beyond the spread of either.")
     else:
-        answer.append("This run could not show the difference beyond its spread (see the claims above).")
+        answer.append("This run could not show the difference beyond its spread. The claims above say why.")
     answer.append(f"In the sweep, prefill took {prefills[lengths[0]].min * 1e3:.0f} ms at {lengths[0]} tokens and "
-                  f"{t_pre.min * 1e3:.0f} ms at {longest} (fastest runs),")
+                  f"{t_pre.min * 1e3:.0f} ms at {longest} (fastest runs).")
+    answer.append(f"That is {t_pre.min / longest * 1e3:.2f} ms per prompt token against {t_dec.min * 1e3:.1f} ms "
+                  "for a decode step.")
     if shown["prefill-token-cheaper"]:
-        answer.append(f"{t_pre.min / longest * 1e3:.2f} ms per prompt token against {t_dec.min * 1e3:.1f} ms for a "
-                      "decode step: the prompt's tokens share each read of the weights, a decode step has one "
-                      "token to share it with.")
+        answer.append("The prompt's tokens share each read of the weights. A decode step has only one token to "
+                      "share it with.")
     else:
-        answer.append(f"{t_pre.min / longest * 1e3:.2f} ms per prompt token against {t_dec.min * 1e3:.1f} ms for a "
-                      "decode step; this run could not show the difference beyond its spread.")
+        answer.append("This run could not show the difference beyond its spread.")
     decode_ms = ", ".join(f"{decodes[L].min * 1e3:.1f}" for L in lengths)
     if shown["decode-flat"]:
-        answer.append(f"A decode step took {decode_ms} ms at contexts {', '.join(map(str, lengths))}: about the "
-                      "same, because the weights it reads dwarf the cache it reads.")
+        answer.append(f"A decode step took {decode_ms} ms at contexts {', '.join(map(str, lengths))}. That is "
+                      "about the same, because the weights it reads dwarf the cache it reads.")
     else:
-        answer.append(f"A decode step took {decode_ms} ms at contexts {', '.join(map(str, lengths))}; whether that "
-                      "stays flat this run could not show.")
+        answer.append(f"A decode step took {decode_ms} ms at contexts {', '.join(map(str, lengths))}. This run "
+                      "could not show whether that stays flat.")
     share = [m.ttft_s / m.e2e_s for m in metrics]
-    answer.append(f"That is also why total latency alone misleads: TTFT was {statistics.median(share):.0%} of this "
-                  "request's total (median of the runs), and TTFT and ITL have different causes and fixes.")
+    answer.append(f"This is also why total latency alone misleads. TTFT was {statistics.median(share):.0%} of this "
+                  "request's total (median of the runs). TTFT and ITL have different causes and different fixes.")
     console.print(" ".join(answer))
 
     dec_flops_s, dec_bytes_s = dec.flops / t_dec.min, dec.bytes / t_dec.min
     pre_flops_s, pre_bytes_s = pre.flops / t_pre.min, pre.bytes / t_pre.min
     roofline, made = roofline_tokens_per_s(dec.bytes, bandwidth), 1 / t_dec.min
     answer = [f"[bold]Why does decode become memory-bandwidth-bound?[/] A decode step multiplies every weight by one "
-              f"row: {dec.flops / 1e9:.2f} GFLOP over {dec.bytes / 1e6:.0f} MB moved = {dec.intensity:.2f} "
+              f"row. It does {dec.flops / 1e9:.2f} GFLOP over {dec.bytes / 1e6:.0f} MB moved = {dec.intensity:.2f} "
               f"FLOP/byte, against this machine's ridge of {ridge:.1f}:"]
     answer.append(f"more than {NEAR:.0f}x below it, memory-bound." if shown["decode-memory-bound"] else
                   f"not {NEAR:.0f}x below it, too near to call.")
@@ -361,26 +370,26 @@ def main():
                   f"{roofline:.0f} tokens/s (bandwidth / bytes per step); its fastest step made {made:.0f} "
                   f"({made / roofline:.0%} of that).")
     if shown["decode-memory-pace"]:
-        answer.append("So it runs at the memory's pace: memory-bound when measured, not only on paper.")
+        answer.append("So it runs at the memory's pace. It is memory-bound when measured, not only on paper.")
     else:
-        answer.append("This run could not show it running at the memory's pace (see the claims above).")
+        answer.append("This run could not show it running at the memory's pace. The claims above say why.")
     if made > roofline:
-        answer.append("(Over 100%: a copy is one way to measure memory, reading and writing every byte; a decode "
-                      "step mostly reads, so the copy figure is a rough bound, not an exact one.)")
+        answer.append("A share over 100% is possible. A copy measures memory one way, reading and writing every "
+                      "byte. A decode step mostly reads, so the copy figure is a rough bound, not an exact one.")
     answer.append(f"Prefill of {longest} tokens reuses each weight {longest} times: {pre.intensity:.1f} FLOP/byte,")
     answer.append(f"more than {NEAR:.0f}x the ridge, compute-bound." if shown["prefill-compute-bound"] else
                   f"not {NEAR:.0f}x above the ridge, too near to call.")
     answer.append(f"Its fastest pass did {pre_flops_s / 1e9:.1f} GFLOP/s ({pre_flops_s / gemm:.0%} of the GEMM "
-                  f"peak) at {pre_bytes_s / 1e9:.1f} GB/s ({pre_bytes_s / bandwidth:.0%} of the copy bandwidth)"
-                  + (": near the arithmetic roof." if shown["prefill-compute-pace"] else
-                     "; this run could not show it running near the arithmetic roof."))
+                  f"peak) at {pre_bytes_s / 1e9:.1f} GB/s ({pre_bytes_s / bandwidth:.0%} of the copy bandwidth)."
+                  + (" That is near the arithmetic roof." if shown["prefill-compute-pace"] else
+                     " This run could not show it running near the arithmetic roof."))
     rates = " -> ".join(f"{L / prefills[L].min:.0f}" for L in lengths)
     if shown["prefill-rate"]:
         answer.append(f"And prefill tokens/s did not fall as the prompt grew ({rates} tok/s at "
-                      f"{', '.join(map(str, lengths))} tokens): a longer prompt spreads each weight read over more "
-                      "tokens until the arithmetic, not the memory, sets the pace.")
+                      f"{', '.join(map(str, lengths))} tokens). A longer prompt spreads each weight read over more "
+                      "tokens. That goes on until the arithmetic, not the memory, sets the pace.")
     else:
-        answer.append(f"Prefill tokens/s went {rates} at {', '.join(map(str, lengths))} tokens; this run could not "
+        answer.append(f"Prefill tokens/s went {rates} at {', '.join(map(str, lengths))} tokens. This run could not "
                       "show that it does not fall as the prompt grows.")
     console.print(" ".join(answer))
 
@@ -391,42 +400,45 @@ def main():
     if shown["batch-gain"]:
         answer.append(f"so batching {B} raised tokens/s {gain:.1f}x, beyond the spread.")
     else:
-        answer.append(f"so {gain:.1f}x the tokens/s at the fastest; this run could not show batching {B} raising "
+        answer.append(f"so {gain:.1f}x the tokens/s at the fastest. This run could not show batching {B} raising "
                       "tokens/s beyond its spread.")
     if shown["batch-costs-more"] and shown["matmul-rows"]:
-        answer.append(f"Bytes do not decide this on this CPU: one matmul with {B} rows cost "
-                      f"{mm[B].min / mm[1].min:.2f}x the same matmul with one row, because NumPy's BLAS multiplies "
-                      "one row with a matrix-vector routine and several rows with a matrix-matrix routine built for "
-                      "large blocks, whose fixed work at a few rows outweighs the arithmetic (lesson 08's engine "
-                      "steps and lesson 12's verify passes pay the same price).")
+        answer.append(f"Bytes do not decide this on this CPU. One matmul with {B} rows cost "
+                      f"{mm[B].min / mm[1].min:.2f}x the same matmul with one row. NumPy's BLAS multiplies one row "
+                      "with a matrix-vector routine. Several rows go to a matrix-matrix routine built for large "
+                      "blocks. At a few rows, that routine's fixed work outweighs the arithmetic. Lesson 08's engine "
+                      "steps and lesson 12's verify passes pay the same price.")
     elif shown["batch-costs-more"]:
-        answer.append(f"The step of {B} took longer for about the same bytes; this run could not show why from one "
-                      f"matmul ({mm[B].min * 1e6:.0f} vs {mm[1].min * 1e6:.0f} us at the fastest).")
+        answer.append(f"The step of {B} took longer for about the same bytes. This run could not show why from one "
+                      f"matmul: {mm[B].min * 1e6:.0f} vs {mm[1].min * 1e6:.0f} us at the fastest.")
     else:
         answer.append(f"This run could not show a step of {B} costing more than a step of one beyond the spread.")
     if shown["h200-memory-bound"]:
-        answer.append(f"On an {H200.name} a bf16 step of {B} sequences is still bound by reading the weights: "
-                      f"{gb / g1:.2f}x a step of one, so {B} sequences would get about {B * g1 / gb:.1f}x the "
-                      f"tokens/s, until the batch nears its ridge: each sequence does 2 FLOPs per 2-byte weight read "
-                      f"once, so B sequences make about B FLOP/byte, compute-bound from about {H200.ridge:.0f} "
-                      "sequences (later still, as the cache reads grow with the batch).")
+        answer.append(f"On an {H200.name} a bf16 step of {B} sequences is still bound by reading the weights. It "
+                      f"costs {gb / g1:.2f}x a step of one, so {B} sequences would get about {B * g1 / gb:.1f}x the "
+                      "tokens/s. That holds until the batch nears the ridge. Each sequence does 2 FLOPs per 2-byte "
+                      "weight, and each weight is read once for all of them. So B sequences make about B FLOP/byte, "
+                      f"and the step turns compute-bound from about {H200.ridge:.0f} sequences. The cache reads grow "
+                      "with the batch, so in practice it turns later still.")
     console.print(" ".join(answer), highlight=False)
 
     console.print(
         f"[bold]The same arithmetic on an {H200.name}[/] ({H200.bandwidth / 1e12:.1f} TB/s, {H200.flops / 1e12:.0f} "
-        f"TFLOP/s dense {H200.dtype}, published figures, not measured here): its ridge is {H200.ridge:.0f} FLOP/byte "
-        f"against this CPU's measured {ridge:.1f}. Decode at context {longest} in bf16: {g_dec.intensity:.2f} "
-        f"FLOP/byte, {'compute' if g_dec.intensity > H200.ridge else 'memory'}-bound, at best "
-        f"{H200.seconds(g_dec) * 1e6:.0f} us per token ({1 / H200.seconds(g_dec):,.0f} tokens/s; this CPU at its "
-        f"copy bandwidth: {roofline:.0f}). Prefill of {longest} tokens: {g_pre.intensity:.0f} FLOP/byte, "
+        f"TFLOP/s dense {H200.dtype}, published figures, not measured here). On those figures its ridge is "
+        f"{H200.ridge:.0f} FLOP/byte, against this CPU's measured {ridge:.1f}. Decode at context {longest} in bf16 "
+        f"does {g_dec.intensity:.2f} FLOP/byte, so it is {'compute' if g_dec.intensity > H200.ridge else 'memory'}"
+        f"-bound there. It takes at best {H200.seconds(g_dec) * 1e6:.0f} us per token "
+        f"({1 / H200.seconds(g_dec):,.0f} tokens/s). This CPU's copy bandwidth allows {roofline:.0f} tokens/s. "
+        f"Prefill of {longest} tokens does {g_pre.intensity:.0f} FLOP/byte, so it is "
         f"{'compute' if g_pre.intensity > H200.ridge else 'memory'}-bound there, at best "
-        f"{H200.seconds(g_pre) * 1e3:.3f} ms. A prompt of P tokens does 2P FLOPs per 2-byte weight, so on the H200 "
-        f"prefill turns compute-bound from about {H200.ridge:.0f} tokens when only the weights cross memory (fused "
-        "kernels keep activations on chip; forward_cost also counts every activation written and read back, as this "
-        "NumPy code does), and on this CPU its FLOP/byte passes the ridge from about "
-        f"{first_length(lambda n: forward_cost(cfg, n, weight_bytes=weights).intensity, ridge)} tokens: the faster "
-        "the memory relative to the arithmetic units, the more tokens a pass needs to keep them busy. (A model this "
-        "small runs far above these bounds on a real GPU: each step launches hundreds of small kernels.)",
+        f"{H200.seconds(g_pre) * 1e3:.3f} ms. A prompt of P tokens does 2P FLOPs per 2-byte weight. So on the H200, "
+        f"prefill turns compute-bound from about {H200.ridge:.0f} tokens when only the weights cross memory. That is "
+        "what fused kernels achieve: they keep activations on chip. forward_cost also counts every activation "
+        "written and read back, as this NumPy code does. By that count, prefill on this CPU passes the ridge from "
+        f"about {first_length(lambda n: forward_cost(cfg, n, weight_bytes=weights).intensity, ridge)} tokens. The "
+        "faster the memory is next to the arithmetic units, the more tokens a pass needs to keep them busy. A model "
+        "this small runs far above these bounds on a real GPU, because each step launches hundreds of small "
+        "kernels.",
         highlight=False)
 
 

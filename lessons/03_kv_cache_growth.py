@@ -31,6 +31,13 @@ from minitransformer.prefill import prefill
 from minitransformer.sampling import sample
 
 PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. The `total measured` column should grow by the same bytes every row.",
+    "`same?` compares the measured bytes with estimate_kv_bytes, and `reserved` is what was allocated up front.",
+    "Section 3 projects the same formula onto an 8B-class model, with no timing involved.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 SAME_VALUES = 1e-4          # float32 sums in another order: token by token and one pass agree to about 1e-5
 KEY_DIFFERS = 0.01          # the same token's keys at two positions count as different when they differ by 1%+
@@ -193,37 +200,39 @@ def main():
     shown = report(console, claims(console.export_text(clear=False)), quiet)
 
     console.rule("[bold]Interview question: what does the KV cache store, and how big does it get?")
-    answer = [f"Keys and values of every attention layer for every past token, not text: here {per_token // B:,} "
-              f"bytes per token (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim} dims x 4 "
-              f"bytes); measured {history[-1][1]:,} bytes after {history[-1][0]} tokens x batch {B}"
+    answer = [f"Keys and values of every attention layer for every past token, not text. Here that is "
+              f"{per_token // B:,} bytes per token (2 x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x "
+              f"{cfg.head_dim} dims x 4 bytes). This run measured {history[-1][1]:,} bytes after {history[-1][0]} "
+              f"tokens x batch {B}"
               + (", equal to the estimate at every step." if shown["estimator"] else
-                 "; this run's count did not match the estimate at every step (see the claims above).")]
+                 ". That count did not match the estimate at every step. The claims above say why.")]
     if shown.get("context-in-keys") and shown["recompute-same"]:
-        answer.append(f"They are not the text in another form: the same token's keys at two positions differed by "
-                      f"{change:.0%}, because a key encodes the token in its position and context; and they are "
-                      f"what a full pass over the same tokens computes (to {same:.0e}, float32 rounding), so decode "
+        answer.append(f"They are not the text in another form. The same token's keys at two positions differed by "
+                      f"{change:.0%}, because a key encodes the token in its position and its context. They are also "
+                      f"what a full pass over the same tokens computes, to {same:.0e} (float32 rounding). So decode "
                       "stores them once and never recomputes them.")
     elif shown["recompute-same"]:
-        answer.append(f"They are what a full pass over the same tokens computes (to {same:.0e}, float32 rounding), "
-                      "so decode stores them once and never recomputes them.")
+        answer.append(f"They are what a full pass over the same tokens computes, to {same:.0e} (float32 rounding). "
+                      "So decode stores them once and never recomputes them.")
     if shown["linear-in-tokens"] and shown["estimator"]:
-        answer.append(f"Every token added the same {per_token:,} bytes, so the cache grows linearly in tokens, and "
-                      "the formula it matched is linear in the batch too:")
+        answer.append(f"Every token added the same {per_token:,} bytes, so the cache grows linearly in tokens. The "
+                      "formula it matched is linear in the batch too.")
     else:
-        answer.append("By the H1 formula (this run's steps could not show the linear growth itself, see the claims "
-                      "above):")
-    answer.append(f"for 32 layers, 8 KV heads, head_dim 128 in float16, 4k tokens x batch 4 need {gib(small)} and 16k "
-                  f"tokens x batch 16 need {gib(large)}. For this model, 16 users at its full "
+        answer.append("This run's steps could not show the linear growth itself. The claims above say why. The H1 "
+                      "formula gives the sizes below.")
+    answer.append(f"For 32 layers, 8 KV heads and head_dim 128 in float16, 4k tokens x batch 4 need {gib(small)} and "
+                  f"16k tokens x batch 16 need {gib(large)}. For this model, 16 users at its full "
                   f"{cfg.context_length:,}-token context would need {gib(own)} of cache, "
                   f"{own / model.weight_bytes:.0f}x its {gib(model.weight_bytes)} of weights. How many requests fit "
-                  f"depends on both: the model fixes the bytes per token (2 x layers x KV heads x head_dim x bytes per "
-                  f"value; sharing {cfg.n_kv_heads} KV heads among {cfg.n_heads} query heads makes them "
-                  f"{cfg.n_heads // cfg.n_kv_heads}x fewer) and the memory its weights take; context length x "
-                  "concurrent users multiply those bytes per token until the rest of memory is full.")
+                  "depends on two things the model fixes. One is the bytes per token: 2 x layers x KV heads x "
+                  f"head_dim x bytes per value. Sharing {cfg.n_kv_heads} KV heads among {cfg.n_heads} query heads "
+                  f"makes them {cfg.n_heads // cfg.n_kv_heads}x fewer. The other is the memory its weights take. "
+                  "Context length x concurrent users multiplies the bytes per token until the rest of memory is "
+                  "full.")
     if shown["preallocated"]:
-        answer.append(f"This KVCache reserves all {cache.bytes_reserved:,} bytes for prompt + max_tokens up front "
-                      "(the reserved column never changed); lesson 09's paged cache hands out blocks as tokens "
-                      "arrive instead.")
+        answer.append(f"This KVCache reserves all {cache.bytes_reserved:,} bytes for prompt + max_tokens up front. "
+                      "The reserved column never changed. Lesson 09's paged cache hands out blocks as tokens arrive "
+                      "instead.")
     console.print(" ".join(answer))
 
 

@@ -27,6 +27,14 @@ from minitransformer.measure import Probe
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 2's table first. Compare the `cache ms` and `no cache ms` columns as the step number grows.",
+    "Section 1's `check tokens` line says whether both loops produced the same tokens.",
+    "Section 3's `check totals` line gives both loops' total time.",
+    "The claim lines under 'What this run shows' say which trends this run showed beyond the noise.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 FLAT_BAND = 0.25            # a cached step counts as flat when its last quarter is within 25% of its first
 
@@ -156,25 +164,25 @@ def main():
 
     console.rule("[bold]Interview question: what does the KV cache buy, and what would recomputing cost?")
     answer = [f"Both loops produced the same {N} tokens ({same} of {N} identical). Without the cache, step n runs "
-              f"the model over all {P} + n tokens again, so the total work is quadratic: {passes_slow:,} "
-              f"token-passes instead of {passes_fast:,}. With the cache each step runs one token against stored keys "
-              f"and values, bought with {cached.kv_cache_bytes:,} bytes of cache."]
+              f"the model over all {P} + n tokens again. So the total work is quadratic: {passes_slow:,} "
+              f"token-passes instead of {passes_fast:,}. With the cache, each step runs one token against the stored "
+              f"keys and values. The price is {cached.kv_cache_bytes:,} bytes of cache."]
     if shown["recompute-grows"] and shown["cache-flat"]:
-        answer.append(f"The clock agrees: the recompute steps went from {first_slow * 1e3:.0f} to "
-                      f"{last_slow * 1e3:.0f} ms ({slope_slow * 1e6:+.0f} us per extra token), while the cached steps "
+        answer.append(f"The clock agrees. The recompute steps went from {first_slow * 1e3:.0f} to "
+                      f"{last_slow * 1e3:.0f} ms ({slope_slow * 1e6:+.0f} us per extra token). The cached steps "
                       f"went from {first_fast * 1e3:.0f} to {last_fast * 1e3:.0f} ms.")
     else:
-        answer.append("This run's step times could not show how each loop's step grows (see the claims above); "
-                      "the token-pass counts hold whatever the machine is doing.")
+        answer.append("This run's step times could not show how each loop's step grows. The claims above say why. "
+                      "The token-pass counts hold whatever the machine is doing.")
     if shown["total"] and shown["shared-reads"]:
         answer.append(f"In total {total_slow:.2f} s vs {total_fast:.2f} s = {total_slow / total_fast:.1f}x. The time "
-                      f"ratio is below the {passes_slow / passes_fast:.0f}x work ratio because a recompute pass shares "
-                      f"each weight read among many tokens ({per_token_slow * 1e3:.2f} ms per token-pass vs "
-                      f"{per_token_fast * 1e3:.2f} ms); the work ratio, and with it the gap, grows with the output: "
-                      "try --tokens 128.")
+                      f"ratio is below the {passes_slow / passes_fast:.0f}x work ratio. A recompute pass shares each "
+                      f"weight read among many tokens: {per_token_slow * 1e3:.2f} ms per token-pass vs "
+                      f"{per_token_fast * 1e3:.2f} ms. The work ratio grows with the output, and the gap with it. "
+                      "Try --tokens 128.")
     else:
-        answer.append(f"In total {total_slow:.2f} s vs {total_fast:.2f} s, but this run was not quiet enough to "
-                      "say what the ratio means; run it again with nothing else on the machine.")
+        answer.append(f"In total {total_slow:.2f} s vs {total_fast:.2f} s. This run was not quiet enough to say "
+                      "what the ratio means. Run it again with nothing else on the machine.")
     console.print(" ".join(answer))
 
 

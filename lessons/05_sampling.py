@@ -43,6 +43,14 @@ SETTINGS = [                                     # (name, params): vLLM's names;
     ("min_p=0.1", SamplingParams(min_p=0.1)),
 ]
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Each row is one sampling setting applied to the same distribution.",
+    "Compare `candidates (p > 0)` and `entropy (bits)` across the rows.",
+    "Section 2's `check seeds` line says whether one seed repeats and another differs.",
+    "Section 3 times the sampler next to a decode step. The `sampler-small` claim says whether it stayed small.",
+)
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 SMALL_SHARE = 0.10          # "a small share of a step": the slowest sampler's median call under 10% of the fastest step
                             # (its median, not its max: one call preempted by the OS must not decide the claim)
@@ -170,18 +178,18 @@ def main() -> None:
 
     console.rule("[bold]Interview question: what do temperature, top-k, top-p and min-p change, and what do they cost?")
     full, cold, hot = rows["temperature=1.0"], rows["temperature=0.5"], rows["temperature=1.5"]
-    answer = [f"They change which tokens can be drawn and how evenly, never the model's work. Here the raw "
-              f"distribution (temperature 1.0) gives {full[0]:,} tokens a non-zero chance with {full[1]:.2f} bits of "
-              f"entropy (about {2 ** full[1]:.0f} equally likely choices)."]
+    answer = [f"They change which tokens can be drawn and how evenly. They never change the model's work. Here the "
+              f"raw distribution (temperature 1.0) gives {full[0]:,} tokens a non-zero chance. Its entropy is "
+              f"{full[1]:.2f} bits, as spread as about {2 ** full[1]:.0f} equally likely choices."]
     if shown["temperature-entropy"]:
         answer.append(f"Temperature 0.5 sharpens it to {cold[1]:.2f} bits and 1.5 flattens it to {hot[1]:.2f} bits "
-                      "without removing any token;")
+                      "without removing any token.")
     else:
-        answer.append(f"Temperature 0.5 gives {cold[1]:.2f} bits and 1.5 gives {hot[1]:.2f} bits, which this run "
-                      "could not show as sharper and flatter (see the claims above);")
-    answer.append(f"top_k=20 keeps {rows['top_k=20'][0]} tokens ({rows['top_k=20'][1]:.2f} bits), top_p=0.9 keeps "
-                  f"{rows['top_p=0.9'][0]} ({rows['top_p=0.9'][1]:.2f} bits), min_p=0.1 keeps {rows['min_p=0.1'][0]} "
-                  f"({rows['min_p=0.1'][1]:.2f} bits); greedy keeps {rows['greedy'][0]}.")
+        answer.append(f"Temperature 0.5 gives {cold[1]:.2f} bits and 1.5 gives {hot[1]:.2f} bits. This run could "
+                      "not show them as sharper and flatter. The claims above say why.")
+    answer.append(f"Of the filters, top_k=20 keeps {rows['top_k=20'][0]} tokens ({rows['top_k=20'][1]:.2f} bits), "
+                  f"top_p=0.9 keeps {rows['top_p=0.9'][0]} ({rows['top_p=0.9'][1]:.2f} bits), and min_p=0.1 keeps "
+                  f"{rows['min_p=0.1'][0]} ({rows['min_p=0.1'][1]:.2f} bits). Greedy keeps {rows['greedy'][0]}.")
     if shown["seed-repeats"]:
         answer.append(f"A seed makes a sampled reply repeatable (the same {args.tokens} tokens twice).")
     else:
@@ -189,15 +197,15 @@ def main() -> None:
                       "makes a reply repeatable.")
     if shown["sampler-small"]:
         answer.append(f"The costliest draw ({costly}) takes {cost[costly] * 1e3:.2f} ms against {step * 1e3:.1f} ms "
-                      f"for one decode step (fastest calls), {cost[costly] / step:.1%}: on this CPU, for one "
-                      "sequence, the forward pass is the bottleneck, not the sampler.")
+                      f"for one decode step (fastest calls). That is {cost[costly] / step:.1%} of a step. On this "
+                      "CPU, for one sequence, the forward pass is the bottleneck, not the sampler.")
     else:
         answer.append(f"The costliest draw ({costly}) took {cost[costly] * 1e3:.2f} ms against {step * 1e3:.1f} ms "
-                      "for one decode step (fastest calls), but this run could not show the sampler to be a small "
-                      "share of a step (see the claims above).")
-    answer.append("Whatever one machine shows is not a law: with a large vocabulary at a large batch, a full sort for "
-                  "top_p on a GPU, or a copy of the logits back to the host at every step, sampling can take a real "
-                  "share of a step.")
+                      "for one decode step (fastest calls). This run could not show the sampler to be a small share "
+                      "of a step. The claims above say why.")
+    answer.append("What one machine shows is not a law. Elsewhere sampling can take a real share of a step. A large "
+                  "vocabulary at a large batch can do it. So can a full sort for top_p on a GPU, or a copy of the "
+                  "logits back to the host at every step.")
     console.print(" ".join(answer))
     if not math.isfinite(full[1]):
         raise SystemExit("entropy is not finite: the logits are broken")

@@ -35,6 +35,14 @@ PROMPT = "What is 2+2?"
 STOP = "math problem"
 EMOJI_PROMPT = "Write a short message with a pizza emoji."
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Look at `finish_reason` and `tokens` for each way a reply ends.",
+    "Section 2's `check ids` line shows the stop string's ids alone and inside the reply.",
+    "In section 3's table, `delta emitted` stays empty until a character's last byte arrives.",
+    "Section 4's `check release` line says what the cache held before and after the cancel.",
+)
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 
 
@@ -206,35 +214,36 @@ def main() -> None:
     if shown["ids-differ"] and shown["stop-string-cuts"]:
         answer.append(f"Because tokens and text do not line up. {args.stop!r} on its own is tokens {own_ids}, but in "
                       f"this reply its characters came as tokens {reply_ids}, so only a search of the detokenized text "
-                      f"finds it: the reply stopped after {len(stopped.token_ids)} tokens and the text was cut at "
+                      f"finds it. Here the reply stopped after {len(stopped.token_ids)} tokens and the text was cut at "
                       f"character {start}.")
     else:
-        answer.append(f"Because tokens and text need not line up, though this run could not show it: {args.stop!r} "
-                      f"on its own is tokens {own_ids} and in this reply its characters came as tokens {reply_ids} "
-                      "(see the claims above; try a --stop that starts inside a word of the reply).")
+        answer.append(f"Because tokens and text need not line up. This run could not show it: {args.stop!r} on its "
+                      f"own is tokens {own_ids}, and in this reply its characters came as tokens {reply_ids}. The "
+                      "claims above say why. Try a --stop that starts inside a word of the reply.")
     if shown["eos-no-text"] and shown["eos-ends"]:
-        answer.append(f"EOS is the opposite: id {tok.eos_id} is a control token that adds no text, so it is compared "
-                      f"as an id ({len(eos.token_ids)} tokens, then stop).")
+        answer.append(f"EOS is the opposite. Here id {tok.eos_id} is a control token that adds no text, so it is "
+                      f"compared as an id ({len(eos.token_ids)} tokens, then stop).")
     else:
-        answer.append(f"EOS is a control token, compared as an id (id {tok.eos_id}); this run could not show that it "
-                      "ended the reply without adding text (see the claims above).")
+        answer.append(f"EOS is a control token, compared as an id (id {tok.eos_id}). This run could not show that it "
+                      "ended the reply without adding text. The claims above say why.")
     if shown["utf8-held"]:
-        answer.append(f"Streaming must respect the same mismatch: {held} of {len(deltas)} emoji-reply tokens ended "
-                      "inside a character and emitted nothing until its last byte came.")
+        answer.append(f"Streaming must respect the same mismatch. Here {held} of {len(deltas)} emoji-reply tokens "
+                      "ended inside a character. Each emitted nothing until the character's last byte came.")
     else:
-        answer.append(f"Streaming must hold back a character until its last byte arrives; in this run {held} of "
-                      f"{len(deltas)} tokens ended inside a character, so it could not show that (see the claims "
-                      "above; the emoji reply depends on the model and the prompt).")
+        answer.append(f"Streaming must hold back a character until its last byte arrives. In this run {held} of "
+                      f"{len(deltas)} tokens ended inside a character, so it could not show that. The emoji reply "
+                      "depends on the model and the prompt.")
     if shown["cancel-aborts"]:
         answer.append(f"Cancelling after {args.cancel_after} deltas ended the request with 'abort' after "
-                      f"{len(cancelled.token_ids)} tokens (one more than deltas: the loop checks the flag after each "
-                      "step's token is chosen, so the step that runs when the client asks for the next delta still "
-                      f"produces one) and freed its {reserved / 2**20:.1f} MiB KV cache reservation.")
+                      f"{len(cancelled.token_ids)} tokens. That is one more than the deltas read. The loop checks the "
+                      "flag after each step's token is chosen. So the step that runs when the client asks for the "
+                      "next delta still produces one. The cancel also freed the request's "
+                      f"{reserved / 2**20:.1f} MiB KV cache reservation.")
     else:
         answer.append(f"Cancelling after {args.cancel_after} deltas ended the request with "
                       f"{cancelled.finish_reason!r} after {len(cancelled.token_ids)} tokens, with "
-                      f"{runners[0].cache.bytes_reserved:,} bytes still reserved: not what cancellation should do "
-                      "(see the claims above).")
+                      f"{runners[0].cache.bytes_reserved:,} bytes still reserved. That is not what cancellation should "
+                      "do. The claims above say why.")
     console.print(" ".join(answer))
 
 

@@ -40,6 +40,14 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
 # them): 5 bits, 0.625 bytes per weight.
 HYPOTHETICAL = [("1B float16", 1e9 * 2), ("7B float16", 7e9 * 2), ("7B Q4_1", 7e9 * 0.625)]
 # Piped: 120 columns (rich would cut at 80) unless COLUMNS says otherwise. record: claims() reads what was printed.
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. All three requests arrive at once, so compare `queue ms` with `TTFT ms`.",
+    "Section 3 moves one lever at a time. Read which column moves in each of its tables.",
+    "Section 4 fills the course's tables with this run's numbers.",
+    "The claim lines under 'What this run shows' say which effects this run showed beyond the noise.",
+)
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, record=True)
 FLAT_BAND = 0.25            # ITL counts as flat when its fastest gap at every prompt length is within 25% of the first
 SAME_BAND = 0.05            # streaming counts as costing nothing extra when the two totals' mins are within 5%
@@ -283,43 +291,44 @@ def main() -> None:
     console.rule("[bold]Interview question: which latencies do you watch, and why not just the total? (M3)")
     r0, r2 = results[0].metrics, results[-1].metrics
     streamed_total = modes["streamed"].min
-    answer = ["Each one separately: they answer different questions (when does text start, how fast does it flow, "
-              "when is it done)."]
+    answer = ["Each one separately. They answer different questions: when the text starts, how fast it flows, and "
+              "when it is done."]
     if shown["stream-first-sooner"] and shown["stream-same-total"]:
-        answer.append(f"The total alone hides what users feel: streamed and not streamed, the same reply took "
+        answer.append(f"The total alone hides what users feel. Streamed and not streamed, the same reply took "
                       f"{ms(streamed_total)} vs {ms(blocking.min)} ms in total, yet its first text showed after "
                       f"{ms(first.min)} vs {ms(blocking.min)} ms.")
     else:
         answer.append(f"Streamed and not streamed, the same reply took {ms(streamed_total)} vs {ms(blocking.min)} ms "
-                      f"in total and showed its first text after {ms(first.min)} vs {ms(blocking.min)} ms; this run "
-                      "could not show what streaming changes (see the claims above).")
+                      f"in total and showed its first text after {ms(first.min)} vs {ms(blocking.min)} ms. This run "
+                      "could not show what streaming changes. The claims above say why.")
     if shown["queue-in-ttft"]:
         answer.append(f"Request r2 did the same kind of work as r0 (prefill {ms(r2.prefill_s)} vs {ms(r0.prefill_s)} "
-                      f"ms) but waited {ms(r2.queue_s)} ms in the queue, so its TTFT was {ms(r2.ttft_s)} ms against "
-                      f"{ms(r0.ttft_s)}.")
+                      f"ms). But it waited {ms(r2.queue_s)} ms in the queue, so its TTFT was {ms(r2.ttft_s)} ms "
+                      f"against {ms(r0.ttft_s)}.")
     else:
-        answer.append(f"Request r2 (prefill {ms(r2.prefill_s)} ms, queue {ms(r2.queue_s)} ms, TTFT {ms(r2.ttft_s)} ms) "
-                      f"against r0 (TTFT {ms(r0.ttft_s)} ms): this run could not show the queue's share.")
+        answer.append(f"Request r2 had prefill {ms(r2.prefill_s)} ms, queue {ms(r2.queue_s)} ms and TTFT "
+                      f"{ms(r2.ttft_s)} ms, against r0's TTFT of {ms(r0.ttft_s)} ms. This run could not show the "
+                      "queue's share.")
     levers = []
     if shown["ttft-grows-with-prompt"]:
-        levers.append(f"TTFT follows the prompt ({ttft_growth:.1f}x from {lengths[0]} to {lengths[-1]} tokens) and "
-                      "the queue")
+        levers.append(f"Here TTFT follows the prompt ({ttft_growth:.1f}x from {lengths[0]} to {lengths[-1]} tokens) "
+                      "and the queue.")
     if shown["itl-flat"]:
         levers.append(f"ITL stays flat as the prompt grows ({ms(itl[lengths[0]].min)} -> {ms(itl[lengths[-1]].min)} "
-                      "ms)")
+                      "ms).")
     if shown["above-floor"]:
-        levers.append(f"a decode step ({ms(decode_ms)} ms here) cannot beat the bytes it reads: "
-                      f"{model.weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s is a floor of {ms(floor)} ms")
+        levers.append(f"A decode step ({ms(decode_ms)} ms here) cannot beat the bytes it reads. Reading "
+                      f"{model.weight_bytes / 1e9:.2f} GB at {bandwidth / 1e9:.1f} GB/s sets a floor of {ms(floor)} "
+                      "ms.")
     if shown["e2e-grows-with-output"]:
-        levers.append(f"the total adds {ms(per_token)} ms per output token")
-    if levers:
-        answer.append("Here " + "; ".join(levers) + ".")
+        levers.append(f"And the total adds {ms(per_token)} ms per output token.")
+    answer += levers
     if all(shown[k] for k in ("ttft-grows-with-prompt", "itl-flat", "e2e-grows-with-output")):
-        answer.append("So caps and stops cut the total, trimming and queue control cut TTFT, and a smaller or "
-                      "quantized model lowers the floor under ITL.")
+        answer.append("So caps and stops cut the total. Trimming the prompt and controlling the queue cut TTFT. A "
+                      "smaller or quantized model lowers the floor under ITL.")
     else:
-        answer.append("This run could not show every lever (see the claims above): run it again with nothing else "
-                      "on the machine before trusting which lever moves which number.")
+        answer.append("This run could not show every lever. The claims above say which. Run it again with nothing "
+                      "else on the machine before trusting which lever moves which number.")
     console.print(" ".join(answer))
 
 

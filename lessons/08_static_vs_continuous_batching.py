@@ -42,6 +42,14 @@ TEXT = ("A serving engine keeps many requests in flight at once. Each step it de
         "one a slice of the token budget, runs one forward pass over all of their tokens together, samples one new "
         "token per running request and streams it out. Requests arrive at any time, with short or long prompts, and "
         "ask for a few words or a long answer, so no two of them finish at the same moment. ") * 4
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read sections 1 and 2 side by side. Each row is a request and each column an engine step.",
+    "Section 3's table gives what one engine step costs for each mix of sequences.",
+    "Section 4's table sets static against continuous batching, and 4 against 8 and 16 slots.",
+    "The claim lines under 'What this run shows' say which differences this run showed.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 CONTEXT = 64                 # tokens each sequence holds before part 3's timed steps (the H200 column's context too)
 STEP_WARMUP = 2              # untimed rounds of part 3's steps before the timed ones
@@ -362,16 +370,16 @@ def step_answer(shown, timings, config) -> str:
         return ""
     ratio = timings[str(b)].min / timings["1"].min
     gpu = H200.seconds(H200.cost(config, 1, CONTEXT, batch=b)) / H200.seconds(H200.cost(config, 1, CONTEXT))
-    roofline = (f"On an {H200.name} the step would stay bound by reading the weights: {gpu:.2f}x a step of one, so "
-                f"about {b / gpu:.1f}x the tokens/s (a roofline estimate, not measured here).")
+    roofline = (f"On an {H200.name} the step would stay bound by reading the weights: {gpu:.2f}x a step of one. "
+                f"That gives about {b / gpu:.1f}x the tokens/s, a roofline estimate, not measured here.")
     if shown["batch-not-free"] and shown["batch-pays"]:
-        return (f"A decode step of {b} sequences took {ratio:.2f}x a step of one here, where reading the weights once "
-                f"for all of them would make it about 1x: so {b} slots gave {b / ratio:.1f}x the tokens/s of one, not "
-                f"{b}x. On this CPU NumPy's BLAS multiplies a few rows with its matrix-matrix routine, which costs "
-                "more than its one-row matrix-vector routine (lesson 02, part 4, times one matmul both ways). "
+        return (f"A decode step of {b} sequences took {ratio:.2f}x a step of one here. Reading the weights once for "
+                f"all of them would make it about 1x. So {b} slots gave {b / ratio:.1f}x the tokens/s of one, not "
+                f"{b}x. On this CPU NumPy's BLAS multiplies a few rows with its matrix-matrix routine. That costs "
+                "more than its one-row matrix-vector routine. Lesson 02, part 4, times one matmul both ways. "
                 + roofline)
-    return (f"A decode step of {b} sequences took {ratio:.2f}x a step of one by the mins, but this run could not show "
-            f"beyond the spread both that it costs more than one step and less than {b} (see the claims above). "
+    return (f"A decode step of {b} sequences took {ratio:.2f}x a step of one by the mins. This run could not show "
+            f"beyond the spread both that it costs more than one step and less than {b}. The claims above say why. "
             + roofline)
 
 
@@ -462,16 +470,16 @@ def main():
               f"{co['steps']} steps at {co['util']:.0%} for the same tokens ({same}/{len(requests)} identical), "
               f"{co['tok_step']:.2f} vs {st['tok_step']:.2f} tokens per step."]
     answer.append("So the same work took fewer steps." if shown["fewer-steps"] else
-                  "This workload could not show a difference in steps (a static group idles only while its "
-                  "members' lengths differ).")
+                  "This workload could not show a difference in steps. A static group idles only while its "
+                  "members' lengths differ.")
     clock = (("continuous-throughput", f"{bc['tok_s']:.1f} vs {bs['tok_s']:.1f} tok/s"),
              ("continuous-ttft", f"TTFT p50 {bc['ttft50']:.2f} vs {bs['ttft50']:.2f} s"),
              ("continuous-ttft-tail", f"TTFT p99 {bc['ttft99']:.2f} vs {bs['ttft99']:.2f} s"))
     held = [what for k, what in clock if shown[k]]
     missed = [what for k, what in clock if not shown[k]]
     if held:
-        answer.append(f"On the clock (best of {args.repeats} runs each, continuous vs static, ranges apart): "
-                      f"{', '.join(held)}.")
+        answer.append(f"On the clock, continuous vs static: {', '.join(held)}. Each is the best of {args.repeats} "
+                      "runs, and the two ranges do not overlap.")
     if missed:
         answer.append(f"This run could not show beyond its spread: {', '.join(missed)} (continuous vs static).")
     answer.append(step_answer(shown, timings, model.config))
@@ -489,30 +497,30 @@ def bigger_answer(shown, sched, best, sizes, repeats, timings, mixed, M) -> str:
              f"{hi['itl50'] * 1e3:.1f} ms, TTFT p50 {lo['ttft50']:.2f} -> {hi['ttft50']:.2f} s, p99 ITL "
              f"{lo['itl99'] * 1e3:.1f} -> {hi['itl99'] * 1e3:.1f} ms."]
     if shown["bigger-ttft"] and shown["bigger-itl"]:
-        parts.append("So the small batch made requests wait in the queue (TTFT) and the large one made every running "
-                     "request's tokens slower (ITL): choose max_num_seqs from the latency target, not from "
+        parts.append("So the small batch made requests wait in the queue (TTFT). The large one made every running "
+                     "request's tokens slower (ITL). Choose max_num_seqs from the latency target, not from "
                      "throughput alone.")
     elif shown["bigger-itl"]:
-        parts.append("Here the bigger batch cost every running request slower tokens (ITL p50), and did not bring the "
-                     "first token sooner beyond the spread: a bigger batch is not free.")
+        parts.append("Here the bigger batch gave every running request slower tokens (ITL p50). It did not bring the "
+                     "first token sooner beyond the spread. A bigger batch is not free.")
     elif shown["bigger-ttft"]:
-        parts.append("Here the bigger batch brought the first token sooner; the usual cost (slower tokens for every "
-                     "running request) did not show beyond the spread.")
+        parts.append("Here the bigger batch brought the first token sooner. Its usual cost, slower tokens for every "
+                     "running request, did not show beyond the spread.")
     else:
-        parts.append("This run could not show a latency difference beyond its spread between the two sizes (the "
-                     "usual trade-off: small batch, longer queue; large batch, slower tokens).")
+        parts.append("This run could not show a latency difference between the two sizes beyond its spread. The "
+                     "usual trade-off is a longer queue with a small batch and slower tokens with a large one.")
     if shown["bigger-throughput"]:
         parts.append("The bigger batch did deliver more tokens per second.")
     stall = timings[mixed].min / timings[str(M)].min if str(M) in timings else None
     if shown["bigger-itl-tail"] and shown.get("prefill-stalls") and shown["bigger-bigger-prefills"]:
-        parts.append(f"The tail paid too: p99 ITL rose {lo['itl99'] * 1e3:.1f} -> {hi['itl99'] * 1e3:.1f} ms, because "
-                     "a running request's next token waits whenever a newcomer's prompt is prefilled in the same step "
-                     f"(part 3: such a step took {stall:.2f}x a decode-only one), and a bigger batch admits more "
-                     f"newcomers at once (up to {sched['continuous', b]['beside']} prompt tokens beside the decodes "
-                     f"vs {sched['continuous', a]['beside']}).")
+        parts.append(f"The tail paid too: p99 ITL rose {lo['itl99'] * 1e3:.1f} -> {hi['itl99'] * 1e3:.1f} ms. A "
+                     "running request's next token waits whenever a newcomer's prompt is prefilled in the same step. "
+                     f"In part 3 such a step took {stall:.2f}x a decode-only one. A bigger batch admits more "
+                     f"newcomers at once: up to {sched['continuous', b]['beside']} prompt tokens beside the decodes "
+                     f"vs {sched['continuous', a]['beside']}.")
     elif shown["bigger-itl-tail"]:
-        parts.append("The p99 gap between tokens grew beyond the spread; this run could not show its cause (a "
-                     "newcomer's prefill in the step) beyond its own spread.")
+        parts.append("The p99 gap between tokens grew beyond the spread. This run could not show its cause, a "
+                     "newcomer's prefill in the step, beyond its own spread.")
     else:
         parts.append("This run could not show a difference in the p99 gap between tokens beyond its spread.")
     return " ".join(parts)

@@ -34,6 +34,14 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
 SYSTEM = ("You are a helpful assistant for a cooking school. Answer briefly and politely. If a question is not about "
           "cooking, say so and offer a cooking tip instead. Always use metric units, name the utensils needed, and "
           "warn about hot surfaces and sharp knives when they matter.")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's table first. Compare the `used` column with the reservations and with `paged`.",
+    "Section 2 prints each request's block table as it grows, one block per 16 tokens.",
+    "In section 3's table, `prefix_cache_hits` counts the prompt tokens found in the cache.",
+    "None of these numbers is a timing, so they are the same on any machine.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 
 
@@ -274,32 +282,33 @@ def main():
     console.rule("[bold]Interview question: what problem does PagedAttention solve, and what does prefix caching add?")
     answer = [
         f"Fragmentation of KV memory. Summed over this run's {total['steps']} steps, the requests' K and V filled "
-        f"{used / (total['context']):.1%} of what reserving {args.max_model_len} tokens each would hold, "
-        f"{used / total['promised']:.1%} of exact prompt + max_tokens reservations ({total['early']} of "
+        f"{used / (total['context']):.1%} of what reserving {args.max_model_len} tokens each would hold. They filled "
+        f"{used / total['promised']:.1%} of exact prompt + max_tokens reservations. Here {total['early']} of "
         f"{args.requests} requests stopped before max_tokens, and output tokens fill memory only as they are "
-        f"generated), and {used / B_tokens:.1%} of the paged blocks"
-        + (" (only each sequence's last block is partly empty)." if shown["last-block-only"] else ".")]
+        f"generated. They filled {used / B_tokens:.1%} of the paged blocks"
+        + (". Only each sequence's last block is partly empty." if shown["last-block-only"] else ".")]
     if shown["paged-holds-less"] and shown["paged-admits-more"]:
         answer.append(f"Summed over steps, paged blocks held {total['promised'] / B_tokens:.2f}x less than prompt + "
-                      "max_tokens reservations, but a pool must fit the peak, not the sum: at most "
-                      f"{mib(estimate_kv_bytes(model.config, most_paged))} paged vs "
-                      f"{mib(estimate_kv_bytes(model.config, most_promised))} reserved at once, "
-                      f"{most_promised / most_paged:.2f}x, roughly how many times more requests the same pool would "
-                      "admit here.")
+                      "max_tokens reservations. But a pool must fit the peak, not the sum. At once, paged blocks held "
+                      f"at most {mib(estimate_kv_bytes(model.config, most_paged))} and the reservations "
+                      f"{mib(estimate_kv_bytes(model.config, most_promised))}, "
+                      f"{most_promised / most_paged:.2f}x as much. That is roughly how many times more requests the "
+                      "same pool would admit here.")
     else:
-        answer.append(f"This run could not show paged blocks holding less than prompt + max_tokens reservations "
-                      f"(summed {B_tokens:,} vs {total['promised']:,} token-steps, at most {most_paged:,} vs "
-                      f"{most_promised:,} tokens at once): with requests that run to max_tokens, reserving exactly "
-                      "wastes nothing; try more requests or a larger --max-tokens.")
+        answer.append("This run could not show paged blocks holding less than prompt + max_tokens reservations. "
+                      f"Summed, they held {B_tokens:,} vs {total['promised']:,} token-steps, and at most "
+                      f"{most_paged:,} vs {most_promised:,} tokens at once. When requests run to max_tokens, "
+                      "reserving exactly wastes nothing. Try more requests or a larger --max-tokens.")
     answer.append(f"At the busiest step {peak['running']} requests held {peak['tokens']} tokens in {peak['blocks']} "
                   "blocks.")
     if shown["prefix-hits"]:
-        answer.append(f"Blocks also make sharing possible: with a shared system prompt, s1 found {h1 - h0} of its {p1} "
-                      f"prompt tokens in s0's cached blocks and computed only {c1}; s0 computed all {c0}.")
+        answer.append(f"Blocks also make sharing possible. With a shared system prompt, s1 found {h1 - h0} of its {p1} "
+                      f"prompt tokens in s0's cached blocks and computed only {c1}. The first request, s0, computed "
+                      f"all {c0}.")
     else:
-        answer.append(f"Blocks also make sharing possible, but this run could not show it: s1 found {h1 - h0} of its "
-                      f"{p1} prompt tokens in s0's cached blocks and computed {c1} (a block is shared only when it "
-                      "is full: try a smaller --block-size).")
+        answer.append(f"Blocks also make sharing possible, but this run could not show it. Request s1 found {h1 - h0} "
+                      f"of its {p1} prompt tokens in s0's cached blocks and computed {c1}. A block is shared only "
+                      "when it is full, so try a smaller --block-size.")
     console.print(" ".join(answer))
 
 if __name__ == "__main__":

@@ -47,6 +47,14 @@ from minitransformer.serving import Engine
 TEXT = ("The kitchen was quiet before dawn. The baker lit the oven, weighed the flour, and set the first dough to "
         "rest while the city slept. By six the shelves were full and the first customers were at the door. ") * 3
 NO_AGING = 10**9                 # aging_steps longer than any run: aging never happens
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 1's first table. It counts engine steps, so it is the same on any machine.",
+    "Compare the urgent requests' steps to a first token under FCFS and under priority.",
+    "In section 2's table, `waited steps` is the patient request's wait with aging off and on.",
+    "The tables in seconds repeat these comparisons. Their claims need a quiet run.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 ADMISSIONS = (("tenant a, 40 + 8 tokens", 0, 40, "a", "accepted"),       # (what, start, prompt, tenant, expected)
               ("tenant a again, 40 + 8", 40, 40, "a", "accepted"),
@@ -500,11 +508,11 @@ def main():
     if shown["urgent-first"]:
         answer.append(f"Behind a flood of {args.flood} low-priority requests, FCFS gave the urgent ones their first "
                       f"token {max(u_fcfs)} steps after arrival; priority scheduling took {max(u_prio)} steps"
-                      + (" (the wait for a running request to free a slot: running requests are not preempted for it, "
-                         "only when KV blocks run out)." if shown["no-preemption"] else "."))
+                      + (". That is the wait for a running request to free a slot. Running requests are not "
+                         "preempted for it, only when KV blocks run out." if shown["no-preemption"] else "."))
     else:
         answer.append(f"This run could not show priority serving the urgent requests sooner: {max(u_prio)} steps "
-                      f"under priority vs {max(u_fcfs)} under FCFS (see the claims above).")
+                      f"under priority vs {max(u_fcfs)} under FCFS. The claims above say why.")
     if shown["low-later"]:
         answer.append(f"The low-priority requests paid for it: their first token came {low['continuous']:.1f} -> "
                       f"{low['priority']:.1f} steps after arrival on average"

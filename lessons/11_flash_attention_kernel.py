@@ -41,6 +41,14 @@ PROMPT = ("Attention lets every token look back at the tokens before it. A GPU k
           "and keeps only a running maximum, a running sum and a partial output for each query row, so the full "
           "table of scores never has to exist in memory.")
 BQ, BK = source_constant(PREFILL_FILE, "PREFILL_BLOCK_Q"), source_constant(PREFILL_FILE, "PREFILL_BLOCK_K")
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read the `check` lines of sections 2 to 4 first. Each gives a kernel's largest difference from NumPy.",
+    "Section 1's table shows which key tiles each query tile visits and which it skips.",
+    "Section 5's table counts the bytes each way of computing attention moves, from formulas.",
+    "The claim lines under 'What this run shows' say which checks held.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 TOL = 1e-5                  # the kernel tests' float32 tolerance: a kernel that differs by more is wrong
 GPU_CALLS = 20              # launches per timed sample on a GPU: one launch is a few microseconds, below the clock's
@@ -324,29 +332,29 @@ def main():
 
     console.rule("[bold]Interview question: how does FlashAttention compute exact attention without the T x S matrix?")
     naive, tiled = traffic(sizes[-1], H, K, d, BQ)
-    answer = [f"By tiling with an online softmax. A block owns {BQ} query rows and streams the keys through shared "
-              f"memory {BK} at a time, keeping per row only a running max m, a running sum l and an unnormalised "
-              "output; when a tile raises m, both are rescaled by e^(m_old - m)."]
+    answer = [f"By tiling with an online softmax. A block owns {BQ} query rows. It streams the keys through shared "
+              f"memory, {BK} at a time. Per row it keeps only a running max m, a running sum l and an unnormalised "
+              "output. When a tile raises m, the sum and the output are rescaled by e^(m_old - m)."]
     if shown["mirror-exact"] and shown["prefill-exact"]:
-        answer.append(f"On the real model (layer 0, head {h}, row {row}) that recurrence over {len(mirror[h])} tiles "
-                      f"matched the kernel to {np.abs(acc / l - out[0, h, row]).max():.1e}, and the kernel matched "
-                      f"layers.attention to {max(diffs):.1e} on {len(diffs)} layers, visiting {(grid > 0).sum()} of "
-                      f"{grid.size} tile pairs (causal skipping).")
+        answer.append(f"On the real model (layer 0, head {h}, row {row}), that recurrence over {len(mirror[h])} tiles "
+                      f"matched the kernel to {np.abs(acc / l - out[0, h, row]).max():.1e}. The kernel matched "
+                      f"layers.attention to {max(diffs):.1e} on {len(diffs)} layers. It visited {(grid > 0).sum()} of "
+                      f"{grid.size} tile pairs and skipped those wholly in the future.")
     else:
-        answer.append("This run's kernel did not match the array version within the float32 tolerance (see the "
-                      "claims above): a kernel that differs is wrong, whatever it saves.")
+        answer.append("This run's kernel did not match the array version within the float32 tolerance. The claims "
+                      "above say where. A kernel that differs is wrong, whatever it saves.")
     if shown["decode-exact"]:
         answer.append(f"Paged decode splits the keys into partitions and merges them by log-sum-exp, here to "
                       f"{np.abs(out_d - ref_d).max():.1e}.")
     answer.append(f"What it saves: at T = {sizes[-1]} the naive version writes a {gib(4 * H * sizes[-1] ** 2)} score "
                   f"buffer per layer, the kernel {prefill_shared_bytes(d) / 1024:.1f} KiB of tiles per block. Bytes "
-                  f"moved are another matter: with {BQ}-row tiles the K/V re-reads cost {gib(tiled)} vs {gib(naive)} "
-                  f"naive (a GPU's L2 cache absorbs part of that); FlashAttention-2's 64-128 rows would need "
+                  f"moved are another matter. With {BQ}-row tiles the K/V re-reads cost {gib(tiled)} vs {gib(naive)} "
+                  f"naive. A GPU's L2 cache absorbs part of that. FlashAttention-2's 64-128 rows would need "
                   f"{gib(traffic(sizes[-1], H, K, d, 128)[1])}.")
     if shown["runner-slower"]:
-        answer.append(f"Speed is a GPU's business: on this CPU the runner took {timed['runner'].min * 1e3:.0f} ms per "
-                      f"layer against NumPy's {timed['numpy'].min * 1e3:.1f} ms (fastest of {args.repeats}), because "
-                      "it plays the GPU's threads one after another.")
+        answer.append(f"Speed is a GPU's business. On this CPU the runner took {timed['runner'].min * 1e3:.0f} ms per "
+                      f"layer against NumPy's {timed['numpy'].min * 1e3:.1f} ms (fastest of {args.repeats}). It plays "
+                      "the GPU's threads one after another.")
     console.print(" ".join(answer))
 
 

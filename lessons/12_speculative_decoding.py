@@ -50,6 +50,14 @@ PROMPTS = {
             "    return width * height\n\n\ndef area_",
     "free": "Once upon a time, in a small village by the sea, there lived an old lighthouse keeper who",
 }
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read table 1 first. `x a 1-token step` is what a pass over more tokens costs next to a pass over one.",
+    "In table 2, `accepted` and `tok/pass` say how many drafts were kept.",
+    "`speedup` is plain decoding's ms/token over this row's. The claim lines say if it beat the spread.",
+    "Table 2b predicts each speedup from the acceptance and table 1 alone. Compare it with `measured`.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 EXPLAINED = 0.20        # the model explains a row when it predicts the measured speedup within 20% (beyond spread)
 
@@ -437,53 +445,55 @@ def answer(shown, measured, predictions, cost, step, mm, ks, repeats) -> None:
     tokens, verify, drafting, predicted, gpu = predictions[best[:3]]
     console.rule("[bold]Interview question: when does speculative decoding make generation faster, and what did it "
                  "do here?")
-    text = ["It never changes greedy output" + (" (every run above produced plain greedy's tokens)."
-                                               if shown["same-tokens"] else ", but this run's did: a bug (see above).")
+    same = (" (every run above produced plain greedy's tokens)." if shown["same-tokens"] else
+            ". This run's output did change, which is a bug. See the claims above.")
+    text = ["It never changes greedy output" + same
             + " It changes the cost per token to (verify pass + drafting) / tokens per pass."]
     if shown["verify-costs-more"]:
         text.append(f"Here a pass over {k_big + 1} tokens cost {cost[f'verify {k_big + 1}'].min / step:.2f}x a "
-                    "1-token step, so a pass must yield more than that many tokens just to break even on "
+                    "1-token step. So a pass must yield more than that many tokens just to break even on "
                     "verification.")
         if shown["matmul-jump"]:
-            text.append(f"The price jumps at the second row: one matmul with 2 rows cost {mm[2].min / mm[1].min:.2f}x "
-                        f"the same matmul with 1 row, with {k_big + 1} rows {mm[k_big + 1].min / mm[1].min:.2f}x; the "
-                        "likely reason is that NumPy's BLAS multiplies one row with a matrix-vector routine and "
-                        "several with a matrix-matrix one that first copies the weights into blocks.")
+            text.append(f"The price jumps at the second row. One matmul with 2 rows cost {mm[2].min / mm[1].min:.2f}x "
+                        f"the same matmul with 1 row, and with {k_big + 1} rows {mm[k_big + 1].min / mm[1].min:.2f}x. "
+                        "The likely reason is in NumPy's BLAS. It multiplies one row with a matrix-vector routine. "
+                        "Several rows go to a matrix-matrix routine that first copies the weights into blocks.")
     else:
         text.append(f"This run could not show what a {k_big + 1}-token pass costs against a 1-token step beyond its "
-                    "spread (table 1); run it again on a quiet machine.")
+                    "spread (table 1). Run it again on a quiet machine.")
     if shown["spec-won"]:
-        verdict = f"won: {best[0]} text with {best[1]} at k={best[2]} decoded {best[3]:.2f}x as fast as plain decoding"
+        verdict = (f"won. {best[0].capitalize()} text with {best[1]} at k={best[2]} decoded {best[3]:.2f}x as fast "
+                   "as plain decoding")
     elif shown["spec-lost"]:
-        verdict = (f"lost everywhere: even the best setting ({best[0]} text, {best[1]}, k={best[2]}) reached only "
+        verdict = (f"lost everywhere. Even the best setting ({best[0]} text, {best[1]}, k={best[2]}) reached only "
                    f"{best[3]:.2f}x of plain decoding's speed")
     else:
         verdict = (f"could not be told apart from plain decoding beyond the spread of {repeats} runs (best: {best[0]}, "
                    f"{best[1]}, k={best[2]}, {best[3]:.2f}x)")
     text.append(f"So on this machine speculation {verdict}.")
     if shown["model-explains"]:
-        text.append(f"The model of 2b explains it without looking at section 2's clock: acceptance {best[4]:.2f} "
+        text.append(f"The model of 2b explains it without looking at section 2's clock. Acceptance {best[4]:.2f} "
                     f"gives {tokens:.2f} tokens per pass for {verify:.2f} + {drafting:.2f} steps of verify and draft "
-                    f"work, predicting {predicted:.2f}x (measured {best[3]:.2f}x); on an H200, where the verify pass "
-                    f"costs about one step, the same acceptance predicts {gpu:.2f}x.")
+                    f"work. That predicts {predicted:.2f}x, and the run measured {best[3]:.2f}x. And on an H200, where "
+                    f"the verify pass costs about one step, the same acceptance predicts {gpu:.2f}x.")
     else:
-        text.append(f"The model of 2b predicted {predicted:.2f}x for that setting (measured {best[3]:.2f}x), but "
-                    "this run could not show that the model explains every row (see the claims); on an H200 the same "
-                    f"acceptance predicts {gpu:.2f}x.")
-    text.append("Where a (k+1)-token pass costs about one step (a decode step that waits on memory, as on a GPU) the "
-                "same acceptance buys nearly its tokens per pass in speed; where it costs several steps only drafts "
-                "that are free and usually right can come close.")
+        text.append(f"The model of 2b predicted {predicted:.2f}x for that setting, and the run measured "
+                    f"{best[3]:.2f}x. This run could not show that the model explains every row. The claims above say "
+                    f"which. On an H200 the same acceptance predicts {gpu:.2f}x.")
+    text.append("A (k+1)-token pass can cost about one step, as when a decode step waits on memory on a GPU. There the "
+                "same acceptance buys nearly its tokens per pass in speed. Where the pass costs several steps, only "
+                "drafts that are free and usually right can come close.")
     if shown.get("lookup-likes-repeats"):
-        text.append("N-gram lookup is such a drafter on text the prompt already holds: it yielded more tokens per "
+        text.append("N-gram lookup is such a drafter on text the prompt already holds. It yielded more tokens per "
                     "pass on the repeated list than on free text at every k.")
     if shown.get("self-rarely-agrees"):
-        text.append("Early-exit drafts (self:L) were kept less than half the time: the first L layers' hidden state "
+        text.append("Early-exit drafts (self:L) were kept less than half the time. The first L layers' hidden state "
                     "was never trained to be read by the lm_head.")
     if shown["sampled-matches"]:
-        text.append("With sampling the tokens differ from plain sampling's, but not their distribution: the "
-                    "speculative draws of section 3 were as close to p as N plain draws stay (TV within the bound), "
-                    "because a rejected draft is redrawn from max(p - q, 0), which makes up the difference TV(q, p) "
-                    "that keeping every draft would leave.")
+        text.append("With sampling the tokens differ from plain sampling's, but their distribution does not. The "
+                    "speculative draws of section 3 were as close to p as N plain draws stay (TV within the bound). "
+                    "A rejected draft is redrawn from max(p - q, 0). That makes up the difference TV(q, p) that "
+                    "keeping every draft would leave.")
     console.print(" ".join(text))
 
 

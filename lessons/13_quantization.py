@@ -35,6 +35,13 @@ from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, sc
 from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
 from minitransformer.weights import dequantize, open_gguf
 
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read Part 2's table first. Compare each setting's `weights MiB` and `perplexity` with float32's row.",
+    "The `check greedy` lines say how many tokens of each greedy continuation match float32's.",
+    "Part 4's table times one decode step per setting. The speed claims say which way this machine went.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 MiB = 2 ** 20
 QUANTIZED = ("int8 weights", "int4 weights", "int8 KV cache")
@@ -205,32 +212,32 @@ def main():
         f"{model.weight_bytes / models['int4'].weight_bytes:.2f}x at int4 ({model.weight_bytes / MiB:.0f} -> "
         f"{models['int8'].weight_bytes / MiB:.0f} / {models['int4'].weight_bytes / MiB:.0f} MiB), and an int8 KV "
         f"cache is {estimate_kv_bytes(cfg, 1) / estimate_kv_bytes(cfg, 1, storage='int8'):.2f}x smaller. Decode "
-        "reads every weight per token, so a kernel that reads only the quantized bytes (part 3's) reads fewer by the "
-        f"same factor. Quality: perplexity {f32.perplexity:.3f} -> {i8.perplexity:.3f} (int8) / {i4.perplexity:.3f} "
-        f"(int4), KL {i8.mean_kl:.4f} / {i4.mean_kl:.4f} nats, top-1 agreement {i8.top1_agreement:.3f} / "
-        f"{i4.top1_agreement:.3f}; the int8 KV cache {scores['int8 KV cache'].perplexity:.3f}, KL "
-        f"{scores['int8 KV cache'].mean_kl:.4f}, top-1 {scores['int8 KV cache'].top1_agreement:.3f}.",
-        "Greedy text against float32's: " + "; ".join(greedy_words(name, scores[name], args.greedy_tokens)
-                                                      for name in QUANTIZED) + "."]
+        "reads every weight per token. So a kernel that reads only the quantized bytes, like part 3's, reads fewer by "
+        f"the same factor. Quality: perplexity {f32.perplexity:.3f} -> {i8.perplexity:.3f} (int8) / "
+        f"{i4.perplexity:.3f} (int4), KL {i8.mean_kl:.4f} / {i4.mean_kl:.4f} nats, top-1 agreement "
+        f"{i8.top1_agreement:.3f} / {i4.top1_agreement:.3f}. The int8 KV cache scores perplexity "
+        f"{scores['int8 KV cache'].perplexity:.3f}, KL {scores['int8 KV cache'].mean_kl:.4f}, top-1 "
+        f"{scores['int8 KV cache'].top1_agreement:.3f}.",
+        "Greedy text, against float32's.", *(greedy_words(name, scores[name], args.greedy_tokens) + "."
+                                             for name in QUANTIZED)]
     lower = [name for name in QUANTIZED if scores[name].perplexity < f32.perplexity]
     if lower:
-        answer.append(f"({' and '.join(lower)} scored a lower perplexity than float32 on this one {len(ids)}-token "
-                      "corpus: rounding that happened to suit this text, not a better model.)")
+        answer.append(f"{' and '.join(lower)} scored a lower perplexity than float32 on this one {len(ids)}-token "
+                      "corpus. That is rounding that happened to suit this text, not a better model.")
     if shown["ppl-close"] and all(shown[GREEDY_KEYS[n]] for n in QUANTIZED):
         answer.append("On this text the cost in quality is small by every measure here.")
     elif shown["ppl-close"]:
         diverged = " and ".join(WITH[n] for n in QUANTIZED if not shown[GREEDY_KEYS[n]])
-        answer.append(f"On average the cost is small (perplexity within {PPL_BAND:.0%}, KL under {KL_SMALL} nats), "
-                      f"but not nothing: with {diverged} the greedy text left float32's. A small rounding can flip a "
-                      "close argmax, and after one flipped token a greedy continuation is another text.")
+        answer.append(f"On average the cost is small: perplexity within {PPL_BAND:.0%}, KL under {KL_SMALL} nats. "
+                      f"But it is not nothing. With {diverged} the greedy text left float32's. A small rounding can "
+                      "flip a close argmax. After one flipped token, a greedy continuation is another text.")
     else:
-        answer.append("This run could not show the cost to be small (see the claims above).")
+        answer.append("This run could not show the cost to be small. The claims above say why.")
     if shown["int4-on-q4-grid"]:
-        answer.append("Mind the baseline: this 'float32' model is decoded from Q4_1, so int4 groups re-find its grid "
-                      "(part 1) and int4's loss here is its int8 embedding's, while int8's per-row grid adds new "
-                      "rounding.")
+        answer.append("Mind the baseline. This 'float32' model is decoded from Q4_1. Our int4 groups re-find its grid "
+                      "(part 1), so int4's loss here is its int8 embedding's. int8's per-row grid adds new rounding.")
     else:
-        answer.append("Mind the baseline: this 'float32' model is decoded from Q4_1, a 4-bit format of its own.")
+        answer.append("Mind the baseline. This 'float32' model is decoded from Q4_1, a 4-bit format of its own.")
     answer.append("Speed here (NumPy, this CPU, fastest of "
                   f"{args.repeats} steps): " + ", ".join(f"{name} {steps[name].min * 1e3:.1f} ms" for name in steps)
                   + ". " + " ".join(speed_words(name, shown[SPEED_KEYS[name]], steps) for name in QUANTIZED)
@@ -244,11 +251,11 @@ def main():
                     (("bf16", bf16), ("int8", sizes["int8"]), ("int4", sizes["int4"])))
     console.print(
         f"[bold]The bandwidth floor, here and on an H200.[/] A decode step reads every weight once, so weight bytes / "
-        f"memory bandwidth bounds its time from below. This CPU (copy bandwidth {bandwidth / 1e9:.1f} GB/s): {here} "
-        f"per token; float32 measured {steps['float32'].min * 1e3:.1f} ms. An {H200.name} "
-        f"({H200.bandwidth / 1e12:.1f} TB/s, published): {gpu} per token; a kernel that reads only the quantized bytes "
-        f"(part 3's) can approach that floor, {bf16 / sizes['int4']:.1f}x lower at int4 than at bf16, as long as "
-        "decode stays memory-bound.", highlight=False)
+        f"memory bandwidth bounds its time from below. On this CPU, at a copy bandwidth of {bandwidth / 1e9:.1f} GB/s, "
+        f"the floor is {here} per token. float32 measured {steps['float32'].min * 1e3:.1f} ms. On an {H200.name} "
+        f"({H200.bandwidth / 1e12:.1f} TB/s, published) it is {gpu} per token. A kernel that reads only the quantized "
+        f"bytes, like part 3's, can approach that floor. At int4 the floor is {bf16 / sizes['int4']:.1f}x lower than "
+        "at bf16, as long as decode stays memory-bound.", highlight=False)
 
 
 def decode_runner(model, storage: str, prompt: list[int], repeats: int):
@@ -278,12 +285,12 @@ def speed_words(name: str, shown: bool, steps: dict) -> str:
     ours, base = steps[name].min * 1e3, steps["float32"].min * 1e3
     if not shown:
         return (f"This run could not show whether a step with {WITH[name]} is faster or slower than float32's "
-                f"({ours:.1f} vs {base:.1f} ms; see the claims above).")
+                f"({ours:.1f} vs {base:.1f} ms). The claims above say why.")
     if ours < base:
         return (f"With {WITH[name]} NumPy turned the fewer bytes into less time: {ours:.1f} vs {base:.1f} ms per step, "
                 f"{base / ours:.2f}x.")
     return (f"With {WITH[name]} NumPy does not turn the fewer bytes into less time: {ours:.1f} vs {base:.1f} ms per "
-            f"step, because {WHY_SLOWER[name]}.")
+            f"step. That is because {WHY_SLOWER[name]}.")
 
 
 if __name__ == "__main__":

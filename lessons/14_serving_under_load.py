@@ -51,6 +51,14 @@ from minitransformer.claims import Claim, find_numbers, report, table_with
 from minitransformer.errors import InputError, MiniTransformerError
 from minitransformer.measure import Probe
 
+# What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
+# where to look and what the numbers there decide, never which way a timing went.
+WHAT_TO_LOOK_AT = (
+    "Read section 2's table first. It gives each configuration's best run, median and spread.",
+    "At the higher rate, compare `tok/s`, `TTFT p99` and `ITL p50` as the slots grow.",
+    "Section 1's `implied tok/s` column checks each run against its own requests' times.",
+    "The claim lines under 'What this run shows' say which of these this run showed.",
+)
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 AGREE = 1.5           # a run's tok/s within this factor of what its requests' median service time implies
 QUEUEING = 0.8        # "almost all of it queueing": the queue p99 drop is at least 80% of the TTFT p99 drop
@@ -269,40 +277,40 @@ def answer(shown, runs, rates, sizes, config, offsets, repeats, stalled: bool) -
         if shown["ttft-is-queueing"]:
             text[0] += (f", almost all of it queueing (queue p99 medians {median(a, 'queue99'):.2f} -> "
                         f"{median(b, 'queue99'):.2f} s)")
-        text[0] += (": continuous batching with enough slots is the first lever, because a request that waits for "
-                    "a slot waits for someone else's whole reply.")
+        text[0] += (". Continuous batching with enough slots is the first lever. A request that waits for a slot "
+                    "waits for someone else's whole reply.")
     else:
-        text[0] += (f" moved output throughput {tput} and TTFT p99 {ttft} (best of {repeats} runs each), but this run "
-                    "could not show both changes beyond the spread of its runs (see the claims above), so it does "
-                    "not say here what more slots buy.")
+        text[0] += (f" moved output throughput {tput} and TTFT p99 {ttft} (best of {repeats} runs each). This run "
+                    "could not show both changes beyond the spread of its runs. So it does not say here what more "
+                    "slots buy.")
     itl = f"{best(a, 'itl50') * 1e3:.1f} -> {best(b, 'itl50') * 1e3:.1f} ms"
     if shown["itl-up"]:
-        text.append(f"The price: every token came slower, ITL p50 {itl}: on this CPU a step of {big} sequences cost "
-                    f"more than a step of {small} (NumPy's BLAS, lesson 02 part 4).")
+        text.append(f"The price: every token came slower, ITL p50 {itl}. On this CPU a step of {big} sequences cost "
+                    f"more than a step of {small}. Lesson 02, part 4, traces that to NumPy's BLAS.")
     else:
-        text.append(f"ITL p50 {itl}: this run could not show a change in the step time beyond its spread.")
+        text.append(f"The step time gave ITL p50 {itl}. This run could not show a change in it beyond its spread.")
     if shown["kv-up"]:
         text.append(f"And the KV cache held up to {max(s['kv_mib'] for s in b):.1f} MiB instead of "
                     f"{max(s['kv_mib'] for s in a):.1f} MiB.")
     text.append(f"On an {H200.name} a bf16 decode step of {big} sequences would cost {gpu:.2f}x one of {small} at "
-                f"its roofline (reading the weights dominates), so there the ITL price of more slots stays small "
+                f"its roofline. Reading the weights dominates there. So the ITL price of more slots stays small "
                 f"until the batch nears {H200.ridge:.0f} sequences.")
     got, bound = best(c, "tok_s", True), arrival_bound(runs, offsets, light)
     if shown["light-at-bound"]:
         text.append(f"At the lighter load ({load_label(light)}) {big} slots delivered {got:.1f} tok/s, "
-                    f"{got / bound:.0%} of the {bound:.1f} tok/s the arrivals allow: throughput cannot exceed what "
-                    "arrives, so slots beyond those that keep up buy nothing there but memory.")
+                    f"{got / bound:.0%} of the {bound:.1f} tok/s the arrivals allow. There throughput cannot exceed "
+                    "what arrives. Slots beyond those that keep up buy nothing there but memory.")
     else:
         text.append(f"At the lighter load ({load_label(light)}) {big} slots delivered {got:.1f} tok/s against the "
-                    f"{bound:.1f} tok/s the arrivals allow; this run cannot say what held them back.")
+                    f"{bound:.1f} tok/s the arrivals allow. This run cannot say what held them back.")
     if stalled:
-        text.append("Some runs' throughput is not what their own requests' times imply (check runs, above): they "
-                    "stalled, and their rows describe the stall, not the engine.")
-    text.append("So: batch continuously and size max_num_seqs from the latency target (TTFT from queueing, ITL from "
-                "the step time) and the KV memory, not from throughput alone; cap max_tokens and use stop sequences "
-                "so slots free early; keep the KV cache compact (paged blocks, prefix caching: lesson 09; an int8 "
-                "cache: lesson 13); and pick the smallest model (or quantized weights) that meets quality, since "
-                "every decode step streams all the weights. Watch TTFT and tokens/s separately.")
+        text.append("Some runs' throughput is not what their own requests' times imply (see the check runs line "
+                    "above). They stalled, and their rows describe the stall, not the engine.")
+    text.append("So batch continuously. Size max_num_seqs from the latency target and the KV memory, not from "
+                "throughput alone. Queueing sets TTFT, and the step time sets ITL. Cap max_tokens and use stop "
+                "sequences, so slots free early. Keep the KV cache compact with paged blocks and prefix caching "
+                "(lesson 09) or an int8 cache (lesson 13). Pick the smallest model, or quantized weights, that meets "
+                "quality, since every decode step streams all the weights. Watch TTFT and tokens/s separately.")
     console.print(" ".join(text))
 
 

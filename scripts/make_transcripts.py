@@ -6,6 +6,9 @@ readers who read before they run (docs/interview.md quotes its numbers from thes
     python scripts/make_transcripts.py --log FILE      # progress to FILE as well as to the terminal
     python scripts/make_transcripts.py --verify        # check every committed transcript against its lesson's claims
 
+Each transcript opens with the lesson's WHAT_TO_LOOK_AT (a constant beside its code, read from the source): which table
+or line to read first and what it decides. It states no direction a run might not show; the claim lines do that.
+
 A lesson prints with rich; piped, it prints plain text, and COLUMNS=120 fixes the width, so the transcript is what a
 reader of a 120-column terminal sees, without colour codes. Lessons run one at a time: their timings are part of
 what they teach and two at once would share the cores. This machine's peaks (copy bandwidth, GEMM FLOP/s) are
@@ -70,6 +73,23 @@ def title(lesson: Path) -> str:
     return re.split(r" — | -- |: ", name, maxsplit=1)[0].rstrip(".")
 
 
+def what_to_look_at(lesson: Path) -> list[str]:
+    """The lesson's WHAT_TO_LOOK_AT: a few sentences on which table or line to read first and what it decides.
+    Read from the source, not by importing it: the constant sits beside the code it describes, and writing a
+    transcript must not run the lesson a second time."""
+    for node in ast.parse(lesson.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "WHAT_TO_LOOK_AT" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise ValueError(f"{lesson.name} has no WHAT_TO_LOOK_AT: say which table or line a reader should read first")
+
+
+def note(lesson: Path) -> list[str]:
+    """The transcript's 'What to look at' lines, as render() puts them under the title, above the output."""
+    bullets = [textwrap.fill(line, WIDTH - 4, initial_indent="- ", subsequent_indent="  ")
+               for line in what_to_look_at(lesson)]
+    return ["**What to look at**", "", *bullets, ""]
+
+
 def machine() -> str:
     """Where the run happened: the CPU (as every figure names it), Python and NumPy versions, the model file."""
     import numpy
@@ -103,6 +123,7 @@ def render(lesson: Path, output: str, seconds: float, where: str, when: datetime
     return "\n".join([
         f"# Lesson {number} transcript: {title(lesson)}",
         "",
+        *note(lesson),
         textwrap.fill(f"The complete output of one run of [`{lesson.name}`](../{lesson.name}) at its default "
                       f"settings, as printed to a pipe ({WIDTH} columns, no colour). Your numbers will differ: every "
                       "timing is this machine's. This run passed the quietness probe (nothing else was running: "

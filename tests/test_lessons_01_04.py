@@ -164,7 +164,8 @@ def test_02_ttft_exceeds_itl_for_a_long_prompt(lesson_02):
     assert ttft > itl > 0 and ratio == pytest.approx(ttft / itl, abs=0.06)
     assert ttft_hi == ttft and itl_hi == itl                     # --repeats 1: one run, no spread
     # the prose rounds the same time to whole ms: within half a ms of the 1-decimal figure (not that figure rounded)
-    prose = float(check(lesson_02, r"\(prompt 128 tokens\), run once, had TTFT (\d+) ms at the fastest")[0])
+    prose = float(check(lesson_02, r"with a prompt of 128 tokens, was run once\. It had TTFT (\d+) ms at the "
+                                   r"fastest")[0])
     assert abs(prose - ttft) <= 0.5 + 0.05 + 1e-9
 
 

@@ -66,6 +66,33 @@ def test_transcript_names_machine_command_and_has_an_outline(lesson):
     assert max(len(line) for line in output.splitlines()) <= mt.WIDTH
 
 
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem[:2])
+def test_every_lesson_says_what_to_look_at_and_its_transcript_shows_it_above_the_output(lesson):
+    lines = mt.what_to_look_at(lesson)
+    assert 2 <= len(lines) <= 4 and all(isinstance(line, str) and line.strip() for line in lines), lines
+    text = mt.transcript_for(lesson).read_text()
+    at = text.find("\n".join(mt.note(lesson)))
+    assert 0 < at < text.index(mt.FENCE + "text"), \
+        f"the transcript does not open with this note: python scripts/make_transcripts.py --only {lesson.stem[:2]}"
+
+
+def test_the_writer_puts_the_note_under_the_title_and_above_the_output(tmp_path):
+    import datetime
+    lesson = LESSONS[0]
+    _, output = mt.read(mt.transcript_for(lesson))
+    written = mt.render(lesson, output, 12.0, "a machine", datetime.datetime(2026, 1, 1))
+    title, note, fence = (written.index(f"# Lesson {lesson.stem[:2]} transcript"), written.index("**What to look at**"),
+                          written.index(mt.FENCE + "text"))
+    assert title < note < fence
+    assert all(mt.flat(line) in mt.flat(written[note:fence]) for line in mt.what_to_look_at(lesson))
+    (tmp_path / "transcript.md").write_text(written)
+    assert mt.read(tmp_path / "transcript.md") == (mt.command(lesson), output)        # the note is not output
+    bare = tmp_path / "99_bare.py"
+    bare.write_text('"""Lesson 99: nothing to look at."""\nX = 1\n')
+    with pytest.raises(ValueError, match="WHAT_TO_LOOK_AT"):
+        mt.what_to_look_at(bare)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem[:2])
 def test_transcript_matches_a_fresh_run_of_its_lesson(lesson, real_model_path):
