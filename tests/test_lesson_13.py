@@ -182,7 +182,7 @@ def test_kernel_check_and_answer(lesson_output, config):
     assert f"shrink {int8_ratio:.2f}x at int8 and {int4_ratio:.2f}x at int4" in answer
     assert f"int8 KV cache is {4 * config.head_dim / (config.head_dim + 4):.2f}x smaller" in answer
     said = check(answer, rf"perplexity {NUMBER} -> {NUMBER} \(int8\) / {NUMBER} \(int4\), KL {NUMBER} / {NUMBER} "
-                         rf"nats, top-1 agreement {NUMBER} / {NUMBER}")
+                         rf"nats, top-1 agreement {NUMBER} / {NUMBER}\. ")  # the full stop is not the number
     table = [rows[n][i] for i, n in ((2, "float32"), (2, "int8 weights"), (2, "int4 weights"), (3, "int8 weights"),
                                      (3, "int4 weights"), (4, "int8 weights"), (4, "int4 weights"))]
     assert said == pytest.approx(table, abs=6e-4)                 # the table's numbers, printed to fewer digits
@@ -194,12 +194,13 @@ def test_bandwidth_floor_paragraph(lesson_output, config):
     flat = " ".join(lesson_output.split())
     f32 = check(lesson_output, r"smaller than float32 \((\d+) bytes\)")[0]
     sizes = {s: check(lesson_output, rf"check memory {s}: weights (\d+) bytes")[0] for s in ("int8", "int4")}
-    bandwidth, here_f32, here_i8, here_i4 = check(flat, rf"This CPU \(copy bandwidth {NUMBER} GB/s\): float32 "
-                                                        rf"{NUMBER} ms, int8 {NUMBER} ms, int4 {NUMBER} ms per token")
+    bandwidth, here_f32, here_i8, here_i4 = check(flat, rf"On this CPU, at a copy bandwidth of {NUMBER} GB/s, the "
+                                                        rf"floor is float32 {NUMBER} ms, int8 {NUMBER} ms, int4 "
+                                                        rf"{NUMBER} ms per token")
     for printed, size in ((here_f32, f32), (here_i8, sizes["int8"]), (here_i4, sizes["int4"])):
         assert printed == pytest.approx(size / (bandwidth * 1e9) * 1e3, rel=0.02, abs=0.006)
-    bf16, i8, i4, ratio = check(flat, rf"TB/s, published\): bf16 {NUMBER} us, int8 {NUMBER} us, int4 {NUMBER} us per "
-                                      rf"token; .*? that floor, {NUMBER}x lower at int4")
+    bf16, i8, i4, ratio = check(flat, rf"TB/s, published\) it is bf16 {NUMBER} us, int8 {NUMBER} us, int4 {NUMBER} "
+                                      rf"us per token\. .*? At int4 the floor is {NUMBER}x lower than at bf16")
     for printed, size in ((bf16, f32 / 2), (i8, sizes["int8"]), (i4, sizes["int4"])):
         assert printed == pytest.approx(size / 4.8e12 * 1e6, abs=0.06)
     assert ratio == pytest.approx(f32 / 2 / sizes["int4"], abs=0.06)
