@@ -141,7 +141,8 @@ def test_report_prints_verdicts_that_read_back():
     assert printed_verdicts(text) == shown
 
 
-SPIN = "import time\ninput()\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ninput()\n"
+SPIN = ("import time\ninput()\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+        "print('spun', flush=True)\ninput()\n")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
@@ -150,20 +151,23 @@ def test_a_probe_counts_the_process_groups_it_is_given_as_its_own_work():
     probes have started, while they watch the same window: the one told the child's process group does not count
     that CPU as another program's, the other does. The difference is the child's CPU over the cores' capacity in the
     window, so it does not depend on how busy the machine is."""
-    child = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
     try:
         start = time.perf_counter()
         blind, told = Probe(), Probe(process_groups=[child.pid])
         started = measure.group_cpu_seconds(child.pid)               # its start-up, before either window counts
         child.stdin.write("go\n")
         child.stdin.flush()
-        while measure.group_cpu_seconds(child.pid) - started < 0.6:  # the spin is done; the child waits on stdin
-            time.sleep(0.05)
+        # The child says when its 0.6 s are spun (its own clock), then waits on stdin. Waiting for /proc to show
+        # 0.6 s instead could wait forever: /proc's ticks can fall a tick short of the child's clock.
+        assert child.stdout.readline() == "spun\n"
         spun = measure.group_cpu_seconds(child.pid) - started
         seen_blind, seen_told = blind.finish(), told.finish()
         capacity = (time.perf_counter() - start) * (os.cpu_count() or 1)    # CPU seconds the cores had meanwhile
     finally:
         child.communicate("\n", timeout=30)
+    assert spun >= 0.5, spun                                          # /proc saw the spin, to within its ticks
     assert seen_blind.others is not None and seen_told.others is not None
     # at least most of the child's CPU moved from "another program's" to "ours" (the ticks are 10 ms coarse)
     assert seen_blind.others - seen_told.others >= 0.8 * spun / capacity, (spun, capacity, seen_blind, seen_told)
