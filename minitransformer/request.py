@@ -27,6 +27,7 @@ from .metrics import RequestMetrics, Usage, now
 from .sampling import make_generator, sample_tokens
 from .sampling_params import SamplingParams
 from .stopping import StopDecision, check_stop, tokens_to_suppress
+from .structured import Constraint
 
 _request_ids = itertools.count()
 
@@ -56,6 +57,7 @@ class Result:
     kv_cache_tokens: int             # tokens whose keys/values were held when the request finished
     kv_cache_bytes: int
     speculative: dict | None = None  # drafter, draft/accepted tokens, acceptance rate (speculative decoding only)
+    structured: dict | None = None   # the constraint's kind, whether it completed, what its masks cost (Constraint)
 
     def to_dict(self) -> dict:
         out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
@@ -65,6 +67,8 @@ class Result:
             out["logprobs"] = self.logprobs
         if self.speculative is not None:
             out["speculative"] = self.speculative
+        if self.structured is not None:
+            out["structured"] = self.structured
         return out
 
 
@@ -93,6 +97,9 @@ class RequestState:
         self.request, self.tokenizer, self.context_length, self.kv_usage = request, tokenizer, context_length, kv_usage
         self.detokenizer = IncrementalDetokenizer(tokenizer, params.stop)
         self.generator = make_generator(params.seed)                   # this request's own random stream
+        # structured output's matcher, compiled against the vocabulary before any model work (a grammar no token
+        # sequence can write is an InputError here)
+        self.constraint = None if params.structured is None else Constraint(params.structured, tokenizer)
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.output_ids: list[int] = []
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
@@ -127,9 +134,12 @@ class RequestState:
             self.logprobs.append(logprobs)
         self.output_ids.append(token)
         self.metrics.mark_token()
+        if self.constraint is not None:
+            self.constraint.accept(token)
         new_chars = self.detokenizer.add_token(token)
         decision = check_stop(self.params, self.detokenizer, self.output_ids, new_chars, self.tokenizer.eos_id,
-                              len(self.prompt_token_ids), self.context_length) or abort
+                              len(self.prompt_token_ids), self.context_length,
+                              self.constraint is not None and self.constraint.complete) or abort
         if decision is None:
             return Delta(self.detokenizer.take_delta(), [token], logprobs=self._new_logprobs())
         return self.finish(decision, [token])
@@ -146,7 +156,7 @@ class RequestState:
         result = Result(self.request.request_id, self.prompt_token_ids, self.detokenizer.text,
                         list(self.output_ids), decision.finish_reason, decision.stop_reason,
                         Usage(len(self.prompt_token_ids), len(self.output_ids)), self.metrics, self.logprobs,
-                        kv_tokens, kv_bytes)
+                        kv_tokens, kv_bytes, structured=None if self.constraint is None else self.constraint.summary())
         return Delta(final_text, list(new_tokens), decision.finish_reason, result, self._new_logprobs())
 
     def _new_logprobs(self) -> list[dict] | None:

@@ -2,14 +2,14 @@
 
 The order is vLLM v1's sampler (vllm/v1/sample/sampler.py), so every knob means what it means there:
 
-    suppression (min_tokens) -> penalties -> greedy argmax kept aside -> temperature -> min_p -> top_k -> top_p
-    -> draw -> logprobs (of the raw logits)
+    structured-output mask -> suppression (min_tokens) -> penalties -> greedy argmax kept aside -> temperature
+    -> min_p -> top_k -> top_p -> draw -> logprobs (of the raw logits)
 
 This file is the one place that order is written. Every loop samples requests through it: `next_tokens(logits,
 states)` runs the whole stage for a batch of requests (the serving Engine), `sample_tokens` the same without the
 logprobs (generate.py's loop, one row, through request.RequestState.sample), `distribution` stops before the draw
 (the speculative runner's target and draft distributions), and `request_logprobs` reports what each request asked
-for. A request is anything with the five attributes of `SamplingState` (request.RequestState is one; `SamplingRow`
+for. A request is anything with the six attributes of `SamplingState` (request.RequestState is one; `SamplingRow`
 spells one out for callers without a request); `sample`, `filtered_probs` and `apply_penalties` are the row-wise
 stages beneath, which the lessons call directly.
 
@@ -35,6 +35,7 @@ import numpy as np
 from .backend import INDEX_DTYPE, array_module, to_host
 from .layers import softmax
 from .sampling_params import SamplingParams
+from .structured import Constraint
 
 # top_p without top_k first sorts only this many of the largest logits, and the whole row only if they fall short.
 TOP_P_PREFIX = 1024
@@ -69,6 +70,9 @@ class SamplingState(Protocol):
     @property
     def generator(self) -> np.random.Generator | None: ...   # the request's own random stream (None: greedy only)
 
+    @property
+    def constraint(self) -> Constraint | None: ...           # structured output's matcher (None: unconstrained)
+
 
 @dataclass(frozen=True)
 class SamplingRow:
@@ -79,6 +83,7 @@ class SamplingRow:
     output_ids: Sequence[int]
     suppressed: Sequence[int] = ()
     generator: np.random.Generator | None = None
+    constraint: Constraint | None = None
 
 
 def next_tokens(logits, states: Sequence[SamplingState]) -> tuple[np.ndarray, list[dict | None]]:
@@ -89,8 +94,8 @@ def next_tokens(logits, states: Sequence[SamplingState]) -> tuple[np.ndarray, li
 
 
 def sample_tokens(logits, states: Sequence[SamplingState]) -> np.ndarray:
-    """suppression -> penalties -> filters -> draw.   raw logits (B, V) -> (B,) int64 token ids on the host."""
-    masked = mask_tokens(logits, [s.suppressed for s in states])                 # (B, V), a copy only if needed
+    """mask -> suppression -> penalties -> filters -> draw.   raw logits (B, V) -> (B,) int64 token ids on the host."""
+    masked = mask_tokens(logits, [s.suppressed for s in states], allowed_tokens(states, logits.shape[-1]))  # (B, V)
     return sample(masked, [s.params for s in states], [s.generator for s in states],
                   [s.prompt_token_ids for s in states], [s.output_ids for s in states])
 
@@ -99,7 +104,7 @@ def distribution(logits, states: Sequence[SamplingState]):
     """The distribution sample_tokens draws from: suppression -> penalties -> temperature, min_p, top_k, top_p
     (a one-hot at the argmax for a greedy row).   raw logits (B, V) -> probabilities (B, V) on the device."""
     params = [s.params for s in states]
-    masked = mask_tokens(logits, [s.suppressed for s in states])                 # (B, V)
+    masked = mask_tokens(logits, [s.suppressed for s in states], allowed_tokens(states, logits.shape[-1]))  # (B, V)
     processed = process_logits(masked, params, [s.prompt_token_ids for s in states], [s.output_ids for s in states])
     return filtered_probs(processed, params)
 
@@ -119,15 +124,32 @@ def request_logprobs(logits, tokens, states: Sequence[SamplingState]) -> list[di
     return entries
 
 
-def mask_tokens(logits, suppressed_rows):
-    """logits (R, V) with row r's ids in suppressed_rows[r] set to -inf, so the sampler cannot draw them: a copy when
-    any row has some (the raw logits stay as they are for logprobs), the same array when none has."""
-    if not any(suppressed_rows):
+def allowed_tokens(states: Sequence[SamplingState], V: int) -> list[np.ndarray | None]:
+    """Row b's structured-output mask, (V,) bool on the host, or None when its request is unconstrained."""
+    return [None if s.constraint is None else s.constraint.allowed(V) for s in states]
+
+
+def mask_tokens(logits, suppressed_rows, allowed_rows: Sequence[np.ndarray | None] = ()):
+    """logits (R, V) with what row r may not draw set to -inf: the ids outside allowed_rows[r] (a structured-output
+    mask, (V,) bool; None: no constraint), then the ids in suppressed_rows[r]. A copy when any row is masked (the
+    raw logits stay as they are for logprobs), the same array when none is.
+
+    The constraint wins over suppression: when min_tokens would remove the only tokens the constraint allows (EOS
+    at a complete match), those stay, since no token could follow otherwise.
+    """
+    constrained = [row for row, allowed in enumerate(allowed_rows) if allowed is not None]
+    if not any(suppressed_rows) and not constrained:
         return logits
+    xp = array_module(logits)
     logits = logits.copy()
+    for row in constrained:
+        logits[row] = xp.where(xp.asarray(allowed_rows[row]), logits[row], -xp.inf)     # (V,)
     for row, ids in enumerate(suppressed_rows):
         if ids:
-            logits[row, list(ids)] = -float("inf")
+            ids = list(ids)
+            if row in constrained and not np.delete(allowed_rows[row], ids).any():
+                continue
+            logits[row, ids] = -float("inf")
     return logits
 
 

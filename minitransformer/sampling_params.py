@@ -23,6 +23,7 @@ import numpy as np
 
 from .backend import is_int
 from .errors import InputError
+from .structured import StructuredOutputsParams
 
 # vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
 GREEDY_TEMPERATURE = 1e-5
@@ -89,6 +90,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = field(default=False, metadata=option("keep the matched stop string in the text"))
     logprobs: int | None = field(default=None, metadata=option(       # top log-probs per generated token
         "report the K most probable tokens at every step", "K", http=False))
+    # A JSON schema, regex, choice list or grammar the output must match (structured.py). No generic option: the
+    # CLI offers it as --json-schema / --regex / --choice, the server as response_format and vLLM's fields.
+    structured: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -171,6 +175,9 @@ class SamplingParams:
                 raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
             set_(name, bool(getattr(self, name)))
 
+        if self.structured is not None:    # a dict of its fields is accepted too ({"json": schema})
+            set_("structured", StructuredOutputsParams.of(self.structured))
+
         if self.logprobs is not None:
             if not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise InputError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {_show(self.logprobs)}")
@@ -236,10 +243,12 @@ class SamplingOption:
 
 
 def sampling_options() -> list[SamplingOption]:
-    """Every SamplingParams field, in order, as an option (see the module docstring)."""
+    """Every SamplingParams field that has an option, in order (see the module docstring)."""
     hints = typing.get_type_hints(SamplingParams)
     out = []
     for f in fields(SamplingParams):
+        if "help" not in f.metadata:           # offered under other names (structured)
+            continue
         hint = hints[f.name]
         repeated = typing.get_origin(hint) is tuple
         kinds = [a for a in typing.get_args(hint) if a not in (type(None), Ellipsis)]   # int | None -> int

@@ -5,12 +5,16 @@ function, in one fixed order, makes finish_reason / stop_reason a single decisio
 The order is vLLM v1's, checked after each new token, once it has been detokenized. The stop_reason "eos" below is
 ours: vLLM leaves stop_reason None when EOS ends a request, and our HTTP server reports null there as vLLM does.
 
-1. min_tokens not reached       -> no stop at all (the sampler also masks EOS and the stop ids: tokens_to_suppress)
+1. min_tokens not reached       -> no stop at all (the sampler also masks EOS and the stop ids: tokens_to_suppress),
+                                   unless the structured-output constraint is complete (no token could follow)
 2. EOS, unless ignore_eos       -> "stop", stop_reason "eos"
 3. a stop_token_ids token       -> "stop", stop_reason = that id (its text is cut, as EOS's would be)
 4. a stop string in the text    -> "stop", stop_reason = that string; the text is cut at its start
                                    (or after its end with include_stop_str_in_output)
-5. max_tokens or context full   -> "length", stop_reason None
+5. the constraint is complete   -> "stop", stop_reason "structured" (nothing but EOS could follow: vLLM spends one
+                                   more step sampling that EOS; we stop at once)
+6. max_tokens or context full   -> "length", stop_reason None (with a constraint: Result.structured says whether
+                                   the output completed it)
 
 A stop string is searched in the *detokenized* text, because tokens and strings do not line up: "France is" is
 two tokens, " France" and " is", and no single token contains it. Only the window the new characters can complete
@@ -39,6 +43,7 @@ class StopDecision:
     "stop"         "eos"            the model produced its end-of-sequence token
     "stop"         int              a token of params.stop_token_ids (the id)
     "stop"         str              a string of params.stop (the string)
+    "stop"         "structured"     the structured-output constraint is complete (structured.py)
     "length"       None             max_tokens reached, or the context window is full
     "abort"        "timeout" | "cancelled"
 
@@ -51,13 +56,14 @@ class StopDecision:
 
 
 def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int], new_chars: int, eos_id: int | None,
-               prompt_len: int, context_length: int) -> StopDecision | None:
+               prompt_len: int, context_length: int, constraint_complete: bool = False) -> StopDecision | None:
     """Apply the stop rules after one new token (already in output_ids and in detok.text; it added new_chars).
 
     Reads params.min_tokens, ignore_eos, stop_token_ids, stop, include_stop_str_in_output, max_tokens.
+    constraint_complete: the request's structured-output constraint admits nothing more (Constraint.complete).
     """
     num_output = len(output_ids)
-    if num_output < params.min_tokens:
+    if num_output < params.min_tokens and not constraint_complete:
         return None                       # vLLM v1 (scheduler check_stop): no stop check at all before min_tokens
     last = output_ids[-1]
     text_len = len(detok.text)
@@ -74,6 +80,8 @@ def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int],
     if found is not None:
         start, stop = found
         return StopDecision("stop", stop, start + len(stop) if params.include_stop_str_in_output else start)
+    if constraint_complete:
+        return StopDecision("stop", "structured")
     if num_output >= params.max_tokens or prompt_len + num_output >= context_length:
         return StopDecision("length", None)
     return None
