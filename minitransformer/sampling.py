@@ -137,17 +137,17 @@ def mask_tokens(logits, suppressed_rows, allowed_rows: Sequence[np.ndarray | Non
     The constraint wins over suppression: when min_tokens would remove the only tokens the constraint allows (EOS
     at a complete match), those stay, since no token could follow otherwise.
     """
-    constrained = [row for row, allowed in enumerate(allowed_rows) if allowed is not None]
-    if not any(suppressed_rows) and not constrained:
+    if not any(suppressed_rows) and all(allowed is None for allowed in allowed_rows):
         return logits
     xp = array_module(logits)
     logits = logits.copy()
-    for row in constrained:
-        logits[row] = xp.where(xp.asarray(allowed_rows[row]), logits[row], -xp.inf)     # (V,)
+    masks = {row: allowed for row, allowed in enumerate(allowed_rows) if allowed is not None}   # row -> (V,) bool
+    for row, allowed in masks.items():
+        logits[row] = xp.where(xp.asarray(allowed), logits[row], -xp.inf)                     # (V,)
     for row, ids in enumerate(suppressed_rows):
         if ids:
             ids = list(ids)
-            if row in constrained and not np.delete(allowed_rows[row], ids).any():
+            if row in masks and not np.delete(masks[row], ids).any():
                 continue
             logits[row, ids] = -float("inf")
     return logits

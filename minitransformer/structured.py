@@ -62,7 +62,7 @@ class StructuredOutputsParams:
     compiled: str = field(default="", init=False, repr=False, compare=False)   # llguidance's grammar text
 
     def __post_init__(self):
-        given = [k for k in KINDS if (getattr(self, k) not in (None, False))]
+        given = _given(self)
         if len(given) != 1:
             raise InputError(f"structured output takes exactly one of {', '.join(KINDS)}; got "
                              f"{', '.join(given) if given else 'none'}")
@@ -72,7 +72,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+        return _given(self)[0]
 
     @classmethod
     def of(cls, value) -> StructuredOutputsParams:
@@ -88,6 +88,11 @@ class StructuredOutputsParams:
                          f"got {type(value).__name__}")
 
 
+def _given(spec: StructuredOutputsParams) -> list[str]:
+    """The kinds the caller set (json_object counts when True; the others when not None: json=False is a schema)."""
+    return [k for k in KINDS if (spec.json_object is True if k == "json_object" else getattr(spec, k) is not None)]
+
+
 def _compile(spec: StructuredOutputsParams) -> str:
     """The constraint as llguidance's grammar text, checked: InputError naming what is wrong."""
     kind = spec.kind
@@ -99,7 +104,9 @@ def _compile(spec: StructuredOutputsParams) -> str:
                 schema = json.loads(schema)
             except ValueError as e:
                 raise InputError(f"the JSON schema is not valid JSON: {e}") from None
-        if not isinstance(schema, (dict, bool)):
+        if isinstance(schema, bool):        # JSON Schema's true (anything) and false (nothing), as objects
+            schema = {} if schema else {"not": {}}
+        if not isinstance(schema, dict):
             raise InputError(f"a JSON schema must be an object (or true/false), got {type(schema).__name__}")
         _check_size("the JSON schema", json.dumps(schema))
         grammar, what = llguidance.LLMatcher.grammar_from_json_schema(schema), "JSON schema"
