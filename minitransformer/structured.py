@@ -104,8 +104,10 @@ def _compile(spec: StructuredOutputsParams) -> str:
                 schema = json.loads(schema)
             except ValueError as e:
                 raise InputError(f"the JSON schema is not valid JSON: {e}") from None
-        if isinstance(schema, bool):        # JSON Schema's true (anything) and false (nothing), as objects
-            schema = {} if schema else {"not": {}}
+        if schema is False:
+            raise InputError("the JSON schema is false, which no value matches: nothing could be generated")
+        if schema is True:                  # JSON Schema's true: any JSON value
+            schema = {}
         if not isinstance(schema, dict):
             raise InputError(f"a JSON schema must be an object (or true/false), got {type(schema).__name__}")
         _check_size("the JSON schema", json.dumps(schema))
