@@ -345,7 +345,7 @@ def _bulk_array_reader():
 def _string_array_parts(data: np.ndarray, start: int, n: int) -> tuple[int, list[np.ndarray]]:
     """The n strings (uint64 length, then UTF-8 bytes, little-endian) from byte `start` of `data` (a plain uint8
     array over the file): their total size and [length, bytes, length, bytes, ...] as views of `data`."""
-    buffer = memoryview(data)
+    buffer = data.data                       # the bytes themselves: no numpy object per length read
     parts, offset = [], start
     for _ in range(n):
         length = int.from_bytes(buffer[offset:offset + 8], "little")

@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minitransformer"
 
 # bottom -> top; a name ending in ".*" covers a package's modules (its __init__ included)
 LAYERS = [
-    ("foundation", ["errors", "backend", "config", "weights", "bpe", "pretokenize", "chat_template", "tokenizer",
+    ("foundation", ["errors", "backend", "config", "weights", "bpe", "spm", "pretokenize", "chat_template", "tokenizer",
                     "measure", "claims", "sampling_params", "metrics", "detokenizer", "cuda_graph"]),
     ("arrays", ["layers", "rope", "kernels.*"]),
     ("model", ["attention_backend", "model"]),
