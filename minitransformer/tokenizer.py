@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizer, read from the GGUF file: text -> token ids -> text.
+"""The tokenizer, read from the GGUF file: text -> token ids -> text (byte-level BPE, or SentencePiece's scores).
 
 Why it is here: the model never sees text, only integers. This is the first stage of the serving loop
 (`tokenize -> schedule -> prefill -> ...`) and the last one in reverse (ids -> text, see detokenizer.py). The tokenizer
@@ -14,6 +14,10 @@ The algorithm is GPT-2's byte-level BPE, and llama.cpp is our reference for the 
 3. Each word's UTF-8 bytes are written as printable characters (GPT-2's byte map: space -> 'Ġ'), then BPE merges
    adjacent symbols, always the pair that comes first in the merges list, until no listed pair is left (bpe.py).
 4. Each final symbol is a vocabulary entry: its index is the token id. No BOS is added.
+
+A file whose `tokenizer.ggml.model` is "llama" (Gemma, Llama 2) is SentencePiece-style instead: no pre-tokenizer and
+no byte map; steps 2-4 become spm.py's merge by token scores with byte fallback, on each run of plain text. Step 1,
+decoding and the chat template are the same code for both.
 """
 
 from __future__ import annotations
@@ -27,8 +31,16 @@ from .bpe import bpe
 from .chat_template import ChatTemplate, check_messages
 from .errors import InputError, ModelFileError
 from .pretokenize import PRE_TOKENIZERS, compile_like_llamacpp, pre_tokenize
+from .spm import SPACE, SentencePieceEncoder
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # tokenizer.ggml.token_type values (llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # tokenizer.ggml.token_type (llama_token_type)
+MODELS = ("gpt2", "llama")   # tokenizer.ggml.model values we run: byte-level BPE, SentencePiece-style
+
+# Texts llama.cpp takes for end-of-generation tokens and marks control whatever type the file gives them
+# (llama_vocab::impl::load, "control-looking token"): Gemma 3's "</s>" is user-defined in the file, yet llama.cpp
+# matches it only with special=True. These are the ones our two tokenizer kinds can meet.
+CONTROL_LOOKING = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>",
+                             "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<eos>"})
 
 CACHE_LIMIT = 50_000  # merged words remembered; cleared when full (prompts repeat words a lot)
 
@@ -56,15 +68,26 @@ CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 
 
 class Tokenizer:
-    """Byte-level BPE with control tokens and a chat template, as stored in a GGUF file."""
+    """Byte-level BPE (model "gpt2") or SentencePiece-style (model "llama") with control tokens and a chat template,
+    as stored in a GGUF file.
 
-    def __init__(self, tokens: Sequence[str], token_types: Sequence[int], merges: Iterable[str], *,
+    add_bos: the file asks for BOS before a prompt (tokenizer.ggml.add_bos_token); `encode` never adds it, the
+    caller that builds a prompt does. add_space_prefix (SentencePiece only): a '▁' starts each run of plain text
+    that begins the text or follows a special token, as llama.cpp does.
+    """
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int], merges: Iterable[str] = (), *,
                  pre: str = "smollm", bos_id: int | None = None, eos_id: int | None = None,
-                 chat_template: str | None = None):
-        if pre not in PRE_TOKENIZERS:
+                 chat_template: str | None = None, model: str = "gpt2", scores: Sequence[float] | None = None,
+                 add_space_prefix: bool = False, add_bos: bool = False):
+        if model not in MODELS:
+            raise ModelFileError(f"tokenizer model {model!r} is not supported: we run byte-level BPE ('gpt2') and "
+                                 "SentencePiece-style ('llama')")
+        if model == "gpt2" and pre not in PRE_TOKENIZERS:
             raise ModelFileError(f"tokenizer pre-tokenizer {pre!r} is not supported (we run {sorted(PRE_TOKENIZERS)})")
+        self.model = model
         self.tokens = list(tokens)
-        self.token_types = list(token_types)
+        self.token_types = [CONTROL if t in CONTROL_LOOKING else kind for t, kind in zip(self.tokens, token_types)]
         self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
         self.ranks: dict[tuple[str, str], int] = {}
         for rank, merge in enumerate(merges):
@@ -73,7 +96,14 @@ class Tokenizer:
                 raise ModelFileError(f"tokenizer merge {rank} is {merge!r}; expected two symbols separated by a space")
             self.ranks[pair[0], pair[1]] = rank
         self.pre = pre
-        self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]]
+        self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]] if model == "gpt2" else []
+        self.spm: SentencePieceEncoder | None = None
+        if model == "llama":
+            if scores is None or len(scores) != len(self.tokens):
+                raise ModelFileError(f"a SentencePiece-style tokenizer needs one score per token ({len(self.tokens)})"
+                                     f", got {'none' if scores is None else len(scores)}")
+            self.spm = SentencePieceEncoder(self.token_to_id, scores, add_space_prefix)
+        self.add_bos = add_bos
         self.bos_id, self.eos_id = bos_id, eos_id
         self.chat_template = chat_template
         self.control_ids = frozenset(i for i, t in enumerate(self.token_types) if t == CONTROL)
@@ -102,14 +132,20 @@ class Tokenizer:
             return default
 
         model = field("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ModelFileError(f"tokenizer model {model!r} is not supported: we run byte-level BPE ('gpt2') only")
+        if model not in MODELS:
+            raise ModelFileError(f"tokenizer model {model!r} is not supported: we run byte-level BPE ('gpt2') and "
+                                 "SentencePiece-style ('llama')")
         pre = field("tokenizer.ggml.pre", "default")  # llama.cpp's name for "not given"; checked in __init__
         tokens = field("tokenizer.ggml.tokens")
+        spm = model == "llama"
+        # llama.cpp's defaults when the file is silent: SentencePiece adds BOS and the space prefix, BPE neither.
         return cls(tokens, field("tokenizer.ggml.token_type", [NORMAL] * len(tokens)),
-                   field("tokenizer.ggml.merges"), pre=pre, bos_id=field("tokenizer.ggml.bos_token_id", None),
-                   eos_id=field("tokenizer.ggml.eos_token_id", None),
-                   chat_template=field("tokenizer.chat_template", None))
+                   [] if spm else field("tokenizer.ggml.merges"), pre=pre,
+                   bos_id=field("tokenizer.ggml.bos_token_id", None), eos_id=field("tokenizer.ggml.eos_token_id", None),
+                   chat_template=field("tokenizer.chat_template", None), model=model,
+                   scores=field("tokenizer.ggml.scores") if spm else None,
+                   add_space_prefix=bool(field("tokenizer.ggml.add_space_prefix", spm)),
+                   add_bos=bool(field("tokenizer.ggml.add_bos_token", spm)))
 
     @property
     def vocab_size(self) -> int:
@@ -137,12 +173,16 @@ class Tokenizer:
 
     def _word_ids(self, pieces: Iterable[tuple[str, int | None]]) -> Iterator[list[int]]:
         """The ids of each special token and of each pre-token, in order (lazily: the caller may stop early)."""
+        after_special = True
         for piece, special_id in pieces:
             if special_id is not None:
                 yield [special_id]
+            elif self.spm is not None:                 # SentencePiece: the whole run at once (spm.py)
+                yield self.spm.encode(piece, after_special)
             else:
                 for word in pre_tokenize(piece, self.patterns):
                     yield self._encode_word(word)
+            after_special = special_id is not None
 
     def _split_special(self, text: str, special: bool) -> list[tuple[str, int | None]]:
         """Cut special-token text out whole: [(text, None) for plain pieces, (token text, its id) for specials]."""
@@ -189,10 +229,23 @@ class Tokenizer:
         return i
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one token stands for (control tokens: their text, e.g. b"<|im_end|>")."""
+        """The bytes one token stands for (control tokens: their text, e.g. b"<|im_end|>").
+
+        SentencePiece: '▁' is a space, a byte token `<0xE2>` is that byte, an unused token nothing (as llama.cpp's
+        token_to_piece). No leading space is ever stripped: llama.cpp strips one from the first token when the file
+        sets add_space_prefix, but then the text streamed token by token (detokenizer.py) would differ from the
+        decode of the same ids; a file with add_space_prefix decodes encode(text) to " " + text.
+        """
         i = self._check_id(token_id)
         piece = self.tokens[i]
-        if i in self._raw_text_ids or not all(c in CHAR_TO_BYTE for c in piece):
+        if i in self._raw_text_ids:
+            return piece.encode("utf-8")
+        if self.spm is not None:
+            kind = self.token_types[i]
+            if kind == BYTE:
+                return bytes([int(piece[3:5], 16)])
+            return b"" if kind == UNUSED else piece.replace(SPACE, " ").encode("utf-8")
+        if not all(c in CHAR_TO_BYTE for c in piece):
             return piece.encode("utf-8")
         return bytes(CHAR_TO_BYTE[c] for c in piece)
 
@@ -266,6 +319,8 @@ class Tokenizer:
         return self._chat
 
     def __repr__(self) -> str:
+        if self.spm is not None:
+            return f"Tokenizer(vocab_size={self.vocab_size}, model='llama', add_bos={self.add_bos})"
         return f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.ranks)}, pre={self.pre!r})"
 
 

