@@ -307,6 +307,11 @@ def open_gguf(path: str | Path):
     try:
         return _bulk_array_reader()(path, "r")
     except Exception:  # the reader fails with ValueError/IndexError/... wherever a short or corrupt file ends
+        pass
+    try:    # the reader's own path: the bulk one overrides a private method, which a gguf release may change
+        import gguf
+        return gguf.GGUFReader(path, "r")
+    except Exception:
         raise ModelFileError(f"{path} is truncated or corrupt ({path.stat().st_size:,} bytes): its GGUF header "
                              "or tensor data ends early or does not parse; download it again") from None
 
