@@ -20,7 +20,7 @@ naming the field (`param`), before any tokenizing or model work.
                                 "json_schema", "json_schema": {"name", "schema", "strict", "description"}}),
                                 structured_outputs (vLLM: {"json" | "regex" | "choice" | "grammar" | "json_object"}),
                                 or vLLM's older guided_json / guided_regex / guided_choice / guided_grammar
-                                (structured_request.py)
+                                (structured_fields.py)
 Unknown fields are ignored, as vLLM and OpenAI's own server do with fields they do not use; logit_bias is known and
 refused (the sampler has no bias stage), after its size is checked.
 
