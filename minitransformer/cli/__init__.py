@@ -23,7 +23,7 @@ from ..weights import DEFAULT_MODEL, KNOWN_MODELS
 from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
-from .options import add_model_options, add_sampling_options
+from .options import add_model_options, add_sampling_options, add_structured_options
 from .serve import add_serve_parser, cmd_serve
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_model_options(gen)
     add_sampling_options(gen, max_tokens=64)
+    add_structured_options(gen)
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole sequence every step (the baseline the KV cache is measured against)")
     gen.add_argument("--timeout", type=float, metavar="SEC", help="abort the request after this many seconds")
@@ -62,12 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-model", metavar="PATH", help="a GGUF with the same vocabulary, for --speculative model")
     gen.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                      help="tokens drafted per target pass (default 4)")
-    gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics (and "
+                                                        "with a constraint its 'structured' summary)")
 
     chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
     chat.add_argument("--system", help="a system prompt (default: the chat template's own)")
     add_model_options(chat)
     add_sampling_options(chat, max_tokens=256)
+    add_structured_options(chat)
 
     tok = commands.add_parser("tokenize", help="show the token ids and pieces of a text")
     tok.add_argument("text", help="the text to split into tokens")

@@ -34,10 +34,13 @@ def cmd_generate(args) -> int:
                        speculative=speculative, num_speculative_tokens=args.num_speculative_tokens,
                        kv_cache=args.kv_cache)
         if args.json:                                    # stdout holds exactly one JSON object
-            print(json.dumps(generate(model, args.prompt, params, **options).to_dict(), ensure_ascii=False))
+            result = generate(model, args.prompt, params, **options)
+            print(json.dumps(result.to_dict(), ensure_ascii=False))
+            _warn_incomplete(result, params)
             return 0
         result = _print_stream(stream(model, args.prompt, params, **options))
     print(footer(result, model), file=sys.stderr)
+    _warn_incomplete(result, params)
     if result.speculative:
         print(describe(result.speculative), file=sys.stderr)
     if result.logprobs is not None:
@@ -49,6 +52,9 @@ def cmd_chat(args) -> int:
     """Read a line, stream the reply, keep both in the history; the whole history is the next prompt."""
     from ..generate import stream
 
+    if "-" in (args.json_schema, args.grammar):          # chat reads its messages from stdin
+        raise InputError("chat reads your messages from standard input, so its constraint must come from a file: "
+                         "give --json-schema / --grammar a path, not -")
     params = sampling_params(args)
     if sys.stdin is None:                                # started with stdin closed (`<&-`): nothing to read
         raise InputError("chat reads your messages from standard input, which is closed; run it in a terminal "
@@ -86,6 +92,7 @@ def cmd_chat(args) -> int:
             result = _print_stream(deltas)
         history = messages + [{"role": "assistant", "content": result.text}]
         print(footer(result, model), file=sys.stderr)
+        _warn_incomplete(result, params)
         if result.logprobs is not None:
             _print_logprobs(result.logprobs, model.tokenizer)
 
@@ -143,14 +150,34 @@ def footer(result, model) -> str:
     """One line for stderr: the numbers a learner should look at after every reply."""
     m, u = result.metrics, result.usage
     reason = result.stop_reason
-    if result.finish_reason == "stop" and isinstance(reason, str) and reason != "eos":
+    if result.finish_reason == "stop" and isinstance(reason, str) and reason not in ("eos", "structured"):
         reason = repr(reason)                                    # a stop string, quoted so its spaces show
     parts = [f"{u.prompt_tokens} prompt + {u.completion_tokens} new token{'' if u.completion_tokens == 1 else 's'}",
              f"TTFT {_ms(m.ttft_s)}", f"ITL p50 {_ms(m.itl_summary()['p50'])}",
              f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "tok/s n/a",
              f"KV cache {result.kv_cache_tokens} tokens = {result.kv_cache_bytes / 2**20:.2f} MiB",
              f"finish {result.finish_reason}" + ("" if reason is None else f" ({reason})")]
+    if result.structured is not None and result.structured["masks"]:             # what the constraint cost
+        parts.append(f"{result.structured['type']} mask {result.structured['mask_s_per_token'] * 1e3:.2f} ms/token")
     return "[" + " | ".join(parts) + "]"
+
+
+# What an incomplete constraint leaves, by kind (structured.KINDS), for the warning below.
+_CONSTRAINT_NAMES = {"json": "the JSON schema", "json_object": "the JSON object", "regex": "the regex",
+                     "choice": "the choice", "grammar": "the grammar"}
+
+
+def _warn_incomplete(result, params) -> None:
+    """One line on stderr when a structured request ran out of tokens before its constraint was complete: the text
+    is a prefix of a match, and a JSON parser will refuse it (finish_reason "length", as OpenAI reports it)."""
+    summary = result.structured
+    if summary is None or summary["complete"] or result.finish_reason != "length":
+        return
+    tokens = result.usage.completion_tokens
+    where = f"--max-tokens ({tokens} tokens)" if tokens >= params.max_tokens else \
+        f"the context length, after {tokens} of --max-tokens {params.max_tokens} tokens"
+    print(f"minitransformer: warning: the output stopped at {where} before {_CONSTRAINT_NAMES[summary['type']]} "
+          "was complete, so it will not parse; raise --max-tokens", file=sys.stderr)
 
 
 def _ms(seconds) -> str:

@@ -6,11 +6,13 @@ Kept apart so both subcommands spell, check and load them the same way.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 from ..errors import InputError
 from ..kv_storage import CODECS
 from ..sampling_params import SamplingParams, sampling_options
+from ..structured import StructuredOutputsParams
 
 
 def add_model_options(parser) -> None:
@@ -95,14 +97,71 @@ def add_sampling_options(parser, max_tokens: int) -> None:
                                 metavar=option.metavar, help=help)
 
 
+def add_structured_options(parser) -> None:
+    """--json-schema / --regex / --choice / --grammar / --json-object: the output must match one of them (the
+    sampler masks every token that would break it; structured.py). argparse refuses two at once."""
+    group = parser.add_argument_group("structured output (at most one; the sampler masks every token that would "
+                                      "break it)").add_mutually_exclusive_group()
+    group.add_argument("--json-schema", metavar="FILE",
+                       help="the output is JSON that validates against the JSON schema in FILE (- reads stdin)")
+    group.add_argument("--regex", metavar="R", help="the whole output matches the regular expression R")
+    group.add_argument("--choice", metavar="A,B,C", action="append",
+                       help="the output is exactly one of these strings; repeat --choice to give strings that "
+                            "contain commas (then each value is one choice)")
+    group.add_argument("--grammar", metavar="FILE",
+                       help="the output follows the Lark or GBNF grammar in FILE (- reads stdin)")
+    group.add_argument("--json-object", action="store_true", help="the output is a JSON object (any keys)")
+
+
+def structured_from_args(args) -> StructuredOutputsParams | None:
+    """The constraint the options ask for, read and compiled before the model loads: a file that cannot be read or
+    a bad schema, regex or grammar is one InputError naming the option (exit 2)."""
+    value: Any
+    if getattr(args, "json_schema", None) is not None:
+        flag, kind, value = "--json-schema", "json", _read_text(args.json_schema, "--json-schema")
+    elif getattr(args, "regex", None) is not None:
+        flag, kind, value = "--regex", "regex", args.regex
+    elif getattr(args, "choice", None):
+        flag, kind, value = "--choice", "choice", _choices(args.choice)
+    elif getattr(args, "grammar", None) is not None:
+        flag, kind, value = "--grammar", "grammar", _read_text(args.grammar, "--grammar")
+    elif getattr(args, "json_object", False):
+        flag, kind, value = "--json-object", "json_object", True
+    else:
+        return None
+    try:
+        return StructuredOutputsParams.of({kind: value})
+    except InputError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+
+
+def _choices(values: list[str]) -> list[str]:
+    """One --choice is a comma-separated list; several are one choice each, commas included."""
+    return values[0].split(",") if len(values) == 1 else values
+
+
+def _read_text(path: str, flag: str) -> str:
+    """A file's text, or standard input's for "-"."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{flag}: cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") \
+            from None
+
+
 def sampling_params(args):
     """SamplingParams from the parsed options: every range is checked there, before the model is loaded, and an
-    error names the option as it was typed (--top-p, not top_p)."""
+    error names the option as it was typed (--top-p, not top_p). The structured-output options, where the parser
+    has them, are read and compiled here too."""
     options = sampling_options()
+    structured = structured_from_args(args)
     try:
         values: dict[str, Any] = {o.name: tuple(getattr(args, o.name)) if o.repeated else getattr(args, o.name)
                                   for o in options}
-        return SamplingParams(**values)
+        return SamplingParams(**values, structured=structured)
     except InputError as exc:
         message = str(exc)
         for option in options:

@@ -33,6 +33,12 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def json_type(value) -> str:
+    """A JSON value's type as an error message names it ("an array", "null")."""
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
 def too_many_requests(message: str, code: str, retry_after_s: int = 1) -> APIError:
     """429: the request was fine but cannot be taken now; Retry-After says when to try again."""
     return APIError(429, message, type="rate_limit_exceeded", code=code,

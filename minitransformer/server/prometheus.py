@@ -11,6 +11,17 @@ Dashboards and alerts written for vLLM read these unchanged (names from vLLM's p
     vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds, vllm:e2e_request_latency_seconds,
     vllm:request_prompt_tokens, vllm:request_generation_tokens    histograms, observed when a request finishes
 
+and, in our own namespace, what structured output costs (vLLM exports no metric for it: its grammar bitmask is
+timed nowhere on /metrics, so no dashboard has a name to expect; `minitransformer:` keeps ours from ever colliding
+with one vLLM adds later):
+
+    minitransformer:structured_output_requests_total{type,complete}   counter: constrained requests finished, by
+                                                                      kind and whether the output completed it
+    minitransformer:structured_output_masks_total                     counter: masks computed (one per token)
+    minitransformer:structured_output_mask_seconds_total              counter: time computing them; the ratio of
+                                                                      the two rates is the mean cost per token
+    minitransformer:structured_output_mask_seconds_per_token          histogram: one request's mean mask time
+
 The text format itself is simple enough to write out (`# HELP`, `# TYPE`, one sample per line; a histogram is its
 cumulative `_bucket{le=...}` counts plus `_sum` and `_count`), so it is written here rather than through a client
 library. Timings come from the request's own RequestMetrics (metrics.py), the same numbers `--json` prints.
@@ -27,6 +38,9 @@ from ..serving import EngineStats
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+# A mask costs tens of microseconds for a simple regex to milliseconds for a deep schema (llguidance's Earley parser
+# walks the vocabulary's token trie): buckets from 10 us to 100 ms.
+MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
 
 
 class Histogram:
@@ -68,6 +82,11 @@ class ServerMetrics:
         self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens per request.",
                                            TOKEN_BUCKETS)
+        self.structured: dict[tuple[str, bool], int] = {}        # (kind, complete) -> requests
+        self.masks, self.mask_s = 0, 0.0
+        self.mask_per_token = Histogram("minitransformer:structured_output_mask_seconds_per_token",
+                                        "Mean time per token computing a request's structured-output mask.",
+                                        MASK_BUCKETS)
 
     def observe_finished(self, result: Result, finish_reason: str) -> None:
         m = result.metrics
@@ -83,6 +102,17 @@ class ServerMetrics:
                 self.itl.observe(float(gap))
             self.prompt_tokens.observe(result.usage.prompt_tokens)
             self.generation_tokens.observe(result.usage.completion_tokens)
+            if result.structured is not None:
+                self._observe_structured(result.structured)
+
+    def _observe_structured(self, summary: dict) -> None:
+        """Result.structured (structured.Constraint.summary) of a finished request; the caller holds the lock."""
+        key = (summary["type"], bool(summary["complete"]))
+        self.structured[key] = self.structured.get(key, 0) + 1
+        self.masks += summary["masks"]
+        self.mask_s += summary["mask_s"]
+        if summary["mask_s_per_token"] is not None:
+            self.mask_per_token.observe(summary["mask_s_per_token"])
 
     def render(self, stats: EngineStats) -> str:
         """The whole /metrics page."""
@@ -113,7 +143,22 @@ class ServerMetrics:
             for histogram in (self.ttft, self.itl, self.queue, self.prefill, self.decode, self.e2e,
                               self.prompt_tokens, self.generation_tokens):
                 lines += histogram.lines(labels)
+            lines += self._structured_lines(sample)
         return "\n".join(lines) + "\n"
+
+    def _structured_lines(self, sample) -> list[str]:
+        """The structured-output families (see the module docstring); the caller holds the lock."""
+        name = "minitransformer:structured_output_requests_total"
+        lines = [f"# HELP {name} Finished requests with a structured-output constraint, by kind and completion.",
+                 f"# TYPE {name} counter"]
+        lines += [f'{name}{{{self.labels},type="{kind}",complete="{str(complete).lower()}"}} {count}'
+                  for (kind, complete), count in sorted(self.structured.items())]
+        return [*lines,
+                *sample("counter", "minitransformer:structured_output_masks_total",
+                        "Structured-output masks computed (one per generated token).", self.masks),
+                *sample("counter", "minitransformer:structured_output_mask_seconds_total",
+                        "Seconds spent computing structured-output masks.", self.mask_s),
+                *self.mask_per_token.lines(self.labels)]
 
 
 def _number(value) -> str:

@@ -16,6 +16,11 @@ naming the field (`param`), before any tokenizing or model work.
                                 min_tokens, ignore_eos, include_stop_str_in_output, stop_token_ids, priority (vLLM:
                                 lower runs first), n (only 1), return_token_ids (vLLM: each choice and streamed
                                 chunk also carries the ids of its tokens)
+    structured output           at most one of: response_format (OpenAI: {"type": "text" | "json_object" |
+                                "json_schema", "json_schema": {"name", "schema", "strict", "description"}}),
+                                structured_outputs (vLLM: {"json" | "regex" | "choice" | "grammar" | "json_object"}),
+                                or vLLM's older guided_json / guided_regex / guided_choice / guided_grammar
+                                (structured_fields.py)
 Unknown fields are ignored, as vLLM and OpenAI's own server do with fields they do not use; logit_bias is known and
 refused (the sampler has no bias stage), after its size is checked.
 
@@ -35,7 +40,8 @@ from dataclasses import dataclass
 from ..backend import is_int
 from ..errors import InputError
 from ..sampling_params import SamplingParams, sampling_options
-from .errors import bad_request
+from .errors import bad_request, json_type
+from .structured_fields import structured_outputs
 
 # logit_bias maps token ids to biases. A bias list is a handful of banned or favoured tokens; 300 entries is far past
 # that, and past it a body is refused before its entries are read one by one.
@@ -131,9 +137,11 @@ def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None)
               if (value := data.get(name) if kind is None else _get(data, name, kind, None)) is not None}
     stream_options = _get(data, "stream_options", dict, None) or {}
     stream = _get(data, "stream", bool, False)
+    structured = structured_outputs(data)            # compiled and checked here: a bad schema is a 400 now
     return ApiRequest(
         chat=chat, prompt=prompt,
-        params=sampling_params(max_tokens=max_tokens if max_tokens is not None else 1, logprobs=logprobs, **fields),
+        params=sampling_params(max_tokens=max_tokens if max_tokens is not None else 1, logprobs=logprobs,
+                               structured=structured, **fields),
         max_tokens_given=max_tokens is not None, model=_get(data, "model", str, None), stream=stream,
         include_usage=stream and _get(stream_options, "include_usage", bool, False, "stream_options.include_usage"),
         priority=_get(data, "priority", int, None), return_token_ids=_get(data, "return_token_ids", bool, False))
@@ -144,20 +152,30 @@ def sampling_params(**fields) -> SamplingParams:
     try:
         return SamplingParams(**fields)
     except InputError as exc:
-        message = str(exc)
-        # the longest field name the message starts with: "stop_token_ids ..." is about stop_token_ids, not stop
-        names = [f.name for f in dataclasses.fields(SamplingParams) if message.startswith(f.name)]
-        raise bad_request(message, param=max(names, key=len) if names else None) from None
+        raise _refused(exc) from None
 
 
 def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    return sampling_params(**{**dataclasses.asdict(params), "max_tokens": max_tokens})
+    """params with another max_tokens, checked again (replace, not asdict: asdict would turn the compiled
+    structured-output constraint back into a dict and compile it again)."""
+    try:
+        return dataclasses.replace(params, max_tokens=max_tokens)
+    except InputError as exc:
+        raise _refused(exc) from None
+
+
+def _refused(exc: InputError):
+    """SamplingParams' refusal as a 400 whose param is the field the message starts with (the longest such name:
+    "stop_token_ids ..." is about stop_token_ids, not stop)."""
+    message = str(exc)
+    names = [f.name for f in dataclasses.fields(SamplingParams) if message.startswith(f.name)]
+    return bad_request(message, param=max(names, key=len) if names else None)
 
 
 def parse_token_ids(data: dict, name: str) -> list[int]:
     ids = data.get(name)
     if not isinstance(ids, list) or not all(is_int(i) for i in ids):
-        raise bad_request(f"{name} must be a list of token ids (integers), got {_json_type(ids)}", param=name)
+        raise bad_request(f"{name} must be a list of token ids (integers), got {json_type(ids)}", param=name)
     return ids
 
 
@@ -174,7 +192,7 @@ def _get(data: dict, name: str, kind: type, default, param: str | None = None):
     if not ok:
         wanted = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                   dict: "an object", list: "an array"}[kind]
-        raise bad_request(f"{param or name} must be {wanted}, got {_json_type(value)} {_short(value)}",
+        raise bad_request(f"{param or name} must be {wanted}, got {json_type(value)} {_short(value)}",
                           param=param or name)
     return value
 
@@ -185,7 +203,7 @@ def _logit_bias(data: dict) -> None:
     if bias is None or bias == {}:
         return
     if not isinstance(bias, dict):
-        raise bad_request(f"logit_bias must be an object mapping token ids to biases, got {_json_type(bias)}",
+        raise bad_request(f"logit_bias must be an object mapping token ids to biases, got {json_type(bias)}",
                           param="logit_bias")
     if len(bias) > MAX_LOGIT_BIAS:
         raise bad_request(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are accepted",
@@ -211,7 +229,7 @@ def _prompt(prompt, limits: PromptLimits | None) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request(f"one prompt per request (got {len(prompt)}); send several requests", param="prompt")
-    raise bad_request(f"prompt must be a string or a list of token ids, got {_json_type(prompt)}", param="prompt")
+    raise bad_request(f"prompt must be a string or a list of token ids, got {json_type(prompt)}", param="prompt")
 
 
 def _messages(messages, limits: PromptLimits | None) -> list[dict]:
@@ -235,18 +253,13 @@ def _messages(messages, limits: PromptLimits | None) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad_request(f"messages[{n}].content must be a string or a list of text parts, got "
-                              f"{_json_type(content)}", param=f"messages[{n}].content")
+                              f"{json_type(content)}", param=f"messages[{n}].content")
         out.append({"role": message["role"], "content": content})
     chars = sum(len(m["content"]) + len(m["role"]) for m in out)
     if limits is not None and chars > limits.max_chars:
         raise bad_request(f"messages have {chars} characters in all; at most {limits.max_chars} are accepted "
                           f"({PROMPT_CHARS_PER_TOKEN} per token of the context)", param="messages")
     return out
-
-
-def _json_type(value) -> str:
-    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def _short(value) -> str:
