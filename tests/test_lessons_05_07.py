@@ -100,7 +100,7 @@ def reference_distributions(model, prompt: str) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def out05(real_model_path):
-    return run_lesson("05_sampling.py", real_model_path, "--tokens", "6", "--repeats", "5")
+    return run_lesson("05_sampling.py", real_model_path, "--tokens", "6", "--repeats", "5", "--json-tokens", "24")
 
 
 def test_lesson_05_sampling(real_model, out05):
@@ -141,8 +141,10 @@ def test_lesson_05_sampling(real_model, out05):
 def test_lesson_05_claims_follow_its_numbers(out05):
     lesson = lesson_module("05_sampling.py")
     found = holds(lesson, out05)
-    assert set(found) == {"temperature-entropy", "filters-cut", "seed-repeats", "seed-differs", "sampler-small"}
+    assert set(found) == {"temperature-entropy", "filters-cut", "seed-repeats", "seed-differs", "sampler-small",
+                          "constrained-valid", "free-fails", "mask-steers", "mask-small"}
     assert found["temperature-entropy"] and found["filters-cut"] and found["seed-repeats"]   # not about time
+    assert found["constrained-valid"] and found["free-fails"] and found["mask-steers"]
     assert printed_verdicts(out05).keys() == found.keys()
     hot = row(out05, "temperature=1.5")[2]
     assert not holds(lesson, set_cells(out05, "temperature=1.5", {2: "0.100"}))["temperature-entropy"], hot
@@ -155,6 +157,91 @@ def test_lesson_05_claims_follow_its_numbers(out05):
         quiet = set_cells(quiet, name, {1: t, 2: t, 3: "0.010"}, after="min ms")
     assert holds(lesson, quiet)["sampler-small"]
     assert not holds(lesson, set_cells(quiet, "top_p=0.9", {2: "3.000"}, after="min ms"))["sampler-small"]
+
+
+def constrained_steps(out: str) -> list[list[str]]:
+    """Section 5's table: one row of cells per step of the constrained reply."""
+    return [row(out, str(step)) for step in range(len(table_with(out, "argmax allowed").rows))]
+
+
+def test_lesson_05_structured_output(real_model, out05):
+    """Sections 4-6 against references computed here: jsonschema for the schema, json.loads for the free reply, and
+    one uncached forward pass over the prompt and the constrained reply for every step's unmasked distribution."""
+    import json
+
+    import jsonschema
+
+    from minitransformer import SamplingParams, generate
+
+    schema, prompt = lesson_module("05_sampling.py").SCHEMA, lesson_module("05_sampling.py").JSON_PROMPT
+    tok = real_model.tokenizer
+    texts = dict(re.findall(r"^(free|constrained): ('.*')$", out05, re.M))
+    free_text, held_text = eval(texts["free"]), eval(texts["constrained"])        # the lines are Python reprs
+    free = generate(real_model, prompt, SamplingParams(max_tokens=24, temperature=0.0), chat=True)
+    assert free_text == free.text and row(out05, "free")[1:3] == ["24", "length (None)"]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(free_text)
+    jsonschema.validate(json.loads(held_text), schema)
+    assert row(out05, "constrained")[2:5] == ["stop ('structured')", "parses", "yes"]
+    assert "check json: free parses = False; constrained parses = True, matches the schema = True, " \
+           "stop_reason = 'structured'" in out05
+
+    steps = constrained_steps(out05)
+    held = generate(real_model, prompt, SamplingParams(max_tokens=24, temperature=0.0, structured={"json": schema}),
+                    chat=True)                                       # greedy: the lesson's reply, with its token ids
+    assert held.text == held_text and len(steps) == len(held.token_ids) == int(row(out05, "constrained")[1])
+    ids = held.prompt_token_ids + held.token_ids
+    # every step's raw distribution, from one pass over prompt + reply (no cache, no mask)
+    logits = real_model.forward(np.asarray([ids]), np.arange(len(ids))[None])[0]                   # (T, V)
+    logits = np.asarray(logits, np.float64)[len(held.prompt_token_ids) - 1:-1]   # (reply, V): row i -> token i
+    for i, (cells, token) in enumerate(zip(steps, held.token_ids)):
+        assert eval(cells[2]) == tok.decode([token]), (i, cells)
+        p = np.exp(logits[i] - logits[i].max())
+        p /= p.sum()
+        second, best = np.sort(p)[-2:]
+        if best - second > 1e-3:                                     # no near-tie: the favourite is the argmax
+            assert eval(cells[4]) == tok.decode([int(np.argmax(p))]), (i, cells)
+        assert float(cells[5].rstrip("%")) == pytest.approx(100 * best, abs=0.05), (i, cells)
+        assert float(cells[3].rstrip("%")) == pytest.approx(100 * p[token], abs=0.05), (i, cells)
+    assert eval(steps[0][4]) == tok.decode(free.token_ids[:1])       # step 0's favourite is the free reply's start
+    for cells in steps:
+        assert 1 <= int(cells[1].replace(",", "")) <= tok.vocab_size
+        kept = cells[7] == "yes"
+        assert kept == (cells[2] == cells[4])                         # kept: greedy's choice is the favourite
+        assert cells[6] in ("yes", "no") and (cells[6] == "yes") == kept   # greedy keeps an allowed favourite
+        assert float(cells[3].rstrip("%")) <= float(cells[5].rstrip("%"))
+    assert any(cells[7] == "no" for cells in steps)
+    assert [int(cells[1].replace(",", "")) for cells in steps] == held.structured["allowed_tokens"]
+
+    cost = table_with(out05, "what runs per token")
+    assert cost.column("what runs per token") == ["decode step", "json mask"]
+    low = dict(zip(cost.column("what runs"), cost.numbers("min ms")))
+    for name, fastest, median, spread in zip(cost.column("what runs"), cost.numbers("min ms"),
+                                             cost.numbers("median"), cost.numbers("spread")):
+        assert timing_cells_agree(fastest, median, spread, decimals=3), name
+    share = dict(zip(cost.column("what runs"), cost.numbers("min / decode")))
+    assert share["decode step"] == 100.0
+    assert share["json mask"] == pytest.approx(100 * low["json mask"] / low["decode step"], abs=0.06)
+    assert f"one walk through the constrained reply's {len(steps)} tokens" in " ".join(out05.split())
+
+
+def test_lesson_05_structured_claims_follow_its_numbers(out05):
+    lesson = lesson_module("05_sampling.py")
+    assert not holds(lesson, replace_once(out05, "matches the schema = True", "matches the schema = False"))[
+        "constrained-valid"]
+    assert not holds(lesson, replace_once(out05, "free parses = False", "free parses = True"))["free-fails"]
+    first = constrained_steps(out05)[0]
+    flipped = set_cells(out05, "0", {6: "yes" if first[6] == "no" else "no"}, after="argmax allowed")
+    assert not holds(lesson, flipped)["mask-steers"]                  # a change where the favourite was allowed
+    every_kept = out05
+    for cells in constrained_steps(out05):
+        every_kept = set_cells(every_kept, cells[0], {6: "yes", 7: "yes"}, after="argmax allowed")
+    assert not holds(lesson, every_kept)["mask-steers"]               # the mask changed nothing: nothing to show
+    # The timing claim: a quiet run's shape (a 0.2 ms mask against a 25 ms step), then a mask as slow as a step
+    quiet = set_cells(out05, "decode step", {1: "25.000", 2: "25.000", 3: "0.010"}, after="what runs per token")
+    quiet = set_cells(quiet, "json mask", {1: "0.200", 2: "0.200", 3: "0.010"}, after="what runs per token")
+    assert holds(lesson, quiet)["mask-small"]
+    assert not holds(lesson, set_cells(quiet, "json mask", {3: "5.000"}, after="what runs per token"))["mask-small"]
 
 
 # ---------------------------------------------------------------------------------------------------- lesson 06

@@ -27,7 +27,7 @@ SMALL = {
            "--batch", "2"],
     "03": ["--tokens", "2"],
     "04": ["--prompt-tokens", "8", "--tokens", "5", "--rows", "3"],
-    "05": ["--tokens", "3", "--repeats", "3"],
+    "05": ["--tokens", "3", "--repeats", "3", "--json-tokens", "24"],
     "06": ["--cancel-after", "2", "--emoji-tokens", "6"],
     "07": ["--tokens", "4", "--lengths", "16,48", "--outputs", "2,4"],
     "08": ["--requests", "5", "--max-num-seqs", "2", "--sweep", "3,4", "--max-prompt", "24", "--max-output", "6"],
