@@ -36,10 +36,6 @@ SMALL_OBJECT = {"type": "object", "properties": {"a": {"type": "integer", "minim
                 "required": ["a", "b"], "additionalProperties": False}
 
 
-def ids_of(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text)
-
-
 # ---------------------------------------------------------------------------------------------------- checking
 
 @pytest.mark.parametrize("structured, message", [
@@ -80,7 +76,7 @@ def test_a_good_constraint_is_accepted_in_every_form():
 
 def test_the_mask_sets_refused_ids_to_minus_inf_and_leaves_the_raw_logits_for_logprobs(tiny_model):
     tokenizer, V = tiny_model.tokenizer, tiny_model.config.vocab_size
-    digits = [ids_of(tokenizer, str(d))[0] for d in range(10)]
+    digits = [tokenizer.encode(str(d))[0] for d in range(10)]
     logits = np.random.default_rng(0).normal(0, 2, (2, V)).astype(np.float32)                  # (2, V)
     raw = logits.copy()
     constraint = Constraint(FIVE_DIGITS, tokenizer)
@@ -104,14 +100,14 @@ def test_the_constraint_wins_over_min_tokens_when_only_eos_may_follow(tiny_model
     tokenizer, V = tiny_model.tokenizer, tiny_model.config.vocab_size
     eos = tokenizer.eos_id
     constraint = Constraint(StructuredOutputsParams(regex="[0-9]{1,3}"), tokenizer)
-    for token in ids_of(tokenizer, "123"):
+    for token in tokenizer.encode("123"):
         constraint.accept(token)
     allowed = constraint.allowed(V)
     assert np.flatnonzero(allowed).tolist() == [eos]             # three digits written: only EOS may follow
     logits = np.zeros((1, V), dtype=np.float32)
     assert np.isfinite(mask_tokens(logits, [(eos,)], [allowed])[0, eos])        # suppression gives way
     open_constraint = Constraint(StructuredOutputsParams(regex="[0-9]{1,3}"), tokenizer)
-    open_constraint.accept(ids_of(tokenizer, "1")[0])
+    open_constraint.accept(tokenizer.encode("1")[0])
     more = open_constraint.allowed(V)                            # EOS or more digits: min_tokens removes EOS
     assert more[eos] and np.isneginf(mask_tokens(logits, [(eos,)], [more])[0, eos])
     # end to end: min_tokens=10 cannot hold the request past a complete choice
@@ -152,17 +148,17 @@ def test_a_fork_drafts_ahead_without_moving_the_request_and_counts_its_masks_apa
     fork = constraint.fork()
     first = fork.allowed(V)                                      # where the request stands: its own next mask
     assert constraint.allowed(V) is first and constraint.summary()["masks"] == 1
-    for token in ids_of(tokenizer, '{"a'):
+    for token in tokenizer.encode('{"a'):
         fork.accept(token)
         fork.allowed(V)
     assert constraint.summary()["masks"] == 1 and constraint.draft_masks == 3      # the fork's masks: drafts
     assert constraint.allowed(V) is first                        # the request has not moved
-    quote = ids_of(tokenizer, '"')[0]
+    quote = tokenizer.encode('"')[0]
     assert not first[quote] and fork.allowed(V)[quote]           # '"' may close the key now, not open the object
-    text = ids_of(tokenizer, '{"a": 7, "b": "x"}')
+    text = tokenizer.encode('{"a": 7, "b": "x"}')
     constraint.accept(text[0])                                   # the request goes on as if no fork had been
     assert constraint.valid_prefix(text[1:]) == len(text) - 1
-    assert constraint.valid_prefix(ids_of(tokenizer, '"a": 7, "c"')) == len(ids_of(tokenizer, '"a": 7, "'))
+    assert constraint.valid_prefix(tokenizer.encode('"a": 7, "c"')) == len(tokenizer.encode('"a": 7, "'))
     assert constraint.valid_prefix([]) == 0 and constraint.draft_masks == 5
     summary = constraint.summary()
     assert summary["masks"] == 1 and summary["draft_masks"] == 5 and summary["draft_mask_s"] > 0
@@ -170,15 +166,15 @@ def test_a_fork_drafts_ahead_without_moving_the_request_and_counts_its_masks_apa
 
 def test_the_ngram_drafter_cuts_its_guess_where_the_constraint_refuses_it(tiny_model):
     tokenizer = tiny_model.tokenizer
-    context = ids_of(tokenizer, "12ab12") + ids_of(tokenizer, "ab")       # the last "b" followed by "12ab"
+    context = tokenizer.encode("12ab12") + tokenizer.encode("ab")       # the last "b" followed by "12ab"
     constraint = Constraint(StructuredOutputsParams(regex="[0-9]{3}[a-z]*"), tokenizer)
     drafter = NgramDrafter(SpeculativeConfig("ngram"))
     guess = drafter.propose(context, 4, None, 0, None)[0]
     assert tokenizer.decode(guess) == "12ab"
-    assert drafter.propose(context, 4, None, 0, None, constraint) == (ids_of(tokenizer, "12"), None)
-    for token in ids_of(tokenizer, "12"):
+    assert drafter.propose(context, 4, None, 0, None, constraint) == (tokenizer.encode("12"), None)
+    for token in tokenizer.encode("12"):
         constraint.accept(token)
-    assert drafter.propose(context, 4, None, 0, None, constraint)[0] == ids_of(tokenizer, "1")    # "12" + "1"
+    assert drafter.propose(context, 4, None, 0, None, constraint)[0] == tokenizer.encode("1")    # "12" + "1"
     assert constraint.summary()["draft_masks"] == 2 and constraint.summary()["masks"] == 0
 
 
@@ -193,7 +189,7 @@ def test_a_model_drafter_draws_every_guess_under_the_mask_of_the_guesses_before_
                                                                                       temperature):
     tokenizer, V = tiny_model.tokenizer, tiny_model.config.vocab_size
     params = SamplingParams(max_tokens=20, temperature=temperature, seed=1)
-    context = ids_of(tokenizer, "Give a number:")
+    context = tokenizer.encode("Give a number:")
     free = SecondModelDrafter(tiny_draft, 64, seed=1).propose(context, 5, params, len(context), tokenizer.eos_id)
     assert Constraint(FIVE_DIGITS, tokenizer).valid_prefix(free[0]) < 5    # unconstrained, it guesses elsewhere
     constraint = Constraint(FIVE_DIGITS, tokenizer)
