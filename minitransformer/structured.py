@@ -22,9 +22,11 @@ choices and fails whenever they leave the format.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,8 +194,10 @@ class Constraint:
     allowed(V) -> (V,) bool mask of the ids the sampler may draw (computed once per position);
     accept(token) after the loop takes a token; complete: nothing but EOS could follow (the request stops).
     mask_s and allowed_counts record what each mask cost and how many tokens it let through (lesson 05).
-    The matcher only ever sees tokens the loop took: a speculative draft is checked by the mask of the verified
-    row, never consumed before it is accepted, so nothing has to be rolled back.
+    The matcher only ever sees tokens the loop took. Speculative decoding drafts ahead of it (lesson 12): a model
+    drafter draws each guess under the mask of a fork() advanced through the guesses before it, the n-gram drafter
+    cuts its guess at valid_prefix; what the drafts' checks cost is counted apart (draft_masks, draft_mask_s), as
+    it is not the request's per-token mask.
     """
 
     def __init__(self, params: StructuredOutputsParams, tokenizer):
@@ -206,18 +210,29 @@ class Constraint:
         self._mask: np.ndarray | None = None      # the mask of the current position, until a token is accepted
         self.mask_s = 0.0                         # time spent computing masks, seconds
         self.allowed_counts: list[int] = []       # tokens allowed at each position a mask was computed for
+        self.draft_masks = 0                      # masks and checks made for speculative drafts (fork, valid_prefix)
+        self.draft_mask_s = 0.0                   # ... and their time, seconds
+        self._owner: Constraint | None = None     # a fork: the request's constraint it drafts ahead of
+        self._at_owner = False                    # a fork not yet advanced stands where its owner stands
 
     def allowed(self, vocab_size: int) -> np.ndarray:
         """(vocab_size,) bool on the host: True where the token keeps the output inside the constraint. Ids past the
         tokenizer's vocabulary (a padded lm_head) are never allowed."""
+        if self._owner is not None and self._at_owner:
+            return self._owner.allowed(vocab_size)   # the request's own next mask: its verify row needs it too
         if self._mask is None or self._mask.shape[0] != vocab_size:
             start = time.perf_counter()
             self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
             bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:self.vocab_size]   # (V_tok,)
             mask = np.zeros(vocab_size, dtype=bool)                                          # (V,)
             mask[:min(vocab_size, self.vocab_size)] = bits[:vocab_size].astype(bool)
-            self.mask_s += time.perf_counter() - start
-            self.allowed_counts.append(int(mask.sum()))
+            elapsed = time.perf_counter() - start
+            if self._owner is None:
+                self.mask_s += elapsed
+                self.allowed_counts.append(int(mask.sum()))
+            else:
+                self._owner.draft_masks += 1
+                self._owner.draft_mask_s += elapsed
             self._mask = mask
         return self._mask
 
@@ -226,6 +241,37 @@ class Constraint:
         if not self.matcher.consume_token(int(token)):
             raise RuntimeError(f"token {token} breaks the {self.params.kind} constraint: {self.matcher.get_error()}")
         self._mask = None
+        self._at_owner = False
+
+    def fork(self) -> Constraint:
+        """A copy of this matcher for drafting ahead: a model drafter takes each guess under fork.allowed(V) and
+        advances the fork by it (fork.accept), so every guess keeps the output inside the constraint; the request's
+        own matcher never sees a guess. Dropping the fork is the roll-back of the rejected guesses.
+
+        Why a copy and not LLMatcher.rollback(n) on the request's matcher: both are cheap next to computing one
+        mask (llguidance's deep_copy costs about as much as consuming and rolling back a few tokens), and a copy
+        cannot leave the request's matcher advanced by a guess -- not when a draft pass raises, nor when the loop
+        ends mid-draft -- nor make the request's cached mask stale. The fork's masks count as draft_masks of this
+        constraint, not as its per-token mask cost; its first mask is this constraint's next one (the verify row
+        needs that mask anyway), so it is computed once."""
+        draft = copy.copy(self)
+        draft.matcher = self.matcher.deep_copy()
+        draft._bitmask = self._bitmask.copy()
+        draft._mask, draft._owner, draft._at_owner = None, self, True
+        draft.allowed_counts = []
+        return draft
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the current position, the constraint accepts in order (the matcher does not
+        move): a one-hot drafter (n-gram lookup) cuts its guess there, since a guess past it would only be
+        rejected by the verify pass. Counted as one draft check."""
+        if not tokens:
+            return 0
+        start = time.perf_counter()
+        count = self.matcher.validate_tokens([int(t) for t in tokens])
+        self.draft_masks += 1
+        self.draft_mask_s += time.perf_counter() - start
+        return count
 
     @property
     def complete(self) -> bool:
@@ -238,8 +284,10 @@ class Constraint:
         return self.matcher.is_accepting()
 
     def summary(self) -> dict:
-        """Result.structured: the constraint's kind, whether the output completed it, and what the masks cost."""
+        """Result.structured: the constraint's kind, whether the output completed it, and what the masks cost
+        (draft_masks / draft_mask_s: the checks of speculative drafts, zero without speculation)."""
         masks = len(self.allowed_counts)
         return {"type": self.params.kind, "complete": self.complete or self.accepting, "masks": masks,
                 "mask_s": self.mask_s, "mask_s_per_token": self.mask_s / masks if masks else None,
-                "allowed_tokens": list(self.allowed_counts)}
+                "allowed_tokens": list(self.allowed_counts),
+                "draft_masks": self.draft_masks, "draft_mask_s": self.draft_mask_s}

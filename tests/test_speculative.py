@@ -149,7 +149,7 @@ class WrongAt:
     def __init__(self, truth: list[int], prompt_len: int, wrong_index: int):
         self.truth, self.prompt_len, self.wrong_index = truth, prompt_len, wrong_index
 
-    def propose(self, context, k, params, prompt_len, eos_id):
+    def propose(self, context, k, params, prompt_len, eos_id, constraint=None):
         start = len(context) - self.prompt_len
         drafts = list(self.truth[start:start + k])
         for i in range(len(drafts)):

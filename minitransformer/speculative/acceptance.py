@@ -15,11 +15,12 @@ from ..sampling import SamplingRow, distribution, draw_from
 from ..stopping import tokens_to_suppress
 
 
-def processed_probs(logits, params, prompt_ids, output_ids, eos_id):
-    """The distribution plain sampling draws from after prompt_ids + output_ids (sampling.distribution: min_tokens
-    suppression -> penalties -> temperature, min_p, top_k, top_p; a one-hot at the argmax for greedy).
-    logits (1, V) -> (V,) on the host."""
-    row = SamplingRow(params, prompt_ids, output_ids, tokens_to_suppress(params, len(output_ids), eos_id))
+def processed_probs(logits, params, prompt_ids, output_ids, eos_id, constraint=None):
+    """The distribution plain sampling draws from after prompt_ids + output_ids (sampling.distribution: the
+    structured-output mask of `constraint` standing after output_ids -> min_tokens suppression -> penalties ->
+    temperature, min_p, top_k, top_p; a one-hot at the argmax for greedy).   logits (1, V) -> (V,) on the host."""
+    row = SamplingRow(params, prompt_ids, output_ids, tokens_to_suppress(params, len(output_ids), eos_id),
+                      constraint=constraint)
     return to_host(distribution(logits, [row])[0])
 
 

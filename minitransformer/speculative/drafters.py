@@ -3,6 +3,12 @@
 NgramDrafter (prompt lookup, no model), SelfDrafter (the target's own first L layers, writing into its cache: the
 model's forward with layers=L) and SecondModelDrafter (a smaller model of the same vocabulary with its own cache).
 `Drafter` is what the runner needs of any of them; `make_drafter` picks one for a SpeculativeConfig.
+
+With structured output every drafter guesses inside the constraint (structured.Constraint), since a guess that
+breaks it is certain to be rejected and only wastes a verify row: the n-gram guess is cut at the first token the
+constraint refuses (valid_prefix), a model drafter draws each guess under the mask of a fork of the matcher advanced
+through the guesses before it. q is then the masked distribution, the one the guess was really drawn from, so
+speculative sampling still yields exactly plain constrained sampling's distribution.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import numpy as np
 from ..errors import InputError
 from ..kv_cache import KVCache
 from ..sampling import draw_from
+from ..structured import Constraint
 from .acceptance import processed_probs
 from .config import SpeculativeConfig
 
@@ -22,10 +29,12 @@ from .config import SpeculativeConfig
 class Drafter(Protocol):
     """What SpeculativeRunner asks of a drafter. propose: up to k guesses after `context` (prompt_len of its tokens
     are the prompt) and, per guess, the distribution q (V,) it was drawn from under `params`, or None when every
-    guess is a certainty (one-hot q, as n-gram lookup's). release: give back what it holds (a cache of its own)."""
+    guess is a certainty (one-hot q, as n-gram lookup's); every guess inside `constraint` (the request's structured
+    output matcher, standing at the end of context; None: unconstrained), which it never advances.
+    release: give back what it holds (a cache of its own)."""
 
-    def propose(self, context: list[int], k: int, params, prompt_len: int,
-                eos_id) -> tuple[list[int], list | None]: ...
+    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id,
+                constraint: Constraint | None = None) -> tuple[list[int], list | None]: ...
 
     def release(self) -> None: ...
 
@@ -52,13 +61,21 @@ class NgramDrafter:
     def __init__(self, config: SpeculativeConfig):
         self.ngram_max, self.ngram_min = config.ngram_max, config.ngram_min
 
-    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id):
+    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id,
+                constraint: Constraint | None = None):
+        drafts = self.lookup(context, k)
+        if constraint is not None:
+            drafts = drafts[:constraint.valid_prefix(drafts)]           # a guess past it could only be rejected
+        return drafts, None                                              # None: one-hot draft distributions
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        """The k tokens after the most recent earlier occurrence of the context's last n tokens (longest n first)."""
         for n in range(min(self.ngram_max, len(context) - 1), self.ngram_min - 1, -1):
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):          # most recent occurrence first
                 if context[start:start + n] == tail:
-                    return context[start + n:start + n + k], None        # None: one-hot draft distributions
-        return [], None
+                    return context[start + n:start + n + k]
+        return []
 
     def release(self) -> None:
         pass                                        # it holds nothing
@@ -73,17 +90,23 @@ class ModelDrafter(ABC):
     def __init__(self, seed):
         self.generator = np.random.default_rng(None if seed is None else [seed, 1])   # not the target's stream
 
-    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id):
+    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id,
+                constraint: Constraint | None = None):
         prompt, outputs = context[:prompt_len], list(context[prompt_len:])
+        ahead = None if constraint is None else constraint.fork()               # the matcher, advanced by guesses
         start = self.rewind(context)
         logits = self.forward(context[start:], start)                            # (1, V)
         drafts, qs = [], []
         for i in range(k):
-            q = processed_probs(logits, params, prompt, outputs, eos_id)          # (V,); one-hot when greedy
+            q = processed_probs(logits, params, prompt, outputs, eos_id, ahead)   # (V,); one-hot when greedy
             d = draw_from(q, self.generator)                                     # drawn from q, as sample() draws
             drafts.append(d)
             qs.append(q)
             outputs.append(d)
+            if ahead is not None:
+                ahead.accept(d)
+                if ahead.complete:           # nothing but EOS could follow: the request stops at this token
+                    break
             if i < k - 1:
                 logits = self.forward([d], len(context) + i)
         return drafts, qs
@@ -109,10 +132,11 @@ class SelfDrafter(ModelDrafter):
         super().__init__(seed)
         self.model, self.layers, self.cache = model, layers, cache
 
-    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id):
+    def propose(self, context: list[int], k: int, params, prompt_len: int, eos_id,
+                constraint: Constraint | None = None):
         verified = self.cache.length
         try:
-            return super().propose(context, k, params, prompt_len, eos_id)
+            return super().propose(context, k, params, prompt_len, eos_id, constraint)
         finally:
             self.cache.truncate(verified)           # the cache as it was: only verified tokens count
 

@@ -76,6 +76,7 @@ class SpeculativeRunner:
         self.drafts: list[int] = []
         self.qs: list | None = None             # the drafts' distributions (None: one-hot drafts)
         self.row = 0
+        self.constraint = None                  # the request's structured-output matcher (sample_next sees it)
         self.stats = SpeculativeStats(config.name, config.k)
 
     def first_logits(self):
@@ -96,8 +97,10 @@ class SpeculativeRunner:
         emitted = len(self.context) - len(self.prompt)
         k = min(self.config.k, self.params.max_tokens - emitted - 1)         # never draft past max_tokens
         start = now()
-        drafts, qs = self.drafter.propose(self.context, k, self.params, len(self.prompt), self.model.tokenizer.eos_id) \
-            if k > 0 else ([], None)
+        # the loop appended `token` to the request before asking for these logits: its matcher stands at the end
+        # of self.context, where the drafts start
+        drafts, qs = self.drafter.propose(self.context, k, self.params, len(self.prompt), self.model.tokenizer.eos_id,
+                                          self.constraint) if k > 0 else ([], None)
         self.stats.draft_s += now() - start
         xp, base = self.model.xp, len(self.context) - 1
         ids = xp.asarray([token] + drafts)[None]                               # (1, 1 + k)
@@ -112,7 +115,9 @@ class SpeculativeRunner:
 
     def sample_next(self, logits, state) -> int:
         """The token for this row: plain sampling where there is no draft to check (and for greedy, whose plain
-        choice decides acceptance by itself); speculative sampling against the draft otherwise."""
+        choice decides acceptance by itself); speculative sampling against the draft otherwise. With structured
+        output both go through the request's mask at this row, so a draft the constraint refuses is never kept."""
+        self.constraint = state.constraint
         self.stats.output_tokens += 1
         record = self.stats.passes[-1]
         if self.row >= len(self.drafts):                                       # a bonus row, or no drafts
