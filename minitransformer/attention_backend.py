@@ -210,6 +210,35 @@ class KernelAttention(ArrayAttention):
                              xp.ascontiguousarray(v[:, :, :num_keys]))
 
 
+SLIDING_NOT_PAGED = ("sliding-window attention is not supported by the paged engine yet (Gemma 3's local layers); "
+                     "run this model through generate() / stream(), which use the contiguous cache")
+
+
+class SlidingWindowAttention(ArrayAttention):
+    """A sliding layer's attention (Gemma 3's local layers): the query at position p sees the keys in
+    (p - window, p] only (layers.causal_attention's window).
+
+    Arrays only, whatever the model chose: the kernels have no window, so a sliding layer never reaches them (and
+    Gemma 3's head_dim 256 is not a compiled kernel size anyway). The contiguous cache keeps every key and the window
+    is a mask, plus a slice that skips the keys before the window (a decode reads only the last `window`): the
+    memory a sliding layer could give back is not given back here. The paged answers refuse (SLIDING_NOT_PAGED)
+    rather than attend past the window.
+    """
+    name = "arrays (sliding window)"
+
+    def __init__(self, window: int):
+        self.window = window
+
+    def causal(self, q, k, v, q_positions, k_positions):
+        return causal_attention(q, k, v, q_positions, k_positions, window=self.window)
+
+    def paged_decode(self, cache: PagedPool, layer: int, q, positions, seq_lens, tables):
+        raise InputError(SLIDING_NOT_PAGED)
+
+    def paged_chunk(self, cache: PagedPool, layer: int, q, positions, table, num_keys: int):
+        raise InputError(SLIDING_NOT_PAGED)
+
+
 def consecutive(q_positions, k_positions, T: int, S: int) -> bool:
     """Keys at S consecutive positions and the queries the last T of them (always True for device arrays)."""
     if not isinstance(q_positions, np.ndarray):

@@ -7,6 +7,7 @@ context 8192, vocab 49152, tied embeddings, interleaved RoPE pairs, no biases.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import ModelFileError
@@ -14,8 +15,9 @@ from .errors import ModelFileError
 # general.architecture -> which dimensions RoPE rotates together (layers.apply_rope). The file does not say: its
 # architecture decides, as in llama.cpp's llama_model_rope_type (llama: interleaved pairs, "NORM"; qwen2, gemma3,
 # phi3 and others: split halves, "NEOX"). An architecture runs here only once it has an entry.
-ROPE_PAIRING = {"llama": "interleaved"}
+ROPE_PAIRING = {"llama": "interleaved", "gemma3": "neox"}
 ROPE_PAIRINGS = ("interleaved", "neox")
+ACTIVATIONS = ("silu", "gelu_tanh")
 SUPPORTED_ARCHITECTURES = tuple(ROPE_PAIRING)
 
 
@@ -35,10 +37,22 @@ class ModelConfig:
     tied_embeddings: bool  # lm_head reuses token_embd (no output.weight tensor)
     rope_pairing: str = "interleaved"   # "interleaved" (x[2i], x[2i+1]) or "neox" (x[i], x[i + d/2]): ROPE_PAIRING
     bias_tensors: tuple[str, ...] = ()  # layer tensors the file gives a bias ("attn_q" for blk.N.attn_q.bias)
+    # What sets Gemma 3 apart from llama; the defaults are llama's, so a llama model pays nothing for them
+    # (gemma3_options says where each Gemma 3 value comes from).
+    qk_norm: bool = False               # an RMSNorm on each query and key head before RoPE (attn_q_norm, attn_k_norm)
+    sandwich_norms: bool = False        # an RMSNorm on attention's and the FFN's outputs before each residual add
+    activation: str = "silu"            # the gated FFN's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embedding_scale: float = 1.0        # the token vectors are multiplied by this (Gemma: sqrt(d_model))
+    attention_scale: float = 0.0        # scores = q.k * this; 0 means 1/sqrt(head_dim)
+    sliding_window: int = 0             # a sliding layer's query at p sees keys in (p - window, p]; 0: none
+    sliding_layers: tuple[int, ...] = ()  # which layers slide (the others attend to everything before them)
+    rope_base_local: float = 0.0        # the sliding layers' RoPE theta (0: the same rope_base)
 
     def __post_init__(self):
         if self.rope_pairing not in ROPE_PAIRINGS:
             raise ValueError(f"rope_pairing must be one of {ROPE_PAIRINGS}, got {self.rope_pairing!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
 
     @property
     def group_size(self) -> int:
@@ -66,7 +80,9 @@ class ModelConfig:
         if n_heads < 1 or n_kv_heads < 1:
             raise ModelFileError(f"GGUF metadata gives {n_heads} attention heads and {n_kv_heads} KV heads; "
                                  "both must be at least 1")
-        head_dim = int(_field(reader, f"{arch}.rope.dimension_count", d_model // n_heads))
+        # Gemma 3 gives its head size as attention.key_length (256 for 270M, with 4 heads x 256 != d_model 640)
+        head_dim = int(_field(reader, f"{arch}.attention.key_length",
+                              _field(reader, f"{arch}.rope.dimension_count", d_model // n_heads)))
         tensor_names = {t.name for t in reader.tensors}
         biases = sorted(name[len("blk.0."):-len(".bias")] for name in tensor_names
                         if name.startswith("blk.0.") and name.endswith(".bias"))
@@ -89,12 +105,61 @@ class ModelConfig:
             tied_embeddings="output.weight" not in tensor_names,
             rope_pairing=ROPE_PAIRING[arch],
             bias_tensors=tuple(biases),
+            **(gemma3_options(reader, d_model, n_heads, head_dim) if arch == "gemma3" else {}),
         )
-        if head_dim * n_heads != d_model or n_heads % config.n_kv_heads or head_dim % 2:
-            raise ModelFileError(f"unsupported head layout: {n_heads} heads x head_dim {head_dim} vs d_model "
-                                 f"{d_model}, {config.n_kv_heads} KV heads (need n_heads*head_dim == d_model, "
-                                 "n_heads divisible by n_kv_heads, even head_dim)")
+        value_dim = int(_field(reader, f"{arch}.attention.value_length", head_dim))
+        if (arch == "llama" and head_dim * n_heads != d_model) or value_dim != head_dim or n_heads % n_kv_heads \
+                or head_dim % 2:
+            raise ModelFileError(f"unsupported head layout: {n_heads} heads x head_dim {head_dim} (values "
+                                 f"{value_dim}) vs d_model {d_model}, {n_kv_heads} KV heads (need keys and values "
+                                 "of one size, n_heads divisible by n_kv_heads, even head_dim, and for llama "
+                                 "n_heads*head_dim == d_model)")
         return config
+
+
+GEMMA3_GLOBAL_EVERY = 6          # every 6th layer (5, 11, 17, ...) attends globally, the other five slide
+GEMMA3_ROPE_BASE_LOCAL = 10_000.0
+
+
+def gemma3_options(reader, d_model: int, n_heads: int, head_dim: int) -> dict:
+    """The ModelConfig fields that make a gemma3 file Gemma 3, from its metadata and, where the file is silent, from
+    llama.cpp's and HF transformers' Gemma 3 code (the sources are named so a reader can check them):
+
+    - sliding layers: layer i slides unless i % 6 == 5 (llama.cpp src/models/gemma3.cpp load_swa_pattern(ml, 6) with
+      llama-hparams.cpp set_swa_pattern: swa when il % 6 < 5; HF configuration_gemma3.py: "sliding_attention" when
+      (i + 1) % 6 != 0). A file may override the period with attention.sliding_window_pattern (llama.cpp reads it).
+      Window from attention.sliding_window: key k is masked for query p when p - k >= window (llama.cpp
+      llama_hparams::is_masked_swa; HF masking_utils.sliding_window_overlay keeps kv_idx > q_idx - window).
+    - local RoPE base 10,000 unless rope.freq_base_swa says otherwise (llama.cpp llama-hparams.h
+      rope_freq_base_train_swa = 10000; HF default_theta["local"]); the global base is rope.freq_base (1e6).
+    - embedding scale sqrt(d_model) (llama.cpp gemma3.cpp ggml_scale(inpL, sqrtf(n_embd)); HF
+      Gemma3TextScaledWordEmbedding), GELU with the tanh approximation in the gated FFN (LLM_FFN_GELU;
+      HF hidden_activation "gelu_pytorch_tanh").
+    - attention scale 1/sqrt(head_dim), except the 62-layer 27B's 1/sqrt(d_model / n_heads) (llama.cpp gemma3.cpp
+      f_attention_scale, after gemma_pytorch's query_pre_attn_scalar; HF query_pre_attn_scalar, 256 = head_dim for
+      270M).
+    - norms: the GGUF already holds Gemma's (1 + w): llama.cpp's converter (conversion/gemma.py Gemma3Model.norm_shift)
+      adds 1 to every *norm.weight, so the plain RMSNorm applies. Q and K are not permuted (Gemma3Model does not
+      inherit LlamaModel's permute), hence the "neox" pairing.
+    - final logit softcapping: Gemma 2 had it, Gemma 3 does not (the converter asserts attn_logit_softcapping is
+      absent and writes final_logit_softcapping only if the HF config has one); a file that asks for it is refused
+      rather than run without it.
+    """
+    if _field(reader, "gemma3.final_logit_softcapping", 0.0):
+        raise ModelFileError("this gemma3 file asks for final logit softcapping, which minitransformer does not "
+                             "apply yet")
+    n_layers = int(_field(reader, "gemma3.block_count"))
+    window = int(_field(reader, "gemma3.attention.sliding_window", 0))
+    period = _field(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_GLOBAL_EVERY)
+    if not isinstance(period, int):
+        raise ModelFileError("this gemma3 file lists its sliding layers one by one "
+                             "(attention.sliding_window_pattern as an array), which minitransformer does not read yet")
+    sliding = tuple(i for i in range(n_layers) if window and i % period < period - 1)
+    scale_dim = d_model / n_heads if n_layers == 62 else head_dim
+    return dict(qk_norm=True, sandwich_norms=True, activation="gelu_tanh", embedding_scale=math.sqrt(d_model),
+                attention_scale=1.0 / math.sqrt(scale_dim), sliding_window=window if sliding else 0,
+                sliding_layers=sliding,
+                rope_base_local=float(_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL)))
 
 
 _MISSING = object()

@@ -78,15 +78,16 @@ def softmax(x, axis: int = -1, in_place: bool = False):
     return out
 
 
-def attention_probs(q, k, q_positions, k_positions):
+def attention_probs(q, k, q_positions, k_positions, window: int = 0):
     """Causal grouped-query attention weights.
 
     q (B, H, T, d), k (B, K, S, d), q_positions (B, T), k_positions (B, S) -> probs (B, K, G, T, S).
     Query head h reads KV head h // G (G = H // K), so the G query heads of a group are stacked as rows of one
-    matmul against their shared keys: the KV cache stores K heads, not H — the whole point of GQA.
+    matmul against their shared keys: the KV cache stores K heads, not H — the whole point of GQA (and of MQA, K = 1).
     A query at position p sees the keys at positions <= p (the causal mask, from positions, not from indices,
     so the same code serves a prompt, one decode step, or a chunk continuing a cache). Positions None: no mask,
     every key is visible (one decode query whose own key is the last, see causal_attention).
+    window > 0 (a sliding layer, Gemma 3): only the keys in (p - window, p] are visible.
     """
     xp = array_module(q)
     B, H, T, d = q.shape
@@ -98,15 +99,17 @@ def attention_probs(q, k, q_positions, k_positions):
     scores = (q_grouped @ k.transpose(0, 1, 3, 2)).reshape(B, K, G, T, S)   # (B, K, G, T, S), a fresh array
     if q_positions is not None:
         hidden = k_positions[:, None, :] > q_positions[:, :, None]          # (B, T, S): keys in the future
+        if window:
+            hidden |= k_positions[:, None, :] <= q_positions[:, :, None] - window   # keys out of the window
         xp.copyto(scores, -xp.inf, where=hidden[:, None, None])             # in place, broadcast over K, G
     return softmax(scores, axis=-1, in_place=True)
 
 
-def attention(q, k, v, q_positions, k_positions):
+def attention(q, k, v, q_positions, k_positions, window: int = 0):
     """softmax(q k^T / sqrt(d) + causal mask) v.   q (B, H, T, d), k and v (B, K, S, d) -> (B, H, T, d)."""
     B, H, T, d = q.shape
     K, S = k.shape[1], k.shape[2]
-    probs = attention_probs(q, k, q_positions, k_positions)                 # (B, K, G, T, S)
+    probs = attention_probs(q, k, q_positions, k_positions, window)         # (B, K, G, T, S)
     out = probs.reshape(B, K, (H // K) * T, S) @ v                          # (B, K, G*T, d)
     return out.reshape(B, H, T, d)
 
@@ -123,7 +126,7 @@ def causal_pairs(T: int, S: int, block: int = QUERY_BLOCK) -> int:
     return sum((min(a + block, T) - a) * (S - T + min(a + block, T)) for a in range(0, T, block))
 
 
-def causal_attention(q, k, v, q_positions, k_positions, block: int = QUERY_BLOCK):
+def causal_attention(q, k, v, q_positions, k_positions, block: int = QUERY_BLOCK, window: int = 0):
     """`attention` for queries that are the last T of the S keys, in order (a prompt, a prefill chunk continuing a
     cache, one decode step): the same numbers, computed `block` query rows at a time.
 
@@ -132,19 +135,23 @@ def causal_attention(q, k, v, q_positions, k_positions, block: int = QUERY_BLOCK
     score matrix. And a block's scores, (B, K, G*block, <=S) floats, fit in the CPU's cache where the whole
     (B, K, G*T, S) matrix does not, so the softmax's passes stay out of DRAM (lesson 02 measures prefill speed).
     q (B, H, T, d), k and v (B, K, S, d) -> (B, H, T, d).
+    window > 0 (a sliding layer): row t sees only the last `window` keys up to its own, so a block also skips the
+    keys before the window of its first row, and a decode step reads only the last `window` keys.
     """
     xp = array_module(q)
     T, S = q.shape[2], k.shape[2]
     if T == 1:                                   # a decode step: its own key is the newest, all S are visible
-        return attention(q, k, v, None, None)
+        first = max(0, S - window) if window else 0                         # or the last `window` of them
+        return attention(q, k[:, :, first:], v[:, :, first:], None, None)
     if T <= block:
-        return attention(q, k, v, q_positions, k_positions)
+        return attention(q, k, v, q_positions, k_positions, window)
     out = xp.empty_like(q)                                                  # (B, H, T, d)
     for a in range(0, T, block):
         b = min(a + block, T)
         seen = S - T + b                                                    # keys visible to rows < b
-        out[:, :, a:b] = attention(q[:, :, a:b], k[:, :, :seen], v[:, :, :seen],
-                                   q_positions[:, a:b], k_positions[:, :seen])
+        first = max(0, S - T + a - window + 1) if window else 0             # keys before it: out of every window
+        out[:, :, a:b] = attention(q[:, :, a:b], k[:, :, first:seen], v[:, :, first:seen],
+                                   q_positions[:, a:b], k_positions[:, first:seen], window)
     return out
 
 
@@ -154,11 +161,22 @@ def silu(x):
     return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
 
 
-def swiglu(x, w_gate_up, w_down):
+def gelu_tanh(x):
+    """GELU with the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's FFN activation,
+    HF's "gelu_pytorch_tanh", llama.cpp's LLM_FFN_GELU)."""
+    xp = array_module(x)
+    return 0.5 * x * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
+
+
+def swiglu(x, w_gate_up, w_down, activation=silu):
     """The llama feed-forward: down(silu(x @ gate) * (x @ up)), gate and up side by side in one matmul.
+    Gemma's is the same with activation=gelu_tanh (GeGLU); ACTIVATION maps a config's name to the function.
 
     x (N, D), w_gate_up (D, 2F) = [gate | up], w_down (F, D) -> (N, D).
     """
     F = w_down.shape[0]
     gate_up = x @ w_gate_up                                                 # (N, 2F)
-    return (silu(gate_up[:, :F]) * gate_up[:, F:]) @ w_down
+    return (activation(gate_up[:, :F]) * gate_up[:, F:]) @ w_down
+
+
+ACTIVATION = {"silu": silu, "gelu_tanh": gelu_tanh}     # ModelConfig.activation -> the function

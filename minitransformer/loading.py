@@ -15,7 +15,7 @@ from .attention_backend import choose_attention
 from .backend import DTYPE, get_xp
 from .config import ModelConfig
 from .errors import InputError, ModelFileError
-from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer
+from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer, layer_weights
 from .quantize import quantize_model
 from .tokenizer import Tokenizer
 from .weights import dequantize, open_gguf, resolve_model_path
@@ -56,7 +56,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
 
     check_no_biases(config, path)
     D, V = config.d_model, config.vocab_size
-    layers = [LayerWeights(**{w.field: load_layer_weight(load, w, config, i, xp) for w in LAYER_WEIGHTS})
+    layers = [LayerWeights(**{w.field: load_layer_weight(load, w, config, i, xp) for w in layer_weights(config)})
               for i in range(config.n_layers)]
     embedding = load("token_embd.weight", (V, D))
     lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from .attention_backend import ArrayAttention, AttentionBackend, ForwardCache
+from .attention_backend import ArrayAttention, AttentionBackend, ForwardCache, SlidingWindowAttention
 from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
-from .layers import apply_rope, rms_norm, swiglu
+from .layers import ACTIVATION, apply_rope, rms_norm, swiglu
 from .rope import RopeTable
 
 
@@ -57,6 +57,7 @@ class LayerWeight:
     tensors: tuple[str, ...]        # GGUF tensors "blk.{i}.<name>.weight", side by side as columns in this order
     columns: tuple[str, ...]        # ModelConfig size of each tensor's outputs (for a vector: its length)
     rows: str | None = None         # ModelConfig size of the inputs, None for a vector (a norm's scale)
+    when: str | None = None         # a ModelConfig flag: the weight exists only where it is set (Gemma 3's norms)
 
     @property
     def is_matrix(self) -> bool:
@@ -74,6 +75,10 @@ class LayerWeight:
         shapes = [shape for _, shape in self.tensor_shapes(config)]
         return (*shapes[0][:-1], sum(shape[-1] for shape in shapes))
 
+    def present(self, config: ModelConfig) -> bool:
+        """Whether a model of `config` has this weight (always, unless `when` names a flag that is off)."""
+        return self.when is None or bool(getattr(config, self.when))
+
     def gguf_names(self, layer: int) -> list[str]:
         return [f"blk.{layer}.{t}.weight" for t in self.tensors]
 
@@ -82,7 +87,8 @@ class LayerWeight:
         return any(t in config.bias_tensors for t in self.tensors)
 
 
-# One llama decoder layer, in forward order: the fields of LayerWeights, in the same order (tests/test_model.py).
+# One llama decoder layer, in forward order, then the norms only Gemma 3 has (config.qk_norm, config.sandwich_norms):
+# the fields of LayerWeights, in the same order (tests/test_model.py).
 LAYER_WEIGHTS = (
     LayerWeight("attn_norm", "attn norm", ("attn_norm",), ("d_model",)),
     LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model"),
@@ -90,13 +96,23 @@ LAYER_WEIGHTS = (
     LayerWeight("ffn_norm", "ffn norm", ("ffn_norm",), ("d_model",)),
     LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model"),
     LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim"),
+    LayerWeight("attn_q_norm", "q norm", ("attn_q_norm",), ("head_dim",), when="qk_norm"),
+    LayerWeight("attn_k_norm", "k norm", ("attn_k_norm",), ("head_dim",), when="qk_norm"),
+    LayerWeight("post_attention_norm", "post-attn norm", ("post_attention_norm",), ("d_model",),
+                when="sandwich_norms"),
+    LayerWeight("post_ffw_norm", "post-ffn norm", ("post_ffw_norm",), ("d_model",), when="sandwich_norms"),
 )
 LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
 
 
+def layer_weights(config: ModelConfig) -> tuple[LayerWeight, ...]:
+    """The entries of LAYER_WEIGHTS a model of `config` has (llama: the first six; Gemma 3: all ten)."""
+    return tuple(w for w in LAYER_WEIGHTS if w.present(config))
+
+
 def layer_parameters(config: ModelConfig) -> int:
-    """Numbers in one layer's weights (its four matrices and two norms), from the config alone."""
-    return sum(math.prod(weight.shape(config)) for weight in LAYER_WEIGHTS)
+    """Numbers in one layer's weights (its four matrices and its norms), from the config alone."""
+    return sum(math.prod(weight.shape(config)) for weight in layer_weights(config))
 
 
 @dataclass
@@ -114,6 +130,10 @@ class LayerWeights:
     ffn_norm: Any       # (D,)
     w_gate_up: Any      # (D, 2F): columns [gate | up]
     w_down: Any         # (F, D)
+    attn_q_norm: Any = None          # (d,) Gemma 3: RMSNorm of each query head, before RoPE; None for llama
+    attn_k_norm: Any = None          # (d,) and of each key head
+    post_attention_norm: Any = None  # (D,) Gemma 3: RMSNorm of attention's output before the residual add
+    post_ffw_norm: Any = None        # (D,) and of the FFN's
 
     @property
     def wq(self):       # (D, H*d)
@@ -158,6 +178,12 @@ class Transformer:
         self.load_seconds = load_seconds
         self.attention = attention or ArrayAttention()   # arrays or kernels, chosen once (attention_backend.py)
         self.rope = RopeTable(config, xp)       # cos and sin of the positions in use (rope.py)
+        # Gemma 3's sliding layers: their own RoPE base and a windowed attention (None/unused for llama)
+        self.rope_local = RopeTable(config, xp, config.rope_base_local) if config.sliding_layers else None
+        self.window_attention = SlidingWindowAttention(config.sliding_window)
+        self.ffn_activation = ACTIVATION[config.activation]     # SiLU (SwiGLU) or GELU-tanh (Gemma's GeGLU)
+        # attention_probs scales q by 1/sqrt(d); a model whose scale differs (Gemma 3 27B) rescales q first
+        self.query_rescale = config.attention_scale * math.sqrt(config.head_dim) if config.attention_scale else 1.0
 
     @property
     def kernel_attention(self):
@@ -179,12 +205,26 @@ class Transformer:
         """
         token_ids, positions = self._check_inputs(token_ids, positions)
         B, T = token_ids.shape
+        cfg = self.config
         h = self.embedding[token_ids.reshape(-1)]                          # (B*T, D)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]      # (B, T, d/2) each
+        if cfg.embedding_scale != 1.0:
+            h = h * cfg.embedding_scale                                    # Gemma: sqrt(d_model)
+        angles = [(self.rope_cos[positions], self.rope_sin[positions])]   # (B, T, d/2) each; [1]: sliding layers'
+        if self.rope_local is not None:
+            local: Any = self.rope_local
+            angles.append((local.cos[positions], local.sin[positions]))
         for index, layer in enumerate(self.layers[:layers]):
-            h = h + self.attention_block(index, layer, rms_norm(h, layer.attn_norm, self.config.norm_eps),
-                                         positions, cos, sin, cache)
-            h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
+            cos, sin = angles[index in cfg.sliding_layers]
+            out = self.attention_block(index, layer, rms_norm(h, layer.attn_norm, cfg.norm_eps),
+                                       positions, cos, sin, cache)
+            if layer.post_attention_norm is not None:                      # Gemma's sandwich norms
+                out = rms_norm(out, layer.post_attention_norm, cfg.norm_eps)
+            h = h + out
+            out = swiglu(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer.w_gate_up, layer.w_down,
+                         self.ffn_activation)
+            if layer.post_ffw_norm is not None:
+                out = rms_norm(out, layer.post_ffw_norm, cfg.norm_eps)
+            h = h + out
         if cache is not None:
             cache.advance(T)
         if last_only:
@@ -197,10 +237,11 @@ class Transformer:
         """Self-attention of one layer.   x (B*T, D) normalized hidden states -> (B*T, D)."""
         B, T = positions.shape
         q, k, v = self.project_qkv(layer, x, B, T, cos, sin)   # (B, H, T, d), (B, K, T, d), (B, K, T, d)
+        attention = self.window_attention if index in self.config.sliding_layers else self.attention
         if cache is None:
-            out = self.attention.causal(q, k, v, positions, positions)                # (B, H, T, d)
+            out = attention.causal(q, k, v, positions, positions)                     # (B, H, T, d)
         else:
-            out = cache.attend(index, q, k, v, positions, self.attention)             # (B, H, T, d)
+            out = cache.attend(index, q, k, v, positions, attention)                  # (B, H, T, d)
         return out.transpose(0, 2, 1, 3).reshape(B * T, self.config.q_dim) @ layer.wo  # (B*T, D)
 
     def project_qkv(self, layer: LayerWeights, x, B: int, T: int, cos, sin):
@@ -209,8 +250,13 @@ class Transformer:
         H, K = cfg.n_heads, cfg.n_kv_heads
         qkv = x @ layer.w_qkv                                                       # (B*T, (H + 2K) * d)
         heads = qkv.reshape(B, T, H + 2 * K, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, H + 2K, T, d)
-        qk = apply_rope(heads[:, :H + K], cos, sin, self.rope.pairing)   # (B, H + K, T, d): q and k in one call
-        return qk[:, :H], qk[:, H:], heads[:, H + K:]
+        qk = heads[:, :H + K]                                                       # (B, H + K, T, d)
+        if layer.attn_q_norm is not None:            # Gemma 3: every query and key head RMS-normalized before RoPE
+            qk = self.xp.concatenate([rms_norm(qk[:, :H], layer.attn_q_norm, cfg.norm_eps),
+                                      rms_norm(qk[:, H:], layer.attn_k_norm, cfg.norm_eps)], axis=1)
+        qk = apply_rope(qk, cos, sin, self.rope.pairing)                 # (B, H + K, T, d): q and k in one call
+        q = qk[:, :H] if self.query_rescale == 1.0 else qk[:, :H] * self.query_rescale
+        return q, qk[:, H:], heads[:, H + K:]
 
     def output_logits(self, h):
         """The final RMSNorm and lm_head: h (R, D) last hidden states -> logits (R, V), one score per token.
@@ -249,6 +295,8 @@ class Transformer:
                                      f"{what} [0, {limit})")
                 if name == "positions":
                     self.rope.reserve(high + 1)
+                    if self.rope_local is not None:
+                        self.rope_local.reserve(high + 1)
             checked.append(xp.asarray(array.astype(INDEX_DTYPE, copy=False)))
         if checked[0].shape != checked[1].shape:
             raise InputError(f"token_ids {tuple(checked[0].shape)} and positions {tuple(checked[1].shape)} must "
@@ -261,7 +309,7 @@ class Transformer:
     def weight_bytes(self) -> int:
         """Bytes of all weights as stored (the tied lm_head is a view and is not counted twice)."""
         arrays = [self.embedding, self.final_norm] + [getattr(layer, w.field) for layer in self.layers
-                                                      for w in LAYER_WEIGHTS]
+                                                      for w in layer_weights(self.config)]
         if not self.config.tied_embeddings:
             arrays.append(self.lm_head)
         return sum(int(a.nbytes) for a in arrays)

@@ -188,6 +188,8 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
             raise InputError("the prompt is empty; give at least one character")
         text = prompt
         ids = tokenizer.encode(text, limit=room)
+        if tokenizer.add_bos and tokenizer.bos_id is not None:    # the file asks for BOS first (Gemma; not SmolLM2)
+            ids = [tokenizer.bos_id] + ids
     else:
         ids = prompt_token_ids(prompt, tokenizer.vocab_size)
     if not ids:

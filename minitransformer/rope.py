@@ -23,10 +23,12 @@ ROPE_TABLE_POSITIONS = 8192     # positions covered at load (fewer if the contex
 
 class RopeTable:
     """cos, sin: (positions, head_dim / 2) float32 each, on the model's device; row p rotates position p.
+    base: RoPE theta (the config's rope_base unless given: Gemma 3's sliding layers use rope_base_local).
     pairing: which dimensions each angle rotates together, "interleaved" or "neox" (layers.apply_rope)."""
 
-    def __init__(self, config: ModelConfig, xp):
+    def __init__(self, config: ModelConfig, xp, base: float | None = None):
         self.config, self.xp = config, xp
+        self.base = config.rope_base if base is None else base     # Gemma 3's sliding layers have their own
         self.pairing = config.rope_pairing
         self.cos = self.sin = None
         self.positions = 0
@@ -46,6 +48,6 @@ class RopeTable:
         check_memory(n * half * (8 + 8 + 4 + 4), what, np, hint)
         if self.xp is not np:
             check_memory(n * half * 2 * 4, what, self.xp, hint)
-        cos, sin = rope_table(n, self.config.head_dim, self.config.rope_base)
+        cos, sin = rope_table(n, self.config.head_dim, self.base)
         self.cos, self.sin = self.xp.asarray(cos), self.xp.asarray(sin)      # (n, d/2) each
         self.positions = n

@@ -93,13 +93,13 @@ def main() -> None:
     print(f"wrote {OUT} ({OUT.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
 
 
-def greedy_ids(model, ids: list[int]) -> list[int]:
-    """NEW_TOKENS argmax steps with HF's own KV cache, never stopping at EOS (the test passes no stop ids)."""
+def greedy_ids(model, ids: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    """new_tokens argmax steps with HF's own KV cache, never stopping at EOS (the test passes no stop ids)."""
     import torch
 
     out, past, step_input = [], None, torch.tensor([ids])
     with torch.no_grad():
-        for _ in range(NEW_TOKENS):
+        for _ in range(new_tokens):
             result = model(step_input, past_key_values=past, use_cache=True)
             past = result.past_key_values
             token = int(torch.argmax(result.logits[0, -1]))

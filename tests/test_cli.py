@@ -229,9 +229,10 @@ def test_speculative_and_cache_option_errors_are_one_line_exit_2(tiny_model_path
     assert message in err and len(err.splitlines()) == 1, err
 
 
-def test_a_model_of_another_architecture_is_one_line_exit_2(gemma_model_path):
-    """Gemma 3 is fetched by name, but its forward pass is not ours yet: one line naming the architecture."""
-    result = run_cli("generate", "hi", "--model", "gemma3-270m", "--max-tokens", "2")
+def test_a_model_of_another_architecture_is_one_line_exit_2(tmp_path):
+    """A file whose architecture has no forward here (qwen2, hand-made): one line naming the architecture."""
+    path = write_tiny_llama(tmp_path / "tiny-qwen2.gguf", arch="qwen2")
+    result = run_cli("generate", "hi", "--model", str(path), "--max-tokens", "2")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip().splitlines() == ["minitransformer: error: unsupported model architecture 'gemma3'; "
-                                                  "minitransformer runs: llama"]
+    assert result.stderr.strip().splitlines() == ["minitransformer: error: unsupported model architecture 'qwen2'; "
+                                                  "minitransformer runs: llama, gemma3"]

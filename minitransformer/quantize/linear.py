@@ -15,7 +15,7 @@ import numpy as np
 from ..backend import DTYPE, array_module, matmul_float16
 from ..config import ModelConfig
 from ..errors import InputError
-from ..model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer
+from ..model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer, layer_weights
 from .schemes import (
     GROUP,
     SCHEMES,
@@ -225,7 +225,7 @@ def expected_weight_bytes(config: ModelConfig, weights: str, embedding: str | No
         in_features, out_features = weight.shape(config)
         return quantized_bytes(out_features, in_features, weights)
 
-    per_layer = sum(stored_bytes(w) for w in LAYER_WEIGHTS)
+    per_layer = sum(stored_bytes(w) for w in layer_weights(config))
     emb = (embedding or weights) if weights != "f32" else "f32"
     head = 0 if config.tied_embeddings else quantized_bytes(V, D, emb)
     return config.n_layers * per_layer + quantized_bytes(V, D, emb) + head + 4 * D                  # + final norm

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import itertools
 
+from ..attention_backend import SLIDING_NOT_PAGED
 from ..backend import check_count, keep_freed_memory
 from ..errors import InputError, QuotaError
 from ..kv_cache import estimate_kv_bytes
@@ -73,6 +74,8 @@ class Engine:
                  aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32",
                  cuda_graphs: bool | None = None):
         config = model.config
+        if config.sliding_layers:                # the paged cache, its kernels and graphs have no window yet
+            raise InputError(SLIDING_NOT_PAGED)
         check_storage(kv_cache)
         self.kv_bytes = lambda tokens: estimate_kv_bytes(config, tokens, storage=kv_cache)   # K and V of `tokens`
         if policy not in POLICIES:
