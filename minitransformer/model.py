@@ -24,6 +24,10 @@ A cache is any object with
 (attention_backend.ForwardCache: kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool).
 `attention` is the model's one choice of arrays or kernels (attention_backend.AttentionBackend), made at load.
 With no cache the T tokens attend to each other.
+
+Split over several processes (tensor parallelism, parallel/plan.py; lesson 15), each rank runs this same forward
+on its share of the heads and FFN columns, and `comm.all_reduce` after each layer's two blocks sums the ranks'
+partial outputs: the only two lines here that know other ranks exist.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
 from .layers import apply_rope, rms_norm, swiglu
+from .parallel.communicator import Communicator
 from .rope import RopeTable
 
 
@@ -57,6 +62,9 @@ class LayerWeight:
     tensors: tuple[str, ...]        # GGUF tensors "blk.{i}.<name>.weight", side by side as columns in this order
     columns: tuple[str, ...]        # ModelConfig size of each tensor's outputs (for a vector: its length)
     rows: str | None = None         # ModelConfig size of the inputs, None for a vector (a norm's scale)
+    split: str | None = None        # tensor parallelism (parallel/plan.py): "column" = each rank holds some outputs
+                                    # (whole heads, FFN columns), "row" = some inputs, giving a partial sum that an
+                                    # all-reduce completes; None = every rank holds all of it
 
     @property
     def is_matrix(self) -> bool:
@@ -85,11 +93,13 @@ class LayerWeight:
 # One llama decoder layer, in forward order: the fields of LayerWeights, in the same order (tests/test_model.py).
 LAYER_WEIGHTS = (
     LayerWeight("attn_norm", "attn norm", ("attn_norm",), ("d_model",)),
-    LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model"),
-    LayerWeight("wo", "wo", ("attn_output",), ("d_model",), rows="q_dim"),
+    LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model",
+                split="column"),
+    LayerWeight("wo", "wo", ("attn_output",), ("d_model",), rows="q_dim", split="row"),
     LayerWeight("ffn_norm", "ffn norm", ("ffn_norm",), ("d_model",)),
-    LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model"),
-    LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim"),
+    LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model",
+                split="column"),
+    LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim", split="row"),
 )
 LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
 
@@ -158,6 +168,9 @@ class Transformer:
         self.load_seconds = load_seconds
         self.attention = attention or ArrayAttention()   # arrays or kernels, chosen once (attention_backend.py)
         self.rope = RopeTable(config, xp)       # cos and sin of the positions in use (rope.py)
+        # With tensor parallelism (parallel/): this rank's collectives, and `config` holds only this rank's heads
+        # and FFN columns. None on one process, where forward skips the all-reduces.
+        self.comm: Communicator | None = None
 
     @property
     def kernel_attention(self):
@@ -181,10 +194,17 @@ class Transformer:
         B, T = token_ids.shape
         h = self.embedding[token_ids.reshape(-1)]                          # (B*T, D)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]      # (B, T, d/2) each
+        comm = self.comm        # tensor parallelism: each block's output is this rank's partial sum (parallel/plan.py)
         for index, layer in enumerate(self.layers[:layers]):
-            h = h + self.attention_block(index, layer, rms_norm(h, layer.attn_norm, self.config.norm_eps),
-                                         positions, cos, sin, cache)
-            h = h + swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
+            out = self.attention_block(index, layer, rms_norm(h, layer.attn_norm, self.config.norm_eps),
+                                       positions, cos, sin, cache)                 # (B*T, D)
+            if comm is not None:
+                comm.all_reduce(out)                       # sum over the ranks' heads: the whole block's output
+            h = h + out
+            out = swiglu(rms_norm(h, layer.ffn_norm, self.config.norm_eps), layer.w_gate_up, layer.w_down)
+            if comm is not None:
+                comm.all_reduce(out)                       # sum over the ranks' FFN columns
+            h = h + out
         if cache is not None:
             cache.advance(T)
         if last_only:
