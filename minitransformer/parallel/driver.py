@@ -59,8 +59,8 @@ class DriverTransformer(Transformer):
     """Rank 0's model: the same weights and forward, after broadcasting each forward's StepMessage."""
 
     def __init__(self, model: Transformer, comm: Communicator):
-        vars(self).update(vars(model))       # the same arrays, config and tokenizer: no copy
-        self.comm = self.group = comm                  # group: the same, typed as never None here
+        vars(self).update(vars(model))       # the same arrays, config, tokenizer and comm (None in a world of 1)
+        self.group = comm                    # where the step messages go
         self._announced: dict[int, KVCache] = {}       # key -> the driver's caches the workers hold a mirror of
 
     def forward(self, token_ids, positions, cache=None, layers=None, logits_rows=None, last_only=False):

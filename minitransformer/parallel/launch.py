@@ -57,10 +57,12 @@ def find_mpiexec() -> str:
     return found
 
 
-def run_ranks(argv: list[str], world_size: int) -> int:
-    """Run `python -m minitransformer *argv` as `world_size` ranks; return rank 0's exit code, or 1 with one
-    clear line on stderr when a rank died. Stops them all on the way out, an exception or a signal included."""
-    command = [find_mpiexec(), "-n", str(world_size), sys.executable, "-m", "minitransformer", *argv]
+def run_ranks(argv: list[str], world_size: int, program: list[str] | None = None) -> int:
+    """Run `python -m minitransformer *argv` (or `program *argv`: a lesson's own script) as `world_size` ranks;
+    return rank 0's exit code, or 1 with one clear line on stderr when a rank died. Stops them all on the way
+    out, an exception or a signal included."""
+    program = program if program is not None else [sys.executable, "-m", "minitransformer"]
+    command = [find_mpiexec(), "-n", str(world_size), *program, *argv]
     env = {**os.environ, RANKS_ENV: str(world_size), SUPERVISOR_ENV: str(os.getpid())}
     # Each rank's BLAS would start one thread per core: N ranks x cores threads that spin while they wait for
     # each other on too few cores, tens of times slower. Give each rank its share of the cores unless told.
