@@ -243,6 +243,16 @@ def test_a_size_that_cannot_split_the_heads_is_exit_2_with_the_head_counts(six_h
         assert "6 query heads, 3 KV heads and FFN 192" in lines[0] and "sizes that work: 1, 3, 6" in lines[0]
 
 
+@needs_mpi
+def test_an_error_on_rank_0_is_its_one_line_and_exit_code_and_stops_the_workers(six_head_path, process_tag):
+    run = cli("generate", "the cat " * 100, "--model", str(six_head_path), "--max-tokens", "4",
+              "--tensor-parallel-size", "3")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        "minitransformer: error: prompt (more than 124 tokens) + max_tokens (4) exceeds the context length of 128 "
+        "tokens"]
+
+
 def test_smollm2_at_size_2_is_refused_naming_9_query_heads(real_model_path, process_tag):
     run = cli("generate", "hi", "--model", str(real_model_path), "--tensor-parallel-size", "2")
     assert run.returncode == 2 and "9 query heads, 3 KV heads and FFN 1536" in run.stderr
