@@ -16,13 +16,15 @@ from .backend import DTYPE, get_xp
 from .config import ModelConfig
 from .errors import InputError, ModelFileError
 from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer, layer_weights
+from .parallel.communicator import Communicator
+from .parallel.plan import ShardPlan
 from .quantize import quantize_model
 from .tokenizer import Tokenizer
 from .weights import dequantize, open_gguf, resolve_model_path
 
 
 def load_model(path: str | Path | None = None, device: str = "cpu", attention: str = "auto",
-               dtype: str = "float32") -> Transformer:
+               dtype: str = "float32", comm: Communicator | None = None) -> Transformer:
     """Load a llama-architecture GGUF (the default SmolLM2-135M-Instruct when `path` is None, fetched on first
     use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32.
 
@@ -32,21 +34,28 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
     matrix, embedding included, with float32 accumulation = this float32 load, then quantize.quantize_model(model,
     "f16", embedding="f16") (half the weight bytes; norms, activations, KV cache and logits stay float32).
     "bfloat16" is refused (check_dtype says why).
+    comm: this process's communicator when the model is split over several (parallel/): the rank loads only its
+    heads and FFN columns (parallel/plan.py) and its forward all-reduces; None or a world of 1 loads everything.
     """
     check_dtype(dtype)
+    if comm is not None and comm.world_size > 1 and dtype != "float32":
+        raise InputError(f"tensor parallelism loads float32 weights; dtype {dtype} is not split yet")
     start = time.perf_counter()
     xp = get_xp(device)
     path = resolve_model_path(path)
     reader = open_gguf(path)
     config = ModelConfig.from_gguf(reader)
+    plan = ShardPlan(config, comm.world_size, comm.rank) if comm is not None and comm.world_size > 1 else None
+    config = plan.shard_config() if plan is not None else config      # this rank's heads and FFN columns
     tokenizer = Tokenizer.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
 
-    def load(name: str, shape: tuple, transpose: bool = False):
-        """Dequantize one tensor, check its shape, lay it out as (in, out) if asked, move it to the device."""
+    def load(name: str, shape: tuple, transpose: bool = False, rows=None, columns=None):
+        """Dequantize one tensor (or only its rows / columns: a shard), check its shape, lay it out as (in, out) if
+        asked, move it to the device."""
         if name not in tensors:
             raise ModelFileError(f"{path}: tensor {name} is missing; not a complete llama-architecture model")
-        array = dequantize(tensors[name])                      # (out, in) for matrices
+        array = dequantize(tensors[name], rows, columns)       # (out, in) for matrices
         if transpose:
             array = np.ascontiguousarray(array.T)              # (in, out); the (out, in) copy is dropped here
         if array.shape != shape:
@@ -56,7 +65,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
 
     check_no_biases(config, path)
     D, V = config.d_model, config.vocab_size
-    layers = [LayerWeights(**{w.field: load_layer_weight(load, w, config, i, xp) for w in layer_weights(config)})
+    layers = [LayerWeights(**{w.field: load_layer_weight(load, w, config, i, xp, plan) for w in layer_weights(config)})
               for i in range(config.n_layers)]
     embedding = load("token_embd.weight", (V, D))
     lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
@@ -64,18 +73,34 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
     model = Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
                         load_seconds=time.perf_counter() - start,
                         attention=choose_attention(attention, device, config))
+    model.comm = comm if plan is not None else None
     if dtype == "float16":
         model = quantize_model(model, "f16", embedding="f16")
         model.load_seconds = time.perf_counter() - start
     return model
 
 
-def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int, xp):
+def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int, xp, plan: ShardPlan | None = None):
     """One entry of LAYER_WEIGHTS for block `layer`: its GGUF tensors, each checked against its shape from the
-    config, laid side by side as columns (q | k | v, gate | up): a vector as it is, a matrix as (in, out)."""
-    parts = [load(name, shape, transpose=weight.is_matrix)
-             for name, (_, shape) in zip(weight.gguf_names(layer), weight.tensor_shapes(config))]
+    config, laid side by side as columns (q | k | v, gate | up): a vector as it is, a matrix as (in, out).
+
+    With a plan (tensor parallelism; `config` is then the shard's) only this rank's part of each tensor is read:
+    a column-split weight's outputs (the file's rows: its q heads, its KV heads, its FFN columns), a row-split
+    weight's inputs (the file's columns)."""
+    parts = [load(name, shape, transpose=weight.is_matrix, **shard_of(weight, size, plan))
+             for name, (_, shape), size in zip(weight.gguf_names(layer), weight.tensor_shapes(config),
+                                               weight.columns)]
     return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=1)
+
+
+def shard_of(weight: LayerWeight, size: str, plan: ShardPlan | None) -> dict:
+    """load()'s rows= or columns= for one tensor of `weight` whose outputs are `size`: nothing without a plan or
+    for a weight every rank holds whole."""
+    if plan is None or weight.split is None:
+        return {}
+    if weight.split == "column":
+        return {"rows": plan.span(size)}              # GGUF stores (out, in): outputs are the file's rows
+    return {"columns": plan.span(weight.rows or "")}
 
 
 def check_no_biases(config: ModelConfig, path) -> None:

@@ -24,6 +24,10 @@ A cache is any object with
 (attention_backend.ForwardCache: kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool).
 `attention` is the model's one choice of arrays or kernels (attention_backend.AttentionBackend), made at load.
 With no cache the T tokens attend to each other.
+
+Split over several processes (tensor parallelism, parallel/plan.py; lesson 15), each rank runs this same forward
+on its share of the heads and FFN columns, and `comm.all_reduce` after each layer's two blocks sums the ranks'
+partial outputs: the only two lines here that know other ranks exist.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
 from .layers import ACTIVATION, apply_rope, rms_norm, swiglu
+from .parallel.communicator import Communicator
 from .rope import RopeTable
 
 
@@ -58,6 +63,9 @@ class LayerWeight:
     columns: tuple[str, ...]        # ModelConfig size of each tensor's outputs (for a vector: its length)
     rows: str | None = None         # ModelConfig size of the inputs, None for a vector (a norm's scale)
     when: str | None = None         # a ModelConfig flag: the weight exists only where it is set (Gemma 3's norms)
+    split: str | None = None        # tensor parallelism (parallel/plan.py): "column" = each rank holds some outputs
+                                    # (whole heads, FFN columns), "row" = some inputs, giving a partial sum that an
+                                    # all-reduce completes; None = every rank holds all of it
 
     @property
     def is_matrix(self) -> bool:
@@ -91,11 +99,13 @@ class LayerWeight:
 # the fields of LayerWeights, in the same order (tests/test_model.py).
 LAYER_WEIGHTS = (
     LayerWeight("attn_norm", "attn norm", ("attn_norm",), ("d_model",)),
-    LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model"),
-    LayerWeight("wo", "wo", ("attn_output",), ("d_model",), rows="q_dim"),
+    LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model",
+                split="column"),
+    LayerWeight("wo", "wo", ("attn_output",), ("d_model",), rows="q_dim", split="row"),
     LayerWeight("ffn_norm", "ffn norm", ("ffn_norm",), ("d_model",)),
-    LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model"),
-    LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim"),
+    LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model",
+                split="column"),
+    LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim", split="row"),
     LayerWeight("attn_q_norm", "q norm", ("attn_q_norm",), ("head_dim",), when="qk_norm"),
     LayerWeight("attn_k_norm", "k norm", ("attn_k_norm",), ("head_dim",), when="qk_norm"),
     LayerWeight("post_attention_norm", "post-attn norm", ("post_attention_norm",), ("d_model",),
@@ -184,6 +194,9 @@ class Transformer:
         self.ffn_activation = ACTIVATION[config.activation]     # SiLU (SwiGLU) or GELU-tanh (Gemma's GeGLU)
         # attention_probs scales q by 1/sqrt(d); a model whose scale differs (Gemma 3 27B) rescales q first
         self.query_rescale = config.attention_scale * math.sqrt(config.head_dim) if config.attention_scale else 1.0
+        # With tensor parallelism (parallel/): this rank's collectives, and `config` holds only this rank's heads
+        # and FFN columns. None on one process, where forward skips the all-reduces.
+        self.comm: Communicator | None = None
 
     @property
     def kernel_attention(self):
@@ -213,15 +226,20 @@ class Transformer:
         if self.rope_local is not None:
             local: Any = self.rope_local
             angles.append((local.cos[positions], local.sin[positions]))
+        comm = self.comm        # tensor parallelism: each block's output is this rank's partial sum (parallel/plan.py)
         for index, layer in enumerate(self.layers[:layers]):
             cos, sin = angles[index in cfg.sliding_layers]
             out = self.attention_block(index, layer, rms_norm(h, layer.attn_norm, cfg.norm_eps),
-                                       positions, cos, sin, cache)
+                                       positions, cos, sin, cache)                 # (B*T, D)
+            if comm is not None:
+                comm.all_reduce(out)                       # sum over the ranks' heads: the whole block's output
             if layer.post_attention_norm is not None:                      # Gemma's sandwich norms
                 out = rms_norm(out, layer.post_attention_norm, cfg.norm_eps)
             h = h + out
             out = swiglu(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer.w_gate_up, layer.w_down,
                          self.ffn_activation)
+            if comm is not None:
+                comm.all_reduce(out)                       # sum over the ranks' FFN columns
             if layer.post_ffw_norm is not None:
                 out = rms_norm(out, layer.post_ffw_norm, cfg.norm_eps)
             h = h + out

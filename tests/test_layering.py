@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minitransformer"
 LAYERS = [
     ("foundation", ["errors", "backend", "config", "weights", "bpe", "spm", "pretokenize", "chat_template",
                     "tokenizer", "measure", "claims", "structured", "sampling_params", "metrics", "detokenizer",
-                    "cuda_graph"]),
+                    "cuda_graph", "parallel", "parallel.communicator", "parallel.plan"]),
     ("arrays", ["layers", "rope", "kernels.*"]),
     ("model", ["attention_backend", "model"]),
     ("caches", ["kv_storage", "kv_cache", "serving.paged_cache"]),
@@ -34,7 +34,7 @@ LAYERS = [
     ("serving", ["serving.*"]),
     ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes",
                "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_tradeoff", "viz_measure",
-               "viz"]),
+               "viz", "parallel.*"]),
     ("server", ["server.*"]),
     ("cli", ["cli.*", "__main__", "minitransformer"]),
 ]

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens drafted per target pass (default 4)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics (and "
                                                         "with a constraint its 'structured' summary)")
+    gen.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                     help="split the model over N processes (MPI ranks started and stopped here; the 'parallel' "
+                          "extra), each holding 1/N of the heads and FFN columns (lesson 15); default 1")
 
     chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
     chat.add_argument("--system", help="a system prompt (default: the chat template's own)")
@@ -114,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]     # what a tensor-parallel launch runs again
     commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
                 "figures": cmd_figures, "bench": cmd_bench, "serve": cmd_serve}
     if sys.stderr is None:            # started with stderr closed (`2>&-`): print(file=None) would write to stdout

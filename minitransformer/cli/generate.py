@@ -13,12 +13,18 @@ import sys
 import threading
 
 from ..errors import InputError
-from .options import check_speculative_flags, load_model_from_args, sampling_params, speculative_from_cli
+from .options import (
+    check_speculative_flags,
+    launch_tensor_parallel,
+    load_model_from_args,
+    model_for_args,
+    sampling_params,
+    speculative_from_cli,
+)
 
 
 def cmd_generate(args) -> int:
-    from ..generate import generate, stream
-    from ..speculative import MAX_SPECULATIVE_TOKENS, describe
+    from ..speculative import MAX_SPECULATIVE_TOKENS
 
     params = sampling_params(args)
     if args.timeout is not None and not args.timeout > 0:
@@ -27,7 +33,19 @@ def cmd_generate(args) -> int:
         raise InputError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], "
                          f"got {args.num_speculative_tokens}")
     check_speculative_flags(args.speculative, args.draft_model)   # a typo here is found before the model loads
-    model = load_model_from_args(args)
+    launched = launch_tensor_parallel(args)             # N > 1: this same command again, as N ranks
+    if launched is not None:
+        return launched
+    with model_for_args(args) as model:
+        if model is None:                               # a tensor-parallel worker: its forwards ran until stopped
+            return 0
+        return _generate(args, params, model)
+
+
+def _generate(args, params, model) -> int:
+    from ..generate import generate, stream
+    from ..speculative import describe
+
     speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
     with _ctrl_c_cancels() as cancel:
         options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel,

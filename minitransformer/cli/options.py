@@ -5,6 +5,7 @@ Kept apart so both subcommands spell, check and load them the same way.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import Any
@@ -33,13 +34,14 @@ def add_model_options(parser) -> None:
                                                                        for codec in CODECS.values()))
 
 
-def load_model_from_args(args):
+def load_model_from_args(args, comm=None):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
-    load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only)."""
+    load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only). comm: a tensor-parallel rank's
+    communicator (only its shard is loaded)."""
     from ..loading import load_model
 
     dtype = "float16" if args.weights == "f16" else "float32"
-    model = load_model(args.model, device=args.device, attention=args.attention, dtype=dtype)
+    model = load_model(args.model, device=args.device, attention=args.attention, dtype=dtype, comm=comm)
     if args.weights in ("int8", "int4"):
         from ..quantize import quantize_model
         model = quantize_model(model, args.weights, use_kernel=args.device == "gpu")
@@ -167,3 +169,48 @@ def sampling_params(args):
         for option in options:
             message = re.sub(rf"(?<![-\w]){option.name}(?!\w)", option.flag, message)
         raise InputError(message) from None
+
+
+@contextlib.contextmanager
+def model_for_args(args):
+    """The model generate runs: loaded here, or, inside a tensor-parallel rank (parallel/launch.py), this rank's
+    shard; rank 0 gets the driver model, a worker gets None once rank 0 has stopped it (its work is done)."""
+    from ..parallel.launch import in_rank_process
+
+    if not in_rank_process():
+        yield load_model_from_args(args)
+        return
+    from ..parallel.communicator import MpiCommunicator, NcclCommunicator
+    from ..parallel.driver import tensor_parallel_rank
+
+    def communicator():
+        mpi = MpiCommunicator()
+        return NcclCommunicator(mpi) if args.device == "gpu" else mpi
+
+    with tensor_parallel_rank(lambda comm: load_model_from_args(args, comm), communicator) as model:
+        yield model
+
+
+def launch_tensor_parallel(args) -> int | None:
+    """--tensor-parallel-size N > 1: refuse what cannot run before any process starts (exit 2 with the model's
+    head counts), then run this same command as N ranks (parallel/launch.py) and return rank 0's exit code.
+    None when this process runs the model itself: size 1, or already one of the ranks."""
+    from ..config import ModelConfig
+    from ..parallel.communicator import check_gpus_for_ranks
+    from ..parallel.launch import in_rank_process, run_ranks
+
+    if args.tensor_parallel_size == 1 or in_rank_process():
+        return None
+    from ..parallel.plan import check_tensor_parallel_size
+    from ..weights import open_gguf, resolve_model_path
+
+    size = args.tensor_parallel_size
+    check_tensor_parallel_size(ModelConfig.from_gguf(open_gguf(resolve_model_path(args.model))), size)
+    if args.speculative is not None:
+        raise InputError("--speculative with --tensor-parallel-size is not supported yet; use one or the other")
+    if args.weights != "f32":
+        raise InputError(f"--tensor-parallel-size splits float32 weights; --weights {args.weights} is not split yet")
+    if args.device == "gpu":
+        import cupy
+        check_gpus_for_ranks(size, cupy.cuda.runtime.getDeviceCount())
+    return run_ranks(args.argv, size)

@@ -1,0 +1,134 @@
+"""`--tensor-parallel-size N`: run this same command as N MPI ranks, and make sure none outlives it.
+
+The process the user started becomes a supervisor: it runs `mpiexec -n N python -m minitransformer <the same
+arguments>` (MPICH's launcher, from the mpich wheel next to this Python), forwards the ranks' output, and returns
+rank 0's exit code. Rank 0 does what one process would have done; the others serve forwards (driver.py).
+
+Nothing is left running, whatever happens:
+  - normal end or an error on rank 0: rank 0 tells the workers to stop, every rank exits, mpiexec returns its code;
+  - a rank dies (killed, crashed, out of memory): mpiexec's Hydra sees it and kills the other ranks (MPI's default
+    is to end the whole job); the supervisor reports that a rank died instead of waiting;
+  - Ctrl-C, SIGTERM or SIGHUP on the supervisor: it sends SIGTERM to mpiexec, which passes it to every rank, and
+    SIGKILL after STOP_GRACE_S (Hydra's proxies then kill the ranks when their mpiexec is gone);
+  - the supervisor itself killed with SIGKILL: each rank watches its pid (watch_supervisor) and exits.
+mpiexec runs in a session of its own so that a Ctrl-C on the terminal reaches the supervisor alone, which then
+stops the ranks in that order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import InputError
+from ..weights import signals_exit
+from .communicator import PARALLEL_EXTRA_HINT
+
+RANKS_ENV = "MINITRANSFORMER_TP_RANKS"           # set in every rank process: its world size
+SUPERVISOR_ENV = "MINITRANSFORMER_TP_SUPERVISOR"  # the supervisor's pid, which every rank watches
+STOP_GRACE_S = 5.0
+WATCH_INTERVAL_S = 0.5
+# Hydra's report of a rank that died, printed on mpiexec's stdout; the supervisor prints its own line instead.
+HYDRA_BANNER = b"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"
+
+
+def in_rank_process() -> bool:
+    """True inside a rank that run_ranks started (the command must then run its part, not launch again)."""
+    return RANKS_ENV in os.environ
+
+
+def find_mpiexec() -> str:
+    """The mpiexec of this Python's environment (the mpich wheel puts it next to python), else the PATH's."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    if found is None:
+        raise InputError(f"tensor parallelism starts its ranks with mpiexec, which is not installed; "
+                         f"{PARALLEL_EXTRA_HINT}")
+    try:
+        import mpi4py  # noqa: F401  (only: is it there, before N processes fail to import it)
+    except ImportError:
+        raise InputError(f"tensor parallelism needs mpi4py; {PARALLEL_EXTRA_HINT}") from None
+    return found
+
+
+def run_ranks(argv: list[str], world_size: int, program: list[str] | None = None) -> int:
+    """Run `python -m minitransformer *argv` (or `program *argv`: a lesson's own script) as `world_size` ranks;
+    return rank 0's exit code, or 1 with one clear line on stderr when a rank died. Stops them all on the way
+    out, an exception or a signal included."""
+    program = program if program is not None else [sys.executable, "-m", "minitransformer"]
+    command = [find_mpiexec(), "-n", str(world_size), *program, *argv]
+    env = {**os.environ, RANKS_ENV: str(world_size), SUPERVISOR_ENV: str(os.getpid())}
+    # Each rank's BLAS would start one thread per core: N ranks x cores threads that spin while they wait for
+    # each other on too few cores, tens of times slower. Give each rank its share of the cores unless told.
+    threads = str(max(1, (os.cpu_count() or 1) // world_size))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, threads)
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        with signals_exit():      # SIGTERM / SIGHUP raise SystemExit, so the finally stops the ranks
+            died = _forward_output(process.stdout)
+            code = process.wait()
+    finally:
+        stop(process)
+    if died or code < 0 or code > 128:
+        print(f"minitransformer: error: a tensor-parallel rank died (mpiexec exit code {code}); the request ended "
+              "with an error and every rank was stopped", file=sys.stderr)
+        return 1
+    return code
+
+
+def _forward_output(pipe) -> bool:
+    """Copy the ranks' stdout to ours as it comes (streamed text, or the one JSON object); returns True when
+    Hydra reported a dead rank, whose banner and what follows it are not copied."""
+    out = sys.stdout.buffer
+    while chunk := os.read(pipe.fileno(), 1 << 16):
+        if HYDRA_BANNER in chunk:
+            banner = chunk.rfind(b"\n=", 0, chunk.index(HYDRA_BANNER))   # the ==== line above the banner
+            out.write(chunk[:max(banner, 0)])
+            out.flush()
+            while os.read(pipe.fileno(), 1 << 16):                       # drain mpiexec's epilogue
+                pass
+            return True
+        out.write(chunk)
+        out.flush()
+    return False
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to mpiexec (Hydra passes it on to every rank), SIGKILL if it is still there after STOP_GRACE_S."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def watch_supervisor() -> None:
+    """In a rank: exit at once if the supervisor that started the job is gone (it was killed with SIGKILL and
+    could not stop us). A daemon thread polls its pid; the MPI calls release the GIL while they wait."""
+    pid = int(os.environ.get(SUPERVISOR_ENV, "0"))
+    if pid <= 0:
+        return
+
+    def watch():
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:
+                pass
+
+    threading.Thread(target=watch, name="watch-supervisor", daemon=True).start()
