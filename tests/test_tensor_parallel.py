@@ -233,6 +233,18 @@ def test_generate_at_size_3_gives_the_tokens_of_size_1_on_smollm2(real_model_pat
     assert three["token_ids"] == one["token_ids"]
 
 
+@needs_mpi
+def test_gemma3_at_size_2_gives_the_tokens_of_size_1(gemma_model_path, process_tag):
+    """Gemma 3 270M (4 query heads, 1 KV head replicated on both ranks, sandwich norms applied after the
+    all-reduce, sliding-window layers) splits over 2 ranks with the tokens of one process."""
+    runs = [cli("generate", "The capital of France is", "--model", str(gemma_model_path), "--max-tokens", "12",
+                "--ignore-eos", "--json", "--tensor-parallel-size", str(n), timeout=600) for n in (1, 2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    one, two = (json.loads(run.stdout) for run in runs)
+    assert two["token_ids"] == one["token_ids"] and len(one["token_ids"]) == 12
+
+
 @pytest.mark.parametrize("size", ["2", "4", "0"])
 def test_a_size_that_cannot_split_the_heads_is_exit_2_with_the_head_counts(six_head_path, size, process_tag):
     run = cli("generate", "hi", "--model", str(six_head_path), "--tensor-parallel-size", size)
