@@ -203,6 +203,7 @@ class Constraint:
     def __init__(self, params: StructuredOutputsParams, tokenizer):
         self.params = params
         self.vocab_size = tokenizer.vocab_size
+        self.eos_id = tokenizer.eos_id
         self.matcher = llguidance.LLMatcher(vocabulary(tokenizer), params.compiled, log_level=0)
         if self.matcher.is_error():      # checked against the vocabulary too: a grammar no token sequence can write
             raise InputError(f"invalid {params.kind} constraint: {self.matcher.get_error()}")
@@ -226,6 +227,9 @@ class Constraint:
             bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:self.vocab_size]   # (V_tok,)
             mask = np.zeros(vocab_size, dtype=bool)                                          # (V,)
             mask[:min(vocab_size, self.vocab_size)] = bits[:vocab_size].astype(bool)
+            if self.matcher.is_error():   # a parser limit hit mid-output: end the request on EOS, not on a crash
+                mask[:] = False
+                mask[self.eos_id] = True
             elapsed = time.perf_counter() - start
             if self._owner is None:
                 self.mask_s += elapsed
@@ -238,6 +242,9 @@ class Constraint:
 
     def accept(self, token: int) -> None:
         """Advance past the token the loop took. A token the mask forbade is a bug in the loop: it raises."""
+        if self.matcher.is_error():       # allowed() forced EOS; the request ends on it (summary()'s "error")
+            self._mask = None
+            return
         if not self.matcher.consume_token(int(token)):
             raise RuntimeError(f"token {token} breaks the {self.params.kind} constraint: {self.matcher.get_error()}")
         self._mask = None
@@ -287,7 +294,9 @@ class Constraint:
         """Result.structured: the constraint's kind, whether the output completed it, and what the masks cost
         (draft_masks / draft_mask_s: the checks of speculative drafts, zero without speculation)."""
         masks = len(self.allowed_counts)
-        return {"type": self.params.kind, "complete": self.complete or self.accepting, "masks": masks,
+        error = self.matcher.get_error() or None     # is_stopped() is true in an error state too
+        return {"type": self.params.kind, "complete": not error and (self.complete or self.accepting),
+                "error": error, "masks": masks,
                 "mask_s": self.mask_s, "mask_s_per_token": self.mask_s / masks if masks else None,
                 "allowed_tokens": list(self.allowed_counts),
                 "draft_masks": self.draft_masks, "draft_mask_s": self.draft_mask_s}

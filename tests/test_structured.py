@@ -116,6 +116,20 @@ def test_the_constraint_wins_over_min_tokens_when_only_eos_may_follow(tiny_model
     assert (out.text, out.finish_reason, out.stop_reason) == ("ok", "stop", "structured")
 
 
+def test_a_matcher_in_an_error_state_ends_the_request_on_eos_and_says_so(tiny_model):
+    """A parser limit hit mid-output puts llguidance's matcher in an error state for good, where it allows no
+    token: the mask then forces EOS (the request ends cleanly instead of sampling from all -inf logits) and
+    Result.structured reports the error and complete False."""
+    tokenizer, V = tiny_model.tokenizer, tiny_model.config.vocab_size
+    constraint = Constraint(FIVE_DIGITS, tokenizer)
+    letter = tokenizer.encode("x")[0]
+    assert not constraint.matcher.consume_token(letter)           # forced past the mask: the error state
+    assert np.flatnonzero(constraint.allowed(V)).tolist() == [tokenizer.eos_id]
+    constraint.accept(tokenizer.eos_id)                           # no second failure on the way out
+    summary = constraint.summary()
+    assert summary["complete"] is False and summary["error"]
+
+
 def test_the_stop_rule_ends_a_complete_constraint_at_once():
     class Detok:
         text, last_token_bytes = "ab", 1
