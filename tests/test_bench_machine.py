@@ -68,9 +68,9 @@ def record_attention_shapes(model, run):
     """(B, T queries, S keys) of every product layers.attention computes while run() executes: one per decode
     step or short prompt, one per block of 64 queries (against only its visible keys) in a longer prompt."""
     shapes, real = [], minitransformer.layers.attention
-    def spy(q, k, v, q_pos, k_pos):
+    def spy(q, k, v, q_pos, k_pos, *window):     # window: a sliding layer's (Gemma 3), passed along
         shapes.append((q.shape[0], q.shape[2], k.shape[2]))
-        return real(q, k, v, q_pos, k_pos)
+        return real(q, k, v, q_pos, k_pos, *window)
     with unittest.mock.patch.object(minitransformer.layers, "attention", spy):
         run()
     return shapes
