@@ -107,6 +107,18 @@ def json_verdict(text: str) -> tuple[str, str]:
     return "parses", "yes" if not problems else "no: " + "; ".join(problems)
 
 
+def print_timings(timings: dict, what: str) -> float:
+    """One row per timed thing (min, median, spread in ms, and its min as a share of the decode step's min), printed;
+    returns the decode step's min in seconds."""
+    step = timings["decode step"].min
+    table = Table(what, "min ms", "median ms", "spread ms", "min / decode step's min")
+    for name, t in timings.items():
+        table.add_row(name, f"{t.min * 1e3:.3f}", f"{t.median * 1e3:.3f}", f"{t.spread * 1e3:.3f}",
+                      f"{t.min / step:.1%}")
+    console.print(table)
+    return step
+
+
 def claims(output: str) -> list[Claim]:
     """What this lesson teaches, decided from the numbers it printed (also run on its transcript by
     scripts/make_transcripts.py --verify)."""
@@ -236,12 +248,7 @@ def main() -> None:
         generator = make_generator(0)
         runs[name] = lambda p=params, g=generator: sample(logits, [p], [g], [ids], [[]])
     timings = interleaved(runs, repeats=args.repeats)        # in turns: a busy moment hits the step and samplers alike
-    step = timings["decode step"].min
-    table = Table("what runs", "min ms", "median ms", "spread ms", "min / decode step's min")
-    for name, t in timings.items():
-        table.add_row(name, f"{t.min * 1e3:.3f}", f"{t.median * 1e3:.3f}", f"{t.spread * 1e3:.3f}",
-                      f"{t.min / step:.1%}")
-    console.print(table)
+    step = print_timings(timings, "what runs")
     console.print(f"each ran {args.repeats} times, in turns, after one untimed warm-up call: min = the fastest call, "
                   "what a quiet machine gives; median = the typical call; spread = max - min, how far to trust "
                   "either (measure.py)")
@@ -351,12 +358,7 @@ def show_structured(model, args, V: int) -> dict:
                           repeats=args.repeats, sync=lambda: synchronize(model.xp))
     n = len(held.token_ids)
     timings["json mask"] = Timing(tuple(s / n for s in timings["json mask"].samples))   # per token
-    step = timings["decode step"].min
-    table = Table("what runs per token", "min ms", "median ms", "spread ms", "min / decode step's min")
-    for name, t in timings.items():
-        table.add_row(name, f"{t.min * 1e3:.3f}", f"{t.median * 1e3:.3f}", f"{t.spread * 1e3:.3f}",
-                      f"{t.min / step:.1%}")
-    console.print(table)
+    step = print_timings(timings, "what runs per token")
     console.print(f"json mask: one walk through the constrained reply's {n} tokens (compute the mask, set the others' "
                   f"logits to -inf, advance the matcher), divided by {n}; timed {args.repeats} times in turns with the "
                   f"decode step, after an untimed warm-up. The request's own record (Result.structured's "
