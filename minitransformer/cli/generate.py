@@ -15,12 +15,11 @@ import threading
 from ..errors import InputError
 from .options import (
     check_speculative_flags,
-    launch_tensor_parallel,
     load_model_from_args,
-    model_for_args,
     sampling_params,
     speculative_from_cli,
 )
+from .tensor_parallel import launch_tensor_parallel, model_for_args
 
 
 def cmd_generate(args) -> int:
