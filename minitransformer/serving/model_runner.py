@@ -8,8 +8,9 @@ A one-token row is batched with the decodes whatever it is: every decode (Sequen
 is one, and a prompt's last single token needs the same one-query attention. Every matmul (QKV, output projection,
 feed-forward) runs once over all N rows, so the weights are read from memory once per step however many sequences
 share it: that is where batching's speed comes from (decode alone is bound by reading the weights). Only attention is
-per sequence: the one-token rows as one padded batch, each with its own block table, and each prefill chunk on its
-own (its queries attend to its cached prefix and to each other, causally). Only the rows that end a sequence's
+per sequence: the one-token rows, shortest first, as padded batches of similar length (paged_cache.length_groups),
+each row with its own block table, and each prefill chunk on its own (its queries attend to its cached prefix and to
+each other, causally). Only the rows that end a sequence's
 pending tokens go through the final norm and lm_head: a partial prefill chunk samples nothing.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import INDEX_DTYPE
-from .paged_cache import PagedStep
+from .paged_cache import PagedStep, length_groups
 
 
 @dataclass
@@ -33,6 +34,7 @@ class StepInputs:
     num_decodes: int           # rows [0, num_decodes) are decodes, one per sequence
     decode_positions: Any      # (num_decodes,)
     decode_tables: Any         # (num_decodes, max blocks) padded block tables
+    decode_groups: list        # [(first row, end row, blocks)]: decode rows of similar length (length_groups)
     chunks: list               # per prefill chunk: (first row, length, positions (1, n), block table (1, nb))
                                # and keys it reads (its last position + 1)
     logits_rows: list[int]     # rows whose logits are sampled
@@ -41,7 +43,8 @@ class StepInputs:
 
 def prepare(scheduled, block_manager, xp) -> StepInputs:
     """Build the flat arrays from the scheduler's [(sequence, number of tokens to compute)] (host work, small)."""
-    decodes = [(s, n) for s, n in scheduled if n == 1]
+    # decodes shortest first, so rows of similar length sit together and are gathered in groups (length_groups)
+    decodes = sorted(((s, n) for s, n in scheduled if n == 1), key=lambda sn: sn[0].num_computed_tokens)
     chunks = [(s, n) for s, n in scheduled if n > 1]
     ids: list[int] = []
     positions: list[int] = []
@@ -70,15 +73,17 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
     for (row, n, start), (seq, _) in zip(chunk_meta, chunks):
         table = block_manager.block_tables[seq.request_id][:-(-(start + n) // bs)]
         chunk_list.append((row, n, as_index(np.arange(start, start + n)[None]), as_index([table]), start + n))
+    decode_positions = [s.num_computed_tokens for s, _ in decodes]
     return StepInputs(as_index(ids), as_index(positions), as_index(slots), len(decodes),
-                      as_index([s.num_computed_tokens for s, _ in decodes]), as_index(padded), chunk_list,
-                      logits_rows, sampled)
+                      as_index(decode_positions), as_index(padded), length_groups([p + 1 for p in decode_positions], bs),
+                      chunk_list, logits_rows, sampled)
 
 
 def execute(model, cache, inputs: StepInputs):
     """One forward over the step's tokens -> logits (R, V) of the rows in inputs.logits_rows."""
     xp = model.xp
     step = PagedStep(cache, inputs.slots, inputs.num_decodes, inputs.decode_positions,
-                     inputs.decode_positions + 1, inputs.decode_tables, inputs.chunks)    # seq_lens: the new token too
+                     inputs.decode_positions + 1, inputs.decode_tables, inputs.chunks,    # seq_lens: the new token too
+                     inputs.decode_groups)
     rows = xp.asarray(np.asarray(inputs.logits_rows, dtype=INDEX_DTYPE))                 # (R,)
     return model.forward(inputs.token_ids[None], inputs.positions[None], step, logits_rows=rows)

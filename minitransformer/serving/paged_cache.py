@@ -98,19 +98,43 @@ class PagedKVCache:
         return k.reshape(R, S, K, d).transpose(0, 2, 1, 3), v.reshape(R, S, K, d).transpose(0, 2, 1, 3)
 
 
+def length_groups(seq_lens, block_size: int) -> list[tuple[int, int, int]]:
+    """Split decode rows sorted by length into groups of similar length: [(first row, end row, blocks)].
+
+    seq_lens: the rows' key counts, ascending (model_runner.prepare sorts its decodes). Why: the arrays gather a
+    group's block tables into one padded (rows, K, blocks * block_size, d) batch, so every row costs as much as the
+    group's longest. One group for a batch of 16 rows of 28 to 316 keys gathers and attends 16 x 320 keys, more than
+    twice the ~2,000 the rows hold. A group ends where the next row needs more than twice the blocks of the group's
+    first row, so no row carries more than twice its own keys of padding, in at most log2(longest / shortest) + 1
+    groups (each group is one more gather and two more batched matmuls per layer, about 20 us on this CPU).
+    """
+    blocks = [-(-int(n) // block_size) for n in seq_lens]                # ceil: blocks each row's keys fill
+    groups: list[tuple[int, int, int]] = []
+    first = 0
+    for row in range(1, len(blocks) + 1):
+        if row == len(blocks) or blocks[row] > 2 * blocks[first]:
+            groups.append((first, row, blocks[row - 1]))
+            first = row
+    return groups
+
+
 class PagedStep:
     """One engine step's tokens in the pool: the cache protocol of model.forward (model.py) for a flat batch.
 
     The step's N tokens are laid end to end (B = 1, T = N), decodes first (model_runner.py):
     slots (N,) where each token's keys go; rows [0, num_decodes) are one token of their own sequence each, at
     decode_positions (D,), attending to seq_lens (D,) = positions + 1 keys through decode_tables (D, nb);
+    decode_groups: [(first row, end row, blocks)] from length_groups, for an attention that gathers the pool (the
+    arrays): each group is gathered to its own longest row. None: one group, every table's full width (a kernel
+    reads the pool in place and stops at each row's own length, so it takes every row in one call);
     chunks: per prefill chunk (first row, length, positions (1, n), block table (1, nb), keys it reads).
     """
 
     def __init__(self, cache: PagedKVCache, slots, num_decodes: int, decode_positions, seq_lens, decode_tables,
-                 chunks=()):
+                 chunks=(), decode_groups=None):
         self.cache, self.slots, self.num_decodes, self.chunks = cache, slots, num_decodes, chunks
         self.decode_positions, self.seq_lens, self.decode_tables = decode_positions, seq_lens, decode_tables
+        self.decode_groups = decode_groups
         self.where = cache.where(slots)             # once per step, not once per layer
 
     def attend(self, layer: int, q, k, v, positions, attention: AttentionBackend):
@@ -118,8 +142,7 @@ class PagedStep:
         self.cache.write(layer, self.slots, k[0], v[0], self.where)
         D = self.num_decodes
         if D:
-            decoded = attention.paged_decode(self.cache, layer, q[0, :, :D].transpose(1, 0, 2), self.decode_positions,
-                                             self.seq_lens, self.decode_tables).transpose(1, 0, 2)   # (H, D, d)
+            decoded = self.decode(layer, q[0, :, :D].transpose(1, 0, 2), attention).transpose(1, 0, 2)  # (H, D, d)
             if not self.chunks:
                 return decoded[None]                                             # a decode-only step
         out = self.cache.xp.empty_like(q[0])                                    # (H, N, d)
@@ -129,6 +152,18 @@ class PagedStep:
             out[:, row:row + n] = attention.paged_chunk(self.cache, layer, q[:, :, row:row + n], chunk_positions,
                                                         table, num_keys)[0]
         return out[None]
+
+    def decode(self, layer: int, q, attention: AttentionBackend):
+        """The decode rows' attention: q (D, H, d) -> (D, H, d), in one call or one per group of similar length."""
+        groups = self.decode_groups
+        if groups is None or len(groups) == 1 or attention.reads_pool(self.cache.codec):
+            return attention.paged_decode(self.cache, layer, q, self.decode_positions, self.seq_lens,
+                                          self.decode_tables)
+        out = self.cache.xp.empty_like(q)                                       # (D, H, d)
+        for a, b, blocks in groups:
+            out[a:b] = attention.paged_decode(self.cache, layer, q[a:b], self.decode_positions[a:b],
+                                              self.seq_lens[a:b], self.decode_tables[a:b, :blocks])
+        return out
 
     def advance(self, T: int) -> None:
         """Nothing to move: the engine counts each sequence's computed tokens itself (Sequence.num_computed_tokens)."""
