@@ -131,13 +131,18 @@ def fallback(reason: str) -> None:
 
 
 class ArrayAttention:
-    """Attention as array operations (layers.attention): the reference every kernel is tested against."""
+    """Attention as array operations (layers.attention): the reference every kernel is tested against.
+
+    window: 0, or a sliding layer's window (SlidingWindowAttention): the query at position p sees keys in
+    (p - window, p] only, in every answer below (layers.attention masks by position).
+    """
     name = "arrays"
     uses_kernels = False
+    window = 0
 
     def causal(self, q, k, v, q_positions, k_positions):
         """q (B, H, T, d) against contiguous k, v (B, K, S, d) -> (B, H, T, d); the queries are the last T keys."""
-        return causal_attention(q, k, v, q_positions, k_positions)
+        return causal_attention(q, k, v, q_positions, k_positions, window=self.window)
 
     def reads_pool(self, codec: Codec) -> bool:
         """Whether decodes read a paged pool stored by `codec` in place (a kernel), rather than gathering each
@@ -152,7 +157,7 @@ class ArrayAttention:
         k, v = cache.gather(layer, tables)                                       # (R, K, nb * block_size, d)
         S = k.shape[2]
         key_positions = cache.xp.broadcast_to(cache.xp.arange(S), (q.shape[0], S))   # (R, S)
-        return attention(q[:, :, None], k, v, positions[:, None], key_positions)[:, :, 0]
+        return attention(q[:, :, None], k, v, positions[:, None], key_positions, self.window)[:, :, 0]
 
     def paged_chunk(self, cache: PagedPool, layer: int, q, positions, table, num_keys: int):
         """One prefill chunk: q (1, H, T, d) are keys [num_keys - T, num_keys) of the sequence whose blocks are
@@ -160,7 +165,7 @@ class ArrayAttention:
         k, v = cache.gather(layer, table)                                        # (1, K, nb * block_size, d)
         k, v = k[:, :, :num_keys], v[:, :, :num_keys]                            # the rest of the last block: unused
         key_positions = cache.xp.arange(num_keys)[None]                          # (1, num_keys)
-        return causal_attention(q, k, v, positions, key_positions)
+        return causal_attention(q, k, v, positions, key_positions, window=self.window)
 
 
 class KernelAttention(ArrayAttention):
@@ -210,33 +215,24 @@ class KernelAttention(ArrayAttention):
                              xp.ascontiguousarray(v[:, :, :num_keys]))
 
 
-SLIDING_NOT_PAGED = ("sliding-window attention is not supported by the paged engine yet (Gemma 3's local layers); "
-                     "run this model through generate() / stream(), which use the contiguous cache")
-
-
 class SlidingWindowAttention(ArrayAttention):
     """A sliding layer's attention (Gemma 3's local layers): the query at position p sees the keys in
-    (p - window, p] only (layers.causal_attention's window).
+    (p - window, p] only (layers.causal_attention's window), in all three answers.
 
     Arrays only, whatever the model chose: the kernels have no window, so a sliding layer never reaches them (and
-    Gemma 3's head_dim 256 is not a compiled kernel size anyway). The contiguous cache keeps every key and the window
-    is a mask, plus a slice that skips the keys before the window (a decode reads only the last `window`): the
-    memory a sliding layer could give back is not given back here. The paged answers refuse (SLIDING_NOT_PAGED)
-    rather than attend past the window.
+    Gemma 3's head_dim 256 is not a compiled kernel size anyway). Every cache keeps all of a sequence's keys and the
+    window is a mask: the contiguous cache adds a slice that skips the keys before the window (a decode reads only
+    the last `window`); the paged pool keeps a sliding layer's blocks that fell out of the window and masks them.
+    Why keep them: a block of the pool holds one token range for every layer, the global layers still read it, and
+    freeing only a sliding layer's share would take a second block manager (vLLM's hybrid allocator keeps one pool
+    per attention type for that). What it costs: a sliding layer's decode gathers the whole table, not the last
+    window's blocks, so on long sequences it reads more than it attends to (lesson 17 measures the bytes a freed
+    window would save).
     """
     name = "arrays (sliding window)"
 
     def __init__(self, window: int):
         self.window = window
-
-    def causal(self, q, k, v, q_positions, k_positions):
-        return causal_attention(q, k, v, q_positions, k_positions, window=self.window)
-
-    def paged_decode(self, cache: PagedPool, layer: int, q, positions, seq_lens, tables):
-        raise InputError(SLIDING_NOT_PAGED)
-
-    def paged_chunk(self, cache: PagedPool, layer: int, q, positions, table, num_keys: int):
-        raise InputError(SLIDING_NOT_PAGED)
 
 
 def consecutive(q_positions, k_positions, T: int, S: int) -> bool:

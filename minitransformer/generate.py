@@ -77,7 +77,7 @@ def stream(model, prompt, params: SamplingParams | None = None, chat: bool = Fal
     # The request's memory is taken here, at the call, so one that cannot fit is refused before any work: the KV
     # cache for prompt + max_tokens (the runner) and the RoPE table rows for every position it will use.
     runner = make_runner(model, request, use_cache, speculative, kv_cache)
-    model.rope.reserve(len(request.prompt_token_ids) + params.max_tokens)
+    model.reserve_positions(len(request.prompt_token_ids) + params.max_tokens)
     return _run(model, request, deadline, cancel, runner)
 
 

@@ -276,6 +276,13 @@ class Transformer:
         q = qk[:, :H] if self.query_rescale == 1.0 else qk[:, :H] * self.query_rescale
         return q, qk[:, H:], heads[:, H + K:]
 
+    def reserve_positions(self, n: int) -> None:
+        """RoPE tables for positions [0, n): the model's and, for Gemma 3, its sliding layers' own (rope.py refuses
+        a table that cannot fit, before any work)."""
+        for table in (self.rope, self.rope_local):
+            if table is not None:
+                table.reserve(n)
+
     def output_logits(self, h):
         """The final RMSNorm and lm_head: h (R, D) last hidden states -> logits (R, V), one score per token.
 
@@ -312,9 +319,7 @@ class Transformer:
                     raise InputError(f"{name[:-1].replace('_id', ' id')} {low if low < 0 else high} is outside "
                                      f"{what} [0, {limit})")
                 if name == "positions":
-                    self.rope.reserve(high + 1)
-                    if self.rope_local is not None:
-                        self.rope_local.reserve(high + 1)
+                    self.reserve_positions(high + 1)
             checked.append(xp.asarray(array.astype(INDEX_DTYPE, copy=False)))
         if checked[0].shape != checked[1].shape:
             raise InputError(f"token_ids {tuple(checked[0].shape)} and positions {tuple(checked[1].shape)} must "

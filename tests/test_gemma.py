@@ -1,19 +1,22 @@
 """Gemma 3 270M through the one forward pass: its config read from the GGUF, its logits against HF transformers'
 Gemma3ForCausalLM in float32 (fixture from scripts/make_gemma_reference.py) on prompts of 16, 600 and 1,100 tokens,
-greedy generation through generate(), and the paged engine's clear refusal. The sliding window's mask is also checked
-on small random arrays against attention written out with the full mask."""
+greedy generation through generate(), the paged engine (8 requests at once) and the server. The sliding window's mask
+is also checked on small random arrays against attention written out with the full mask."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from openai import OpenAI
 
 from minitransformer import SamplingParams, generate, load_model
 from minitransformer.errors import InputError
 from minitransformer.layers import attention, causal_attention
 from minitransformer.model import LAYER_WEIGHTS, layer_weights
 from minitransformer.serving import Engine
+from server_process import running_server
 from test_reference import REL_TOL
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "gemma_reference.json").read_text())
@@ -83,9 +86,46 @@ def test_a_text_prompt_gets_bos_first(gemma):
         "The capital of France is")
 
 
-def test_the_paged_engine_refuses_a_sliding_window_model(gemma):
-    with pytest.raises(InputError, match="sliding-window attention is not supported by the paged engine yet"):
-        Engine(gemma)
+@pytest.mark.slow
+def test_the_paged_engine_gives_hf_greedy_tokens_for_8_concurrent_requests(gemma):
+    """The paged pool keeps a sliding layer's old blocks and masks them (SlidingWindowAttention): 8 requests at once,
+    prefilled in chunks of 256 tokens (so chunks past the window attend to a cached prefix through it) and decoded
+    in groups of similar length, give the fixture's HF greedy ids for its three prompts and generate()'s (the
+    contiguous cache, held to HF above) for five cuts of them on both sides of the 512-token window."""
+    by_length = {len(c["ids"]): c for c in CASES}
+    long_ids = by_length[1100]["ids"]
+    cuts = [long_ids[:n] for n in (40, 300, 511, 530, 700)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    solo = [generate(gemma, ids, params).token_ids for ids in cuts]
+    engine = Engine(gemma, max_num_seqs=8, max_num_batched_tokens=256, enable_prefix_caching=False)
+    prompts = [c["ids"] for c in CASES] + cuts
+    ids = [engine.add_request(p, params) for p in prompts]
+    results = {rid: r.token_ids for rid, r in engine.run().items()}
+    expected = [c["greedy"][:12] for c in CASES] + solo
+    assert [results[i] for i in ids] == expected
+    assert engine.stats.kv_cache_usage == 0.0                                    # every block back in the pool
+
+
+def test_serve_by_name_answers_with_generates_greedy_text(gemma):
+    """`serve --model gemma3-270m` (the name, as a user types it): two concurrent completions through the official
+    client equal generate()'s greedy text, BOS added by the server's tokenization as by generate()'s."""
+    prompts = ["The capital of France is", "Water boils at"]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    expected = [generate(gemma, p, params).text for p in prompts]
+    with running_server("--model", "gemma3-270m", "--num-blocks", "64", "--log-level", "warning") as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="none")
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda p: client.completions.create(
+                model=client.models.list().data[0].id, prompt=p, max_tokens=16, temperature=0.0,
+                extra_body={"ignore_eos": True}), prompts))
+    assert [a.choices[0].text for a in answers] == expected
+
+
+def test_cuda_graphs_are_refused_for_sliding_layers_on_a_gpu(gemma, monkeypatch):
+    """Graph capture would replay the arrays' gathers; on the CPU the static-buffer step runs uncaptured (allowed)."""
+    monkeypatch.setattr(gemma, "device", "gpu")
+    with pytest.raises(InputError, match="CUDA graphs do not capture sliding-window layers"):
+        Engine(gemma, num_blocks=8, cuda_graphs=True)
 
 
 @pytest.mark.parametrize("T, S, window", [(1, 40, 8), (1, 5, 8), (37, 37, 8), (200, 200, 50), (90, 150, 64),

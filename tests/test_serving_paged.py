@@ -4,13 +4,14 @@ own forward, slot mapping, reference counts, prefix-cache hashing and LRU evicti
 import numpy as np
 import pytest
 
-from minitransformer.attention_backend import ArrayAttention
+from minitransformer.attention_backend import ArrayAttention, SlidingWindowAttention
 from minitransformer.errors import InputError
 from minitransformer.kv_cache import KVCache
 from minitransformer.layers import attention
 from minitransformer.request import Request
 from minitransformer.sampling_params import SamplingParams
 from minitransformer.serving import BlockManager, PagedKVCache
+from minitransformer.serving.paged_cache import PagedStep, length_groups
 from minitransformer.serving.sequence import Sequence
 
 
@@ -56,6 +57,56 @@ def test_paged_attention_equals_contiguous_attention(tiny_model):
     ref = attention(qc, keys[3][None], values[3][None], pos, np.arange(13)[None])
     np.testing.assert_allclose(paged, ref, atol=1e-5, rtol=0)
     assert paged.dtype == np.float32
+
+
+def test_length_groups_bound_each_rows_padding():
+    """Rows sorted by length split where the next row needs more than twice the blocks of its group's first row."""
+    lengths = [1, 4, 5, 9, 16, 17, 40, 41, 200]                 # blocks of 4: 1 1 2 3 4 5 10 11 50
+    groups = length_groups(lengths, 4)
+    assert groups == [(0, 3, 2), (3, 6, 5), (6, 8, 11), (8, 9, 50)]
+    for first, end, blocks in groups:                          # each group gathered to its longest row only
+        assert blocks == -(-lengths[end - 1] // 4) <= 2 * -(-lengths[first] // 4)
+    assert length_groups([], 4) == [] and length_groups([7] * 5, 4) == [(0, 5, 2)]
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_a_step_attends_in_groups_as_in_one_padded_batch(tiny_model, window):
+    """PagedStep.decode per group of similar length == one call over the batch padded to its longest row, and both
+    == attention over each row's own keys; with a sliding window (SlidingWindowAttention) the keys out of the window
+    are masked in the decode and in a prefill chunk alike."""
+    cfg = tiny_model.config
+    rng = np.random.default_rng(2)
+    B, num_blocks, layer = 4, 40, 1
+    cache = PagedKVCache(cfg, num_blocks, B)
+    K, H, d = cfg.n_kv_heads, cfg.n_heads, cfg.head_dim
+    lengths = [2, 3, 6, 9, 21, 30]                              # ascending, as model_runner.prepare orders decodes
+    physical = list(rng.permutation(num_blocks))
+    tables = [[int(physical.pop()) for _ in range(-(-L // B))] for L in lengths]
+    keys = [rng.normal(size=(K, L, d)).astype(np.float32) for L in lengths]
+    values = [rng.normal(size=(K, L, d)).astype(np.float32) for L in lengths]
+    for table, k, v, L in zip(tables, keys, values, lengths):
+        cache.write(layer, np.array([table[p // B] * B + p % B for p in range(L)]), k, v)
+    width = max(map(len, tables))
+    padded = np.array([t + [0] * (width - len(t)) for t in tables])
+    positions = np.array(lengths) - 1
+    q = rng.normal(size=(len(lengths), H, d)).astype(np.float32)
+    backend = SlidingWindowAttention(window) if window else ArrayAttention()
+    groups = length_groups(lengths, B)
+    assert len(groups) > 1
+    step = lambda groups: PagedStep(cache, np.zeros(0, dtype=np.int64), len(lengths), positions, positions + 1,
+                                    padded, decode_groups=groups)
+    grouped, one_batch = step(groups).decode(layer, q, backend), step(None).decode(layer, q, backend)
+    np.testing.assert_allclose(grouped, one_batch, atol=1e-6, rtol=0)
+    for row, L in enumerate(lengths):
+        ref = attention(q[row:row + 1, :, None], keys[row][None], values[row][None], positions[row:row + 1, None],
+                        np.arange(L)[None], window)[:, :, 0]
+        np.testing.assert_allclose(grouped[row:row + 1], ref, atol=1e-5, rtol=0)
+    # a prefill chunk of the longest: queries at positions 20..29 against its whole prefix
+    qc = rng.normal(size=(1, H, 10, d)).astype(np.float32)
+    pos = np.arange(20, 30)[None]
+    chunk = backend.paged_chunk(cache, layer, qc, pos, np.array([tables[-1]]), num_keys=30)
+    ref = attention(qc, keys[-1][None], values[-1][None], pos, np.arange(30)[None], window)
+    np.testing.assert_allclose(chunk, ref, atol=1e-5, rtol=0)
 
 
 def test_flat_forward_through_the_paged_cache_equals_the_contiguous_forward(tiny_model):

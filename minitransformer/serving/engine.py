@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import itertools
 
-from ..attention_backend import SLIDING_NOT_PAGED
 from ..backend import check_count, keep_freed_memory
 from ..errors import InputError, QuotaError
 from ..kv_cache import estimate_kv_bytes
@@ -74,8 +73,6 @@ class Engine:
                  aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32",
                  cuda_graphs: bool | None = None):
         config = model.config
-        if config.sliding_layers:                # the paged cache, its kernels and graphs have no window yet
-            raise InputError(SLIDING_NOT_PAGED)
         check_storage(kv_cache)
         self.kv_bytes = lambda tokens: estimate_kv_bytes(config, tokens, storage=kv_cache)   # K and V of `tokens`
         if policy not in POLICIES:
@@ -101,15 +98,19 @@ class Engine:
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
-        reads_pool = model.attention.reads_pool(check_storage(kv_cache))
+        # A sliding layer (Gemma 3) always gathers (attention_backend.SlidingWindowAttention): no graphs for it.
+        reads_pool = model.attention.reads_pool(check_storage(kv_cache)) and not config.sliding_layers
         self.cuda_graphs = (model.device == "gpu" and reads_pool) if cuda_graphs is None else bool(cuda_graphs)
+        if self.cuda_graphs and config.sliding_layers and model.device == "gpu":
+            raise InputError("CUDA graphs do not capture sliding-window layers (Gemma 3's local layers gather the "
+                             "pool with array operations); run this model with cuda_graphs=False")
         # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
         # bookkeeping is built.
         self.cache = PagedKVCache(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp, storage=kv_cache)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         # No sequence is longer than the pool: the RoPE table and the graphs' block tables need no more positions.
         longest = min(self.max_model_len, num_blocks * block_size)
-        model.rope.reserve(longest)
+        model.reserve_positions(longest)
         self.graphs = None
         if self.cuda_graphs:
             # a step decodes at most max_num_batched_tokens sequences (one token each): no larger graph is needed

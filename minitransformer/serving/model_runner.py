@@ -74,9 +74,9 @@ def prepare(scheduled, block_manager, xp) -> StepInputs:
         table = block_manager.block_tables[seq.request_id][:-(-(start + n) // bs)]
         chunk_list.append((row, n, as_index(np.arange(start, start + n)[None]), as_index([table]), start + n))
     decode_positions = [s.num_computed_tokens for s, _ in decodes]
+    groups = length_groups([p + 1 for p in decode_positions], bs)              # seq_lens: the new token's key too
     return StepInputs(as_index(ids), as_index(positions), as_index(slots), len(decodes),
-                      as_index(decode_positions), as_index(padded), length_groups([p + 1 for p in decode_positions], bs),
-                      chunk_list, logits_rows, sampled)
+                      as_index(decode_positions), as_index(padded), groups, chunk_list, logits_rows, sampled)
 
 
 def execute(model, cache, inputs: StepInputs):
