@@ -23,7 +23,7 @@ from ..weights import DEFAULT_MODEL, KNOWN_MODELS
 from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
-from .options import add_model_options, add_sampling_options, add_structured_options
+from .options import MODEL_HELP, add_model_options, add_sampling_options, add_structured_options
 from .serve import add_serve_parser, cmd_serve
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
 
@@ -93,14 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     fig = commands.add_parser("figures", help="measure this machine and redraw the figures (PNG) from the numbers")
     fig.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files (default: figures)")
     fig.add_argument("--quick", action="store_true", help="tiny sweeps: seconds instead of minutes (for tests)")
-    fig.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    fig.add_argument("--model", metavar="PATH|NAME", help=MODEL_HELP)
     fig.add_argument("--only", metavar="NAME,...", help="draw only these figures (e.g. request_flow.png,roofline), "
                      "measuring only what they need")
     fig.add_argument("--allow-busy", action="store_true", help="draw the timed figures even when the machine was busy "
                      "while they were measured (their titles say so); by default they are not written")
 
     bench = commands.add_parser("bench", help="benchmark us against the installed peers and this machine's roofline")
-    bench.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    bench.add_argument("--model", metavar="PATH|NAME", help=MODEL_HELP)
     bench.add_argument("--repeats", type=int, default=3, metavar="N", help="kept runs per figure, median (default 3)")
     bench.add_argument("--quick", action="store_true", help="fewer lengths, batches and tokens: a first look")
     bench.add_argument("--peers", default=None, metavar="hf,llama-cpp-python,llama-batched-bench|none",

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from .options import MODEL_HELP
 
 
 def add_bench_engine_parser(modes) -> None:
     """`bench engine ...` on the `bench` parser's sub-modes (the ones `bench serve` lives on)."""
     p = modes.add_parser("engine", help="bench serve's workload through the Engine alone, next to the time our "
                          "offline prefill and decode rates predict for it (and a server's, with --url)")
-    p.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", metavar="PATH|NAME", help=MODEL_HELP)
     p.add_argument("--url", help="also send the same prompts, all at once, to this server (ours: start it with "
                    "--max-num-seqs equal to this run's, and fresh, so its prefix cache holds none of them)")
     p.add_argument("--num-prompts", type=int, default=32, metavar="N", help="requests (default 32)")

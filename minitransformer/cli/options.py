@@ -14,11 +14,12 @@ from ..kv_storage import CODECS
 from ..sampling_params import SamplingParams, sampling_options
 from ..structured import StructuredOutputsParams
 
+MODEL_HELP = ("path of a llama-architecture GGUF, or a model fetched by name: smollm2-135m (the default, "
+              "SmolLM2-135M-Instruct) or gemma3-270m")
+
 
 def add_model_options(parser) -> None:
-    parser.add_argument("--model", metavar="PATH|NAME",
-                        help="path of a llama-architecture GGUF, or a model fetched by name: smollm2-135m (the "
-                             "default, SmolLM2-135M-Instruct) or gemma3-270m")
+    parser.add_argument("--model", metavar="PATH|NAME", help=MODEL_HELP)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu (NumPy, the default) or gpu (CuPy on an NVIDIA GPU: the 'gpu' extra)")
     parser.add_argument("--attention", choices=("auto", "arrays", "kernels"), default="auto",
