@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 import test_tensor_parallel as tp
-from minitransformer import load_model
+from minitransformer import SamplingParams, generate, load_model
 from minitransformer.bench.peer_cache import converter_missing, hf_python, llama_converter
 from minitransformer.errors import ModelFileError
 from minitransformer.layers import rope_table
 from minitransformer.rope import RopeTable
+from minitransformer.serving import Engine
 from test_reference import REL_TOL
 from tiny_model import DIMS, write_tiny_llama
 
@@ -109,6 +110,21 @@ def test_what_the_family_adds_matters(family_dir, family):
     ids, expected, _ = reference(family_dir, family)
     rel = relative_error(without(family, load_model(family_dir / f"{family}.gguf")), ids, expected)
     assert rel > 1000 * REL_TOL, f"{family}: only {rel:.2e} off without its feature"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_engine_gives_each_request_the_tokens_of_generate(family_dir, family):
+    """The paged engine runs the same forward (its cache is the only difference): 4 concurrent greedy requests of
+    different lengths, chunked prefill beside decodes, each with the tokens generate() gives it alone."""
+    model = load_model(family_dir / f"{family}.gguf")
+    engine = Engine(model, max_num_seqs=4, num_blocks=32, block_size=4, max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(3, model.config.vocab_size, n)] for n in (3, 9, 17, 30)]
+    ids = {engine.add_request(prompt, params): prompt for prompt in prompts}
+    results = engine.run()
+    for rid, prompt in ids.items():
+        assert results[rid].token_ids == generate(model, prompt, params).token_ids, (family, len(prompt))
 
 
 @tp.needs_mpi
