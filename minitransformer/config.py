@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .errors import ModelFileError
 
 # general.architecture -> which dimensions RoPE rotates together (layers.apply_rope). The file does not say: its
-# architecture decides, as in llama.cpp's llama_model_rope_type (llama: interleaved pairs, "NORM"; qwen2, gemma3,
-# phi3 and others: split halves, "NEOX"). An architecture runs here only once it has an entry.
-ROPE_PAIRING = {"llama": "interleaved", "gemma3": "neox"}
+# architecture decides, as in llama.cpp's llama_model_rope_type (llama: interleaved pairs, "NORM"; qwen2, qwen3,
+# gemma3, phi3 and others: split halves, "NEOX"). An architecture runs here only once it has an entry.
+# What each adds to llama's forward: qwen2 biases on q, k and v (bias_tensors); qwen3 an RMSNorm per q and k head
+# (qk_norm); gemma3 gemma3_options. Llama 3 is "llama" with RoPE frequency factors (rope_freq_factors).
+ROPE_PAIRING = {"llama": "interleaved", "gemma3": "neox", "qwen2": "neox", "qwen3": "neox"}
 ROPE_PAIRINGS = ("interleaved", "neox")
 ACTIVATIONS = ("silu", "gelu_tanh")
 SUPPORTED_ARCHITECTURES = tuple(ROPE_PAIRING)
+QKV_TENSORS = ("attn_q", "attn_k", "attn_v")
 
 
 @dataclass(frozen=True)
@@ -37,9 +43,11 @@ class ModelConfig:
     tied_embeddings: bool  # lm_head reuses token_embd (no output.weight tensor)
     rope_pairing: str = "interleaved"   # "interleaved" (x[2i], x[2i+1]) or "neox" (x[i], x[i + d/2]): ROPE_PAIRING
     bias_tensors: tuple[str, ...] = ()  # layer tensors the file gives a bias ("attn_q" for blk.N.attn_q.bias)
+    rope_freq_factors: tuple[float, ...] = ()  # Llama 3: pair i's angle is divided by factor i (rope_freqs.weight)
     # What sets Gemma 3 apart from llama; the defaults are llama's, so a llama model pays nothing for them
     # (gemma3_options says where each Gemma 3 value comes from).
-    qk_norm: bool = False               # an RMSNorm on each query and key head before RoPE (attn_q_norm, attn_k_norm)
+    qk_norm: bool = False               # an RMSNorm on each query and key head before RoPE (attn_q_norm, attn_k_norm;
+                                        # Gemma 3 and Qwen3)
     sandwich_norms: bool = False        # an RMSNorm on attention's and the FFN's outputs before each residual add
     activation: str = "silu"            # the gated FFN's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     embedding_scale: float = 1.0        # the token vectors are multiplied by this (Gemma: sqrt(d_model))
@@ -53,6 +61,11 @@ class ModelConfig:
             raise ValueError(f"rope_pairing must be one of {ROPE_PAIRINGS}, got {self.rope_pairing!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Qwen2: q, k and v each add a bias (loading.check_biases refuses any other bias)."""
+        return all(t in self.bias_tensors for t in QKV_TENSORS)
 
     @property
     def group_size(self) -> int:
@@ -74,6 +87,9 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelFileError(f"unsupported model architecture {arch!r}; minitransformer runs: "
                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        if arch != "gemma3" and _field(reader, f"{arch}.attention.sliding_window", 0):
+            raise ModelFileError(f"this {arch} file has sliding-window layers (attention.sliding_window); "
+                                 "minitransformer runs sliding windows only for gemma3")
         n_heads = int(_field(reader, f"{arch}.attention.head_count"))
         n_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
         d_model = int(_field(reader, f"{arch}.embedding_length"))
@@ -105,7 +121,8 @@ class ModelConfig:
             tied_embeddings="output.weight" not in tensor_names,
             rope_pairing=ROPE_PAIRING[arch],
             bias_tensors=tuple(biases),
-            **(gemma3_options(reader, d_model, n_heads, head_dim) if arch == "gemma3" else {}),
+            rope_freq_factors=rope_freq_factors(reader, arch, head_dim),
+            **architecture_options(reader, arch, d_model, n_heads, head_dim),
         )
         value_dim = int(_field(reader, f"{arch}.attention.value_length", head_dim))
         if (arch == "llama" and head_dim * n_heads != d_model) or value_dim != head_dim or n_heads % n_kv_heads \
@@ -115,6 +132,47 @@ class ModelConfig:
                                  "of one size, n_heads divisible by n_kv_heads, even head_dim, and for llama "
                                  "n_heads*head_dim == d_model)")
         return config
+
+
+def architecture_options(reader, arch: str, d_model: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+    """The ModelConfig fields an architecture sets beyond llama's defaults (biases and RoPE factors come from the
+    tensors). Qwen3: an RMSNorm of each query and key head before RoPE, its scale attn_q_norm / attn_k_norm stored
+    as is (HF modeling_qwen3.py Qwen3Attention q_norm / k_norm on head_dim; llama.cpp src/models/qwen3.cpp
+    build_norm of Qcur / Kcur per head)."""
+    if arch == "gemma3":
+        return gemma3_options(reader, d_model, n_heads, head_dim)
+    if arch == "qwen3":
+        return {"qk_norm": True}
+    return {}
+
+
+def rope_freq_factors(reader, arch: str, head_dim: int) -> tuple[float, ...]:
+    """Llama 3's RoPE frequency scaling, as llama.cpp's converter writes it, or () for plain RoPE; anything else the
+    file asks of RoPE is refused rather than run with plain angles.
+
+    HF's rope_type "llama3" (modeling_rope_utils._compute_llama3_parameters) divides the slow frequencies (a
+    wavelength past original_max_position_embeddings / low_freq_factor) by `factor`, keeps the fast ones (past
+    / high_freq_factor) and interpolates between. llama.cpp's converter (conversion/llama.py
+    LlamaModel.generate_extra_tensors) turns that into one number per rotated pair, the tensor rope_freqs.weight
+    (head_dim / 2 floats: 1, `factor`, or the interpolation), and llama.cpp's rope divides pair i's angle by it
+    (ggml_rope_ext's freq_factors). The file holds the factors, not the rule, so this reads the tensor.
+    """
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ModelFileError(f"this {arch} file asks for RoPE scaling {scaling!r} (rope.scaling.type), which "
+                             "minitransformer does not apply yet (it applies Llama 3's rope_freqs factors only)")
+    rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rotated != head_dim:
+        raise ModelFileError(f"this {arch} file rotates {rotated} of each head's {head_dim} dimensions "
+                             "(rope.dimension_count): partial RoPE is not supported")
+    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if tensor is None:
+        return ()
+    factors = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+    if tensor.tensor_type.name != "F32" or factors.size != head_dim // 2 or not (factors > 0).all():
+        raise ModelFileError(f"rope_freqs.weight must be {head_dim // 2} positive F32 factors (one per rotated "
+                             f"pair of head_dim {head_dim}); got {factors.size} of type {tensor.tensor_type.name}")
+    return tuple(float(f) for f in factors)
 
 
 GEMMA3_GLOBAL_EVERY = 6          # every 6th layer (5, 11, 17, ...) attends globally, the other five slide

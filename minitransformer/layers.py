@@ -25,14 +25,18 @@ def rms_norm(x, weight, eps: float):
     return x / xp.sqrt(mean_square + eps) * weight
 
 
-def rope_table(max_positions: int, head_dim: int, base: float):
+def rope_table(max_positions: int, head_dim: int, base: float, freq_factors=()):
     """cos and sin of every rotation angle, computed once at load time: two (max_positions, d/2) float32 arrays.
 
     Pair i of a head rotates by angle position * base^(-2i/d). The angles are computed in float64 on the host
     (position * frequency loses ~3 digits in float32 at position 8192) and stored as float32, so the forward pass
     only gathers rows: no float64 inside the model.
+    freq_factors: Llama 3's d/2 numbers (ModelConfig.rope_freq_factors): pair i's angle is divided by factor i, which
+    slows the low frequencies so positions past the original training context still turn less than a full circle.
     """
     inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)      # (d/2,)
+    if len(freq_factors):
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)              # (d/2,)
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (P, d/2)
     return np.cos(angles).astype(DTYPE), np.sin(angles).astype(DTYPE)
 

@@ -6,6 +6,7 @@ It sits above quantize/ because a float16 load is the float32 load followed by q
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from .attention_backend import choose_attention
 from .backend import DTYPE, get_xp
-from .config import ModelConfig
+from .config import QKV_TENSORS, ModelConfig
 from .errors import InputError, ModelFileError
 from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer, layer_weights
 from .parallel.communicator import Communicator
@@ -63,7 +64,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
                                  "metadata")
         return xp.asarray(array, dtype=DTYPE)
 
-    check_no_biases(config, path)
+    check_biases(config, path)
     D, V = config.d_model, config.vocab_size
     layers = [LayerWeights(**{w.field: load_layer_weight(load, w, config, i, xp, plan) for w in layer_weights(config)})
               for i in range(config.n_layers)]
@@ -87,10 +88,15 @@ def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int
     With a plan (tensor parallelism; `config` is then the shard's) only this rank's part of each tensor is read:
     a column-split weight's outputs (the file's rows: its q heads, its KV heads, its FFN columns), a row-split
     weight's inputs (the file's columns)."""
+    if not weight.is_matrix and weight.split is not None and plan is not None:      # a bias: this rank's heads
+        full = dataclasses.replace(config, n_heads=plan.config.n_heads, n_kv_heads=plan.config.n_kv_heads)
+        parts = [load(name, shape)[plan.span(size)] for name, (_, shape), size in
+                 zip(weight.gguf_names(layer), weight.tensor_shapes(full), weight.columns)]
+        return xp.concatenate(parts)
     parts = [load(name, shape, transpose=weight.is_matrix, **shard_of(weight, size, plan))
              for name, (_, shape), size in zip(weight.gguf_names(layer), weight.tensor_shapes(config),
                                                weight.columns)]
-    return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=1)
+    return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=1 if weight.is_matrix else 0)
 
 
 def shard_of(weight: LayerWeight, size: str, plan: ShardPlan | None) -> dict:
@@ -103,12 +109,14 @@ def shard_of(weight: LayerWeight, size: str, plan: ShardPlan | None) -> dict:
     return {"columns": plan.span(weight.rows or "")}
 
 
-def check_no_biases(config: ModelConfig, path) -> None:
-    """The forward pass adds no biases, so a file that gives a layer weight one is refused rather than run wrong."""
-    with_bias = [w.field for w in LAYER_WEIGHTS if w.has_bias(config)]
-    if with_bias:
-        raise ModelFileError(f"{path}: the layers' {', '.join(with_bias)} have biases "
-                             f"({', '.join(config.bias_tensors)}), which minitransformer does not add yet")
+def check_biases(config: ModelConfig, path) -> None:
+    """The forward pass adds one bias, Qwen2's on q, k and v together (LAYER_WEIGHTS' b_qkv); a file that gives any
+    other layer weight a bias, or only some of q, k and v one, is refused rather than run wrong."""
+    unused = sorted(set(config.bias_tensors) - (set(QKV_TENSORS) if config.qkv_bias else set()))
+    if unused:
+        with_bias = [w.field for w in LAYER_WEIGHTS if w.kind == "weight" and set(w.tensors) & set(unused)]
+        raise ModelFileError(f"{path}: the layers' {', '.join(with_bias)} have biases ({', '.join(unused)}), which "
+                             "minitransformer does not add (it adds q, k and v biases, all three together)")
 
 
 def check_dtype(dtype: str) -> None:

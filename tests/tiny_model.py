@@ -73,10 +73,10 @@ def tiny_tensors(vocab: int, seed: int = 0, tied: bool = True) -> dict[str, np.n
 
 
 def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied: bool = True,
-                     types: dict | None = None, extra: dict | None = None) -> Path:
+                     types: dict | None = None, extra: dict | None = None, metadata: dict | None = None) -> Path:
     """Write the tiny model to `path` and return it. `types` overrides the storage type of tensors by suffix
     (e.g. {"attn_v.weight": Q.Q8_1}) to produce files the loader must refuse; `extra` adds float32 tensors by name
-    (e.g. a bias)."""
+    (e.g. a bias); `metadata` adds key-values (str, int or float) the writer does not already write."""
     path = Path(path)
     d = DIMS
     tokens, token_types = vocabulary()
@@ -102,6 +102,10 @@ def write_tiny_llama(path: str | Path, seed: int = 0, arch: str = "llama", tied:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
+    for key, value in (metadata or {}).items():
+        add = writer.add_string if isinstance(value, str) else writer.add_uint32 if isinstance(value, int) \
+            else writer.add_float32
+        add(key, value)
 
     for name, values in {**tiny_tensors(len(tokens), seed, tied), **(extra or {})}.items():
         kind = next((k for suffix, k in kinds.items() if name.endswith(suffix)), Q.F32)

