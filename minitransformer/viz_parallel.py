@@ -17,11 +17,19 @@ from pathlib import Path
 
 from .config import ModelConfig
 from .model import LAYER_MATRICES
-from .parallel.plan import ShardPlan
+from .parallel.plan import ShardPlan, supported_sizes
 from .viz_concepts import pyplot as _plt
 
 RANK_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 REDUCE = "#f2d16b"
+FIGURE_SIZE = 3                  # figures/tensor_parallel_layer.png: SmolLM2 over 3 ranks, as lesson 15 runs it
+
+
+def figure_size(config: ModelConfig) -> int:
+    """The ranks the committed figure splits a model over: 3 when its heads allow it (SmolLM2), else the smallest
+    size above 1 that the plan allows, else 1."""
+    sizes = [n for n in supported_sizes(config) if n > 1]
+    return FIGURE_SIZE if FIGURE_SIZE in sizes else (sizes[0] if sizes else 1)
 
 
 def shard_layout(config: ModelConfig, size: int) -> dict:
