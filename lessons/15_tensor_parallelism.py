@@ -300,12 +300,13 @@ def part_costs(args, model, first: dict) -> dict:
         ranks = json.loads(out.read_text())
     one += time_decode(model, prompt_ids, tokens, args.repeats - half)  # ... and after them
     cores = os.cpu_count() or 1
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS") or max(1, cores // args.size))      # as run_ranks sets it
     console.print(f"check shapes: {c.n_layers} layers, d_model {c.d_model}: each all-reduce sums one token's hidden "
                   f"state, {c.d_model} float32 values = {c.d_model * 4:,} bytes", highlight=False)
     console.print(f"{len(tokens)} decode steps after the {len(prompt_ids)}-token prompt, each rank the same token ids; "
                   f"the {args.size} ranks run {args.repeats} times after a warm-up, one process {half} times before "
-                  f"them and {args.repeats - half} after. Each rank has {max(1, cores // args.size)} BLAS thread; "
-                  f"this machine has {cores} cores.", highlight=False)
+                  f"them and {args.repeats - half} after. Each rank has {threads} BLAS thread{'s' * (threads != 1)} "
+                  f"(run_ranks gives each its share of the cores); this machine has {cores} cores.", highlight=False)
 
     def ms(rows, key):
         return spread_cell([r[key] * 1e3 for r in rows], ".1f")
