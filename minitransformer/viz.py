@@ -10,8 +10,9 @@
     batching_sweep.png               decode tokens/s and ITL over batch sizes, next to an H200's roofline (viz_batching)
     serving_tradeoff.png             lesson 14's load: output tokens/s vs TTFT p99 over max_num_seqs, a line per arrival
                                      rate (viz_tradeoff)
-    request_flow.png ... draft_and_verify.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
-                                     viz_flow.py, viz_shapes.py, viz_attention.py, viz_capacity.py, viz_concepts.py
+    request_flow.png ... tensor_parallel_layer.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
+                                     viz_flow.py, viz_shapes.py, viz_attention.py, viz_capacity.py, viz_concepts.py,
+                                     viz_parallel.py (one layer's split, from the shard plan)
 
 Measurements (measure_*, in viz_measure.py) come apart from the drawings (plot_*, here), so a reader can rerun one
 without the other;
@@ -55,15 +56,17 @@ from .viz_measure import (
     measure_ttft,
     text_ids,
 )
+from .viz_parallel import draw_tensor_parallel_layer, figure_size
 from .viz_shapes import draw_kv_cache_growth, draw_prefill_vs_decode_shapes
 from .viz_timeline import draw_request_timeline, run_request_timeline
 from .viz_tradeoff import LOAD_SWEEP, QUICK_LOAD_SWEEP, draw_serving_tradeoff, measure_tradeoff
 
 FIGURES = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png",
            "kv_cache_bytes.png", "roofline.png", "batching_sweep.png", "serving_tradeoff.png")
+# Drawn from a run's objects (or the model's shard plan), not a sweep: no --quick.
 CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.png", "query_vs_cache.png",
                    "prefill_vs_decode_shapes.png", "users_that_fit.png", "paged_attention.png",
-                   "draft_and_verify.png")                  # drawn from a run's objects, not a sweep: no --quick
+                   "draft_and_verify.png", "tensor_parallel_layer.png")
 # They show times: drawn only from a quiet run (or --allow-busy).
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
          "batching_sweep.png", "serving_tradeoff.png", "request_flow.png", "request_timeline.png")
@@ -285,7 +288,8 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "users_that_fit.png": lambda p: draw_users_that_fit(model, p),
                 "prefill_vs_decode_shapes.png": lambda p: draw_prefill_vs_decode_shapes(model, p),
                 "paged_attention.png": lambda p: draw_paged_attention(model, p),
-                "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p)}
+                "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p),
+                "tensor_parallel_layer.png": lambda p: draw_tensor_parallel_layer(c, figure_size(c), p)}
         written = []
         for name in names:
             if busy and name in TIMED and not allow_busy:

@@ -145,6 +145,24 @@ def test_published_peaks_roofline_time_is_the_slower_of_arithmetic_and_memory():
     assert H200.cost(config, 8).bytes == forward_cost(config, 8, dtype_bytes=2).bytes       # bf16 arrays
 
 
+def test_a_ring_all_reduce_pays_2_n_minus_1_hops_and_2_n_minus_1_over_n_of_the_bytes():
+    """PublishedLink: NCCL's ring model (base + 2(n-1) hops + 2(n-1)/n x bytes / bandwidth); split_step: the roofline
+    compute / n next to 2 all-reduces per layer of tokens x d_model at the dtype (lesson 15's table 3)."""
+    from minitransformer.bench.machine import H200, NVLINK4, PCIE5, PublishedLink, split_step
+    link = PublishedLink("test", bandwidth=100e9, base_latency=5e-6, hop_latency=1e-6)
+    assert link.all_reduce_seconds(1e9, 1) == 0.0                                  # one GPU: nothing to join
+    assert link.all_reduce_seconds(0, 4) == pytest.approx(5e-6 + 6e-6)
+    assert link.all_reduce_seconds(4e9, 4) == pytest.approx(11e-6 + 1.5 * 4e9 / 100e9)
+    assert NVLINK4.bandwidth == 900e9 / 2 and PCIE5.bandwidth < NVLINK4.bandwidth    # 900 GB/s both ways
+    config = ModelConfig(name="t", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128,
+                         vocab_size=100, context_length=64, norm_eps=1e-5, rope_base=10000.0, tied_embeddings=True)
+    one, four = split_step(H200, NVLINK4, config, 8, 1), split_step(H200, NVLINK4, config, 8, 4)
+    assert (one.all_reduces, one.communication) == (0, 0.0) and one.seconds == H200.seconds(H200.cost(config, 8))
+    assert four.compute == pytest.approx(one.compute / 4) and four.all_reduces == 2 * config.n_layers
+    assert four.all_reduce_bytes == 8 * 64 * 2                                     # bf16 hidden states
+    assert four.communication == pytest.approx(4 * NVLINK4.all_reduce_seconds(8 * 64 * 2, 4))
+
+
 def test_matmul_rows_times_every_row_count_in_turns(monkeypatch):
     from minitransformer.bench import machine
     from minitransformer.bench.machine import measure_matmul_rows, time_matmul_rows

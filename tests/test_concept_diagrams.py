@@ -235,3 +235,42 @@ def test_figures_only_draws_the_named_figures(tiny_model_path, tmp_path, monkeyp
     paths = viz.make_figures(out, quick=True, model_path=tiny_model_path, only="kv_cache_bytes")
     assert paths == [out / "kv_cache_bytes.png"] and png_size(paths[0]) == (700, 440)
     assert viz.select_figures(None) == list(viz.FIGURES + viz.CONCEPT_FIGURES)
+
+
+# ---------------------------------------------------------------------------------------------------- tensor parallel
+
+class _Rank:
+    """What load_model asks of a communicator to load one rank's shard (no collective runs here)."""
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_tensor_parallel_layer_diagram_is_what_each_rank_loads(tiny_model_path, tiny_model, tmp_path, size):
+    """The drawn shapes and spans are those of the arrays each rank's loader reads, and those arrays are the whole
+    model's columns (w_qkv, w_gate_up) and rows (wo, w_down) at the drawn spans. The tiny model: 4 query heads,
+    2 KV heads, FFN 128; at 4 ranks each KV head is replicated on 2 ranks."""
+    from minitransformer import load_model
+    from minitransformer.viz_parallel import draw_tensor_parallel_layer
+    path = tmp_path / "tp.png"
+    data = draw_tensor_parallel_layer(tiny_model.config, size, path)
+    assert min(png_size(path)) > 200
+    whole, c = tiny_model.layers[0], tiny_model.config
+    d = c.head_dim
+    assert data["kv_replicas"] == max(1, size // c.n_kv_heads) and len(data["ranks"]) == size
+    assert data["whole"] == {"w_qkv": whole.w_qkv.shape, "wo": whole.wo.shape, "w_gate_up": whole.w_gate_up.shape,
+                             "w_down": whole.w_down.shape}
+    for drawn in data["ranks"]:
+        layer = load_model(tiny_model_path, comm=_Rank(drawn["rank"], size)).layers[0]
+        assert drawn["shapes"] == {f: getattr(layer, f).shape for f in ("w_qkv", "wo", "w_gate_up", "w_down")}
+        (q0, q1), (k0, k1), (f0, f1) = drawn["q_heads"], drawn["kv_heads"], drawn["ffn_columns"]
+        np.testing.assert_array_equal(layer.wq, whole.wq[:, q0 * d:q1 * d])
+        np.testing.assert_array_equal(layer.wk, whole.wk[:, k0 * d:k1 * d])
+        np.testing.assert_array_equal(layer.wo, whole.wo[q0 * d:q1 * d])
+        np.testing.assert_array_equal(layer.w_gate, whole.w_gate[:, f0:f1])
+        np.testing.assert_array_equal(layer.w_down, whole.w_down[f0:f1])
+        # GQA: every query head the rank holds reads a KV head the rank holds
+        assert {q // c.group_size for q in range(q0, q1)} <= set(range(k0, k1))
+    assert data["all_reduce_bytes_per_token"] == c.d_model * 4
+    with pytest.raises(InputError, match="cannot split the query heads"):
+        draw_tensor_parallel_layer(tiny_model.config, 3, path)

@@ -129,7 +129,7 @@ def test_the_terms_the_brief_asks_for_are_all_defined():
               "quiet-machine", "spread"]
     assert not [w for w in wanted if w not in defined]
     body = dict((slug(h), b) for h, b in entries())["tensor-parallelism"]
-    assert "theory" in body, "tensor parallelism must say it is taught as theory until its lesson lands"
+    assert "../lessons/15_tensor_parallelism.py" in body, "tensor parallelism must point to the lesson that runs it"
 
 
 def files_that_link_the_glossary() -> list[Path]:

@@ -1,4 +1,4 @@
-"""docs/interview.md holds up: every self-test question (Z1-Z6), follow-up (Q1-Q3), common mistake (M1-M5) and
+"""docs/interview.md holds up: every self-test question (Z1-Z6), follow-up (Q1-Q3, Q5-Q7), common mistake (M1-M5) and
 table (T1-T4) is answered with a “quote” of a committed transcript and a link to the lesson that shows it; every
 quote is in a transcript its paragraph links; at least 12 predict-then-run exercises over at least 8 lessons, whose
 worked solutions (the >>> lines) run as doctests on the project's own functions; every relative link resolves.
@@ -16,9 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_transcripts as mt
+from test_transcripts import AWAITING
+
+# Transcripts of lessons merged before their first quiet run (test_transcripts.AWAITING): a quote of one, or a link
+# to it, is checked once `python scripts/make_transcripts.py --only NN` has written it.
+PENDING = {mt.transcript_for(p).resolve() for p in mt.lessons() if p.stem[:2] in AWAITING}
 
 DOC = ROOT / "docs" / "interview.md"
-ITEMS = [f"Z{i}" for i in range(1, 7)] + [f"Q{i}" for i in range(1, 4)] + [f"M{i}" for i in range(1, 6)] \
+ITEMS = [f"Z{i}" for i in range(1, 7)] + [f"Q{i}" for i in (1, 2, 3, 5, 6, 7)] + [f"M{i}" for i in range(1, 6)] \
     + [f"T{i}" for i in range(1, 5)]
 LESSON_LINK = re.compile(r"\]\(\.\./lessons/(\d\d)_\w+\.py\)")
 TRANSCRIPT_LINK = re.compile(r"\]\(\.\./lessons/transcripts/(\d\d)_\w+\.md\)")
@@ -51,6 +56,8 @@ def test_every_quote_appears_in_a_transcript_its_paragraph_links():
     assert len(found) >= 40
     for quote, sources in found:
         assert sources, f"“{quote}” is in a paragraph that links no transcript"
+        if set(sources) <= PENDING and not any(s.is_file() for s in sources):
+            continue                                       # its lesson's first transcript is still to be made
         texts = [mt.flat(mt.read(s)[1]) for s in sources]
         assert any(quote in t for t in texts), \
             f"“{quote}” is not in {[s.name for s in sources]}: python scripts/make_transcripts.py refreshes numbers"
@@ -67,7 +74,7 @@ def test_every_relative_link_resolves_to_a_file_in_the_repository_or_a_heading()
             assert link[1:] in anchors, f"no heading for {link}"
             continue
         target = (DOC.parent / link.split("#")[0]).resolve()
-        assert target.is_file() and ROOT in target.parents, f"broken link: {link}"
+        assert (target.is_file() or target in PENDING) and ROOT in target.parents, f"broken link: {link}"
 
 
 def test_at_least_12_exercises_over_8_lessons_predict_first_then_solution_and_run():

@@ -193,3 +193,63 @@ class PublishedPeaks:
 # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (https://www.nvidia.com/en-us/data-center/h200/):
 # GPU memory bandwidth 4.8 TB/s (141 GB HBM3e); BF16 Tensor Core 1,979 TFLOPS *with sparsity*, so ~990 dense.
 H200 = PublishedPeaks("H200 SXM (datasheet)", bandwidth=4.8e12, flops=989e12, dtype="bf16", dtype_bytes=2)
+
+
+# ------------------------------------------------------------------------------------------------ links between GPUs
+
+@dataclass(frozen=True)
+class PublishedLink:
+    """A GPU-to-GPU link from published figures, and what a ring all-reduce over n GPUs costs on it (lesson 15).
+
+    A ring all-reduce of B bytes over n GPUs sends 2(n - 1) chunks of B/n bytes through each GPU's link, one after
+    another (n - 1 steps of reduce-scatter, then n - 1 of all-gather):
+
+        seconds = base latency + 2(n - 1) x hop latency + 2(n - 1)/n x B / bandwidth
+
+    The latency terms are NCCL's own cost model (NVIDIA/nccl, src/graph/tuning.cc: `baseLat` and `hwLat`, ring
+    algorithm, LL protocol, the one NCCL picks for small messages); the bandwidth is one direction of the link.
+    Like PublishedPeaks, this is a model from the maker's figures, not a measurement: it is what an interview answer
+    can compute on a whiteboard, and it ignores overlap of the collectives with compute.
+    """
+    name: str
+    bandwidth: float           # bytes/s per GPU, one direction
+    base_latency: float        # s, once per all-reduce
+    hop_latency: float         # s, per ring step
+
+    def all_reduce_seconds(self, nbytes: float, n: int) -> float:
+        if n == 1:
+            return 0.0
+        steps = 2 * (n - 1)
+        return self.base_latency + steps * self.hop_latency + steps / n * nbytes / self.bandwidth
+
+
+# NVLink 4 (H100 and H200 SXM): 900 GB/s of bidirectional bandwidth per GPU (NVIDIA H100 / H200 datasheets), so 450
+# GB/s each way. NCCL's tuning.cc: ring LL base latency 6.6 us, 0.6 us per NVLink hop, 1.0 us per PCIe hop.
+NVLINK4 = PublishedLink("NVLink 4 (H100/H200 SXM)", bandwidth=450e9, base_latency=6.6e-6, hop_latency=0.6e-6)
+# PCIe 5.0 x16: 32 GT/s x 16 lanes, ~64 GB/s each way (PCI-SIG): the link of a GPU without NVLink.
+PCIE5 = PublishedLink("PCIe 5.0 x16", bandwidth=64e9, base_latency=6.6e-6, hop_latency=1.0e-6)
+
+
+@dataclass(frozen=True)
+class SplitStep:
+    """One forward of `tokens` tokens split over n GPUs: each GPU's share of the compute, and the all-reduces."""
+    n: int
+    tokens: int
+    compute: float             # s: the one-GPU roofline time / n (each GPU reads 1/n of the weights, does 1/n of
+                               # the FLOPs; the replicated embedding and lm_head are counted as split, a lower bound)
+    all_reduces: int           # 2 per layer
+    all_reduce_bytes: float    # each: tokens x d_model x dtype_bytes
+    communication: float       # s: all_reduces x PublishedLink.all_reduce_seconds
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.communication
+
+
+def split_step(peaks: PublishedPeaks, link: PublishedLink, config: ModelConfig, tokens: int, n: int) -> SplitStep:
+    """Tensor parallelism's arithmetic for one forward (Megatron: two all-reduces of the hidden state per layer),
+    with no overlap of compute and communication: the longest a step can take at the roofline."""
+    nbytes = tokens * config.d_model * peaks.dtype_bytes
+    reduces = 2 * config.n_layers if n > 1 else 0
+    return SplitStep(n, tokens, peaks.seconds(peaks.cost(config, tokens)) / n, reduces, nbytes,
+                     reduces * link.all_reduce_seconds(nbytes, n))
