@@ -51,6 +51,9 @@ def test_every_quote_appears_in_a_transcript_its_paragraph_links():
     assert len(found) >= 40
     for quote, sources in found:
         assert sources, f"“{quote}” is in a paragraph that links no transcript"
+        missing = [s.name for s in sources if not s.is_file()]
+        assert not missing, f"no transcript {missing} yet: on a quiet machine run python scripts/make_transcripts.py " \
+                            f"--only {missing[0][:2]}"
         texts = [mt.flat(mt.read(s)[1]) for s in sources]
         assert any(quote in t for t in texts), \
             f"“{quote}” is not in {[s.name for s in sources]}: python scripts/make_transcripts.py refreshes numbers"
