@@ -23,14 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, estimate_kv_bytes, load_model
+from minitransformer import estimate_kv_bytes, load_model
 from minitransformer.bench.machine import H200, measure_copy_bandwidth, measure_gemm_flops
+from minitransformer.bench.model_shape import decode_call
 from minitransformer.claims import Claim, find_numbers, report, table_with
-from minitransformer.decode import decode_step
 from minitransformer.errors import MiniTransformerError
 from minitransformer.kernels.quant import dequant_gemv
 from minitransformer.measure import Probe, interleaved, machine_peaks
-from minitransformer.prefill import prefill
 from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy
 from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
 from minitransformer.weights import dequantize, open_gguf
@@ -187,7 +186,7 @@ def main():
                       f"{4 * w.in_features * w.out_features}")
 
     console.rule(f"Part 4: one decode step of each setting, {args.repeats} times, in turns (NumPy, this CPU)")
-    steps = interleaved({name: decode_runner(weights, storage, prompts[0], args.repeats)
+    steps = interleaved({name: decode_call(weights, prompts[0], args.repeats + 2, storage)
                          for name, (weights, storage) in settings.items()}, repeats=args.repeats)
     bandwidth, _, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
     speed = Table("setting", "step min ms", "median ms", "spread ms", "tok/s at the min", "weights floor ms")
@@ -256,15 +255,6 @@ def main():
         f"({H200.bandwidth / 1e12:.1f} TB/s, published) it is {gpu} per token. A kernel that reads only the quantized "
         f"bytes, like part 3's, can approach that floor. At int4 the floor is {bf16 / sizes['int4']:.1f}x lower than "
         "at bf16, as long as decode stays memory-bound.", highlight=False)
-
-
-def decode_runner(model, storage: str, prompt: list[int], repeats: int):
-    """A call that runs one decode step of `model` on its own cache (keys and values stored as `storage`), holding
-    `prompt` and room for every timed step (and the warm-up's): the same context length, give or take `repeats`
-    tokens, for every setting."""
-    cache = KVCache(model.config, len(prompt) + repeats + 2, xp=model.xp, storage=storage)
-    token = int(np.asarray(prefill(model, prompt, cache)).argmax(-1)[0])
-    return lambda: decode_step(model, [token], cache)
 
 
 def greedy_words(name: str, score, n: int) -> str:
