@@ -1,7 +1,7 @@
 """Lesson 03: the KV cache — every layer keeps the keys and values of every past token, one more row per token, and
 that memory, not the weights, is what grows with context length and with the number of users.
 
-    python lessons/03_kv_cache_growth.py [--prompt TEXT] [--tokens 12] [--batch 1]
+    python lessons/03_kv_cache_growth.py [--prompt TEXT] [--tokens 12] [--batch 1] [--compare gemma3-270m]
 
 The loop is prefill.py + decode.py on a kv_cache.KVCache; after every token the table shows the cache's shape and
 its bytes counted from the arrays themselves, next to kv_cache.estimate_kv_bytes (the H1 formula). Nothing here is
@@ -78,6 +78,11 @@ def claims(output: str) -> list[Claim]:
               (small, large) == (round(H1_SHAPE * 4096 * 4 / 2**30, 2), round(H1_SHAPE * 16384 * 16 / 2**30, 2)),
               f"printed {small:.2f} and {large:.2f} GiB", timed=False),
     ]
+    second = re.search(r"check second model: measured == estimate_kv_bytes at (\d+) of (\d+) steps", text)
+    if second:                                           # printed only with --compare
+        found.append(Claim("second-model-estimator", "the second model's cache, counted from its arrays, equals "
+                           "estimate_kv_bytes at every step", second[1] == second[2] and int(second[2]) > 0,
+                           f"{second[1]} of {second[2]} steps", timed=False))
     keys = re.search(rf"its keys in layer \d+ differ by ({NUMBER})%", text)
     if keys:                                             # printed only when a token appears twice in the text
         change = float(keys[1]) / 100
@@ -101,6 +106,33 @@ def table_of(rows, last=None):
     return table
 
 
+def compare_model(other, prompt: str, tokens: int, own_per_token: int, model) -> None:
+    """Section 3b (with --compare): the same prompt and greedy tokens through `other`'s own KVCache, its bytes read
+    off the arrays after every step next to estimate_kv_bytes, against this model's bytes per token."""
+    cfg, own = other.config, model.config
+    console.rule(f"[bold]3b. The same measurement on a second model: {other.path.stem}")
+    ids = other.tokenizer.encode(prompt)
+    cache = KVCache(cfg, len(ids) + tokens)
+    logits = prefill(other, [ids], cache)                                        # (1, V)
+    history = []
+    for step in range(tokens + 1):
+        history.append((cache.length, sum(measured_bytes(cache)), estimate_kv_bytes(cfg, cache.length)))
+        if step < tokens:
+            logits = decode_step(other, [int(np.asarray(logits).argmax(-1)[0])], cache)   # greedy
+    table = Table("model", "layers x KV heads x head_dim", "bytes per token", "measured after the last step",
+                  "estimate_kv_bytes")
+    table.add_row("this model", f"{own.n_layers} x {own.n_kv_heads} x {own.head_dim}", f"{own_per_token:,}",
+                  "", "")
+    n, measured, estimate = history[-1]
+    table.add_row(other.path.stem, f"{cfg.n_layers} x {cfg.n_kv_heads} x {cfg.head_dim}", f"{measured // n:,}",
+                  f"{measured:,} B at {n} tokens", f"{estimate:,} B")
+    console.print(table)
+    console.print(f"check second model: measured == estimate_kv_bytes at {sum(m == e for _, m, e in history)} of "
+                  f"{len(history)} steps; {measured // n:,} bytes per token vs this model's {own_per_token:,} "
+                  f"({measured // n / own_per_token:.2f}x), with {other.weight_bytes / 2**20:,.0f} MiB of weights vs "
+                  f"{model.weight_bytes / 2**20:,.0f}")
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
@@ -110,6 +142,8 @@ def main():
     ap.add_argument("--prompt", default=PROMPT, help="text whose cache we watch grow")
     ap.add_argument("--tokens", type=int, default=12, help="tokens to decode (greedy)")
     ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together")
+    ap.add_argument("--compare", metavar="NAME|PATH", help="a second model (e.g. gemma3-270m) whose cache is measured "
+                    "the same way after section 3: the model-size lever measured, not projected (lesson 17 goes on)")
     args = ap.parse_args()
     for flag, value in (("--tokens", args.tokens), ("--batch", args.batch)):
         if value < 1:
@@ -193,6 +227,8 @@ def main():
     own = estimate_kv_bytes(cfg, cfg.context_length, 16)
     small, large = estimate_kv_bytes(big, 4096, 4, np.float16), estimate_kv_bytes(big, 16384, 16, np.float16)
     console.print(f"check H1: 4096 tokens x batch 4 = {gib(small)}; 16384 tokens x batch 16 = {gib(large)}")
+    if args.compare:
+        compare_model(load_model(args.compare), args.prompt, args.tokens, per_token // B, model)
 
     console.rule("[bold]4. What this run shows")
     quiet = probe.finish()

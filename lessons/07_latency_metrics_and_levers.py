@@ -1,7 +1,7 @@
 """Lesson 07: latency metrics and the levers that move them -- queue, prefill, TTFT, ITL, tokens/s, total.
 
     python lessons/07_latency_metrics_and_levers.py [--tokens 16] [--lengths 32,128,256] [--outputs 4,8,16]
-                                                    [--repeats 5]
+                                                    [--repeats 5] [--compare gemma3-270m]
 
 Part 1 serves three requests that arrive together on one slot, one after the other (no batching: lesson 08), and
 prints metrics.py's numbers for each. Part 2 runs one request streamed and not streamed, in turns. Part 3 turns each
@@ -16,6 +16,7 @@ Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import KVCache, SamplingParams, generate, load_model, stream
 from minitransformer.bench.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops
-from minitransformer.claims import Claim, find_numbers, report, table_with
+from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report, table_with
 from minitransformer.errors import InputError, MiniTransformerError
 from minitransformer.generate import _run, make_request, make_runner
 from minitransformer.measure import Probe, Timing, interleaved, machine_peaks, time_calls
@@ -84,7 +85,7 @@ def claims(output: str) -> list[Claim]:
                                                r"([\d.]+) ms")
     ridge, = find_numbers(output, r"ridge point = .*? = ([\d.]+) FLOP/byte")
     pre, dec = find_numbers(output, r"check roofline: prefill ([\d.]+) FLOP/byte, decode ([\d.]+) FLOP/byte")
-    return [
+    found = [
         Claim("queue-in-ttft", "a request that waits its turn gets its first token later though its own prefill "
               "costs the same: the wait is in its TTFT", ttfts[-1] - ttfts[0] > noise and queues[-1] > prefills[-1],
               f"r{len(ttfts) - 1} TTFT {ttfts[-1]:.1f} vs r0 {ttfts[0]:.1f} ms, queue {queues[-1]:.1f} ms; the "
@@ -112,6 +113,17 @@ def claims(output: str) -> list[Claim]:
         Claim("roofline", "by the roofline, prefill is compute-bound and decode memory-bound on this machine",
               pre > ridge > dec, f"prefill {pre:.2f}, decode {dec:.2f} FLOP/byte, ridge {ridge:.2f}"),
     ]
+    second = re.search(rf"check second model: decode ({NUMBER})-({NUMBER}) ms per token vs this model's "
+                       rf"({NUMBER})-({NUMBER}); weights ({NUMBER})x", flat(output))
+    if second:                                           # printed only with --compare
+        low, high, own_low, own_high, ratio = (float(x) for x in second.groups())
+        bigger = ratio > 1
+        found.append(Claim("model-size-measured", f"the model with {'more' if bigger else 'fewer'} weight bytes "
+                           f"decodes {'slower' if bigger else 'faster'}, beyond both spreads",
+                           low > own_high if bigger else high < own_low,
+                           f"{low:.1f}-{high:.1f} vs {own_low:.1f}-{own_high:.1f} ms per token, weights {ratio:.2f}x",
+                           required=False))
+    return found
 
 
 def repeated(runs: dict, repeats: int) -> tuple[dict[str, Timing], dict[str, list]]:
@@ -128,6 +140,27 @@ def spread_cells(t: Timing) -> list[str]:
     return [ms(t.min), ms(t.median), ms(t.spread)]
 
 
+def compare_model(model, other, tokens: int, repeats: int, bandwidth: float) -> None:
+    """Part 3b (with --compare): the same greedy request on both models, in turns, and the time per output token
+    (TPOT) of each run next to the floor its weight bytes set: the model-size lever measured, not computed."""
+    console.rule(f"[bold]3b. The model-size lever, measured: {model.path.stem} and {other.path.stem}, in turns")
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    models = {m.path.stem: m for m in (model, other)}
+    _, runs = repeated({name: (lambda m=m: generate(m, TEXT, params)) for name, m in models.items()}, repeats)
+    per_token = {name: Timing(tuple(r.metrics.tpot_s for r in runs[name])) for name in models}
+    table = Table("model", "weights GB", "floor ms/token", "decode ms/token min", "median", "spread",
+                  "x the floor")
+    for name, m in models.items():
+        t = per_token[name]
+        table.add_row(name, f"{m.weight_bytes / 1e9:.3f}", ms(m.weight_bytes / bandwidth), *spread_cells(t),
+                      f"{t.min / (m.weight_bytes / bandwidth):.1f}")
+    console.print(table)
+    mine, theirs = per_token[model.path.stem], per_token[other.path.stem]
+    console.print(f"check second model: decode {ms(theirs.min)}-{ms(theirs.max)} ms per token vs this model's "
+                  f"{ms(mine.min)}-{ms(mine.max)}; weights {other.weight_bytes / model.weight_bytes:.2f}x "
+                  f"({tokens} greedy tokens, {repeats} runs each; decode ms/token = TPOT, metrics.py)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16, help="output tokens of each request in parts 1 and 2")
@@ -135,6 +168,8 @@ def main() -> None:
     ap.add_argument("--outputs", default="4,8,16", help="output lengths of the output-length lever")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each setting in parts 2 and 3, in turns")
     ap.add_argument("--model", metavar="PATH", help="a llama-architecture GGUF (default: SmolLM2-135M)")
+    ap.add_argument("--compare", metavar="NAME|PATH", help="a second model (e.g. gemma3-270m): its decode is timed in "
+                    "turns with this one's after part 3, the model-size lever measured rather than computed")
     args = ap.parse_args()
     if args.tokens < 2 or args.repeats < 1:
         raise InputError(f"--tokens must be at least 2 and --repeats at least 1, got {args.tokens}, {args.repeats}")
@@ -232,6 +267,8 @@ def main() -> None:
     floor = model.weight_bytes / bandwidth
     console.print(f"check floor: decode {ms(decode_ms)} ms per token (fastest), floor {ms(floor)} ms = "
                   f"{decode_ms / floor:.1f}x the floor")
+    if args.compare:
+        compare_model(model, load_model(args.compare), outputs[-1], args.repeats, bandwidth)
 
     console.rule("[bold]4. The course's tables, with this run's numbers")
     cache = KVCache(model.config, lengths[-1])

@@ -1,7 +1,7 @@
 """Lesson 13: quantization — fewer bytes per weight and per cached key, and what it costs in quality, measured.
 
     python lessons/13_quantization.py [--tokens 1024] [--window 256] [--greedy-tokens 64] [--prompts 1]
-                                      [--kv-tokens 8192] [--repeats 10]
+                                      [--kv-tokens 8192] [--repeats 10] [--compare gemma3-270m]
 
 Part 1 unpacks one Q4_1 block of the GGUF file itself by hand (scale, minimum, 32 four-bit values) and compares it
 with the library's dequantize; then quantizes the same 32 weights with our own int4 format. Part 2 builds int8 and int4
@@ -15,6 +15,7 @@ Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -23,14 +24,13 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, estimate_kv_bytes, load_model
+from minitransformer import estimate_kv_bytes, load_model
 from minitransformer.bench.machine import H200, measure_copy_bandwidth, measure_gemm_flops
-from minitransformer.claims import Claim, find_numbers, report, table_with
-from minitransformer.decode import decode_step
+from minitransformer.bench.model_shape import decode_call
+from minitransformer.claims import Claim, find_numbers, flat, report, table_with
 from minitransformer.errors import MiniTransformerError
 from minitransformer.kernels.quant import dequant_gemv
 from minitransformer.measure import Probe, interleaved, machine_peaks
-from minitransformer.prefill import prefill
 from minitransformer.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy
 from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
 from minitransformer.weights import dequantize, open_gguf
@@ -98,6 +98,14 @@ def claims(output: str) -> list[Claim]:
         found.append(Claim(SPEED_KEYS[name], f"a decode step with {WITH[name]} is {'faster' if faster else 'slower'} "
                            "than float32's here", apart, f"{low[name]:.1f}-{high[name]:.1f} ms vs float32 "
                            f"{low['float32']:.1f}-{high['float32']:.1f} ms", required=False))   # NumPy decides
+    second = re.search(r"check second model memory: int8 (\d+) bytes, computed (\d+); int4 (\d+) bytes, computed "
+                       r"(\d+); int4 is ([\d.]+)x smaller than float32 here vs ([\d.]+)x for this model", flat(output))
+    if second:                                           # printed only with --compare
+        i8, i8_computed, i4, i4_computed, theirs, ours = (float(x) for x in second.groups())
+        found.append(Claim("second-model-memory", "the second model's int8 and int4 copies store the bytes computed "
+                           "for them; int4 shrinks it less than this model, its int8 embedding (the lm_head) being "
+                           "a larger share", i8 == i8_computed and i4 == i4_computed and theirs < ours,
+                           f"int4 {theirs:.2f}x vs {ours:.2f}x smaller than float32", timed=False))
     return found
 
 
@@ -139,6 +147,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=1, help=f"greedy prompts (at most {len(GREEDY_PROMPTS)})")
     ap.add_argument("--kv-tokens", type=int, default=8192, help="context length for the KV-cache memory column")
     ap.add_argument("--repeats", type=int, default=10, help="timed decode steps of each setting, in turns")
+    ap.add_argument("--compare", metavar="NAME|PATH", help="a second model (e.g. gemma3-270m): its int8 and int4 "
+                    "copies are built and measured after part 4 (memory and a decode step), beside this model's")
     args = ap.parse_args()
 
     model = load_model()
@@ -187,7 +197,7 @@ def main():
                       f"{4 * w.in_features * w.out_features}")
 
     console.rule(f"Part 4: one decode step of each setting, {args.repeats} times, in turns (NumPy, this CPU)")
-    steps = interleaved({name: decode_runner(weights, storage, prompts[0], args.repeats)
+    steps = interleaved({name: decode_call(weights, prompts[0], args.repeats + 2, storage)
                          for name, (weights, storage) in settings.items()}, repeats=args.repeats)
     bandwidth, _, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
     speed = Table("setting", "step min ms", "median ms", "spread ms", "tok/s at the min", "weights floor ms")
@@ -199,6 +209,9 @@ def main():
                   f"(measure.py). Floor = weight bytes / copy bandwidth ({bandwidth / 1e9:.1f} GB/s, "
                   f"{'measured now' if here else 'measured once for this set of runs'}): a step reads every weight "
                   "once, so it cannot be faster")
+
+    if args.compare:
+        compare_model(model, models, load_model(args.compare), prompts[0], args.repeats)
 
     console.rule("Part 5: What this run shows")
     quiet = probe.finish()
@@ -258,13 +271,30 @@ def main():
         "at bf16, as long as decode stays memory-bound.", highlight=False)
 
 
-def decode_runner(model, storage: str, prompt: list[int], repeats: int):
-    """A call that runs one decode step of `model` on its own cache (keys and values stored as `storage`), holding
-    `prompt` and room for every timed step (and the warm-up's): the same context length, give or take `repeats`
-    tokens, for every setting."""
-    cache = KVCache(model.config, len(prompt) + repeats + 2, xp=model.xp, storage=storage)
-    token = int(np.asarray(prefill(model, prompt, cache)).argmax(-1)[0])
-    return lambda: decode_step(model, [token], cache)
+def compare_model(model, models: dict, other, prompt_text_ids: list[int], repeats: int) -> None:
+    """Part 4b (with --compare): the same formats on a second model, its bytes read off the quantized arrays and a
+    decode step of each timed in turns; the embedding stays int8 (quantize_model's default) in both models."""
+    console.rule(f"Part 4b: the same formats on {other.path.stem}")
+    copies = {"float32": other, "int8 weights": quantize_model(other, "int8"),
+              "int4 weights": quantize_model(other, "int4")}
+    prompt = other.tokenizer.encode(model.tokenizer.decode(prompt_text_ids))
+    steps = interleaved({name: decode_call(m, prompt, repeats + 2) for name, m in copies.items()}, repeats=repeats)
+    table = Table("setting", "weights MiB", "vs float32", "this model vs float32", "step min ms", "median ms",
+                  "spread ms")
+    own = {"float32": model, "int8 weights": models["int8"], "int4 weights": models["int4"]}
+    for name, m in copies.items():
+        t = steps[name]
+        table.add_row(name, f"{m.weight_bytes / MiB:,.1f}", f"{other.weight_bytes / m.weight_bytes:.2f}x",
+                      f"{model.weight_bytes / own[name].weight_bytes:.2f}x", f"{t.min * 1e3:.1f}",
+                      f"{t.median * 1e3:.1f}", f"{t.spread * 1e3:.1f}")
+    console.print(table)
+    cfg = other.config
+    i8, i4 = copies["int8 weights"].weight_bytes, copies["int4 weights"].weight_bytes
+    console.print(f"check second model memory: int8 {i8} bytes, computed {expected_weight_bytes(cfg, 'int8')}; int4 "
+                  f"{i4} bytes, computed {expected_weight_bytes(cfg, 'int4')}; int4 is {other.weight_bytes / i4:.2f}x "
+                  f"smaller than float32 here vs {model.weight_bytes / models['int4'].weight_bytes:.2f}x for this "
+                  f"model: its int8 embedding, which is also its lm_head ({cfg.vocab_size:,} x {cfg.d_model}), is "
+                  f"{100 * cfg.vocab_size * (cfg.d_model + 4) / i4:.0f}% of its int4 bytes (lesson 17)")
 
 
 def greedy_words(name: str, score, n: int) -> str:

@@ -40,6 +40,22 @@ def estimate_kv_bytes(config: ModelConfig, tokens: int, batch: int = 1, dtype=DT
     return batch * tokens * kv_bytes_per_token(config, storage, dtype)
 
 
+def estimate_kv_bytes_windowed(config: ModelConfig, tokens: int, batch: int = 1, dtype=DTYPE,
+                               storage: str = "f32") -> int:
+    """Bytes of K and V a cache needs for `tokens` tokens when each sliding layer (config.sliding_layers, Gemma 3's
+    local layers) keeps only its last `sliding_window` keys: a global layer keeps every token, a sliding one
+    min(tokens, window). Equal to estimate_kv_bytes for a model without sliding layers.
+
+    The contiguous KVCache here keeps every key of every layer and masks the old ones (attention_backend's
+    SlidingWindowAttention); this is what a cache that drops them holds, as llama.cpp's sliding-window cache
+    (src/llama-kv-cache-iswa.cpp) and vLLM's hybrid allocator (SlidingWindowSpec in vllm/v1/kv_cache_interface.py)
+    do. Lesson 17_model_shape prints both and shows that the keys it drops change no logit."""
+    per_layer_token = kv_bytes_per_token(config, storage, dtype) // config.n_layers     # K and V of one layer
+    sliding = len(config.sliding_layers) if config.sliding_window else 0
+    kept = (config.n_layers - sliding) * tokens + sliding * min(tokens, config.sliding_window)
+    return batch * per_layer_token * kept
+
+
 def check_sizes(config: ModelConfig, max_len, batch, nbytes_of, xp) -> tuple[int, int]:
     """max_len and batch checked as integers within the context, and the cache's bytes (nbytes_of(max_len, batch))
     checked against the memory available, all before anything is allocated. Returns (max_len, batch)."""

@@ -41,13 +41,14 @@ SMALL = {
     "13": ["--tokens", "48", "--window", "24", "--greedy-tokens", "4", "--kv-tokens", "256"],
     "14": ["--requests", "4", "--rates", "2,8", "--max-num-seqs", "1,4", "--max-tokens", "4", "--max-prompt", "32"],
     "15": ["--tokens", "3", "--repeats", "2", "--prefill-rows", "16"],
+    "17": ["--prompt-tokens", "16", "--repeats", "2", "--tokens", "2"],
 }
 LESSONS = mt.lessons()
 # Lessons merged before their first transcript: a transcript is made only on a quiet machine, by whoever merges
 # (python scripts/make_transcripts.py --only NN), and the number is removed from here in the same commit. Until
 # then the checks that read a transcript skip the lesson, saying why; the test below fails once the transcript
 # exists and the number is still here.
-AWAITING = {"15"}
+AWAITING = {"15", "17"}
 WRITTEN = [p for p in LESSONS if p.stem[:2] not in AWAITING]
 
 
