@@ -58,10 +58,61 @@ def forward(comm: MpiCommunicator, path: str, steps: int) -> dict:
                 "all_reduce_calls": reduces.get("calls", 0), "n_layers": driver.config.n_layers}
 
 
+# Eight prompts sharing a prefix of several blocks: the later ones find it in the prefix cache.
+ENGINE_PROMPTS = [f"Once upon a time there was a little robot who lived in a quiet town. Story {i}:" for i in range(8)]
+
+
+def run_engine(model, max_tokens: int, num_blocks: int) -> dict:
+    """8 concurrent greedy requests on an Engine over `model`, through a pool small enough to preempt, with
+    prefix caching on and one request aborted mid-way: each request's token ids, and the counters that show the
+    preemption and the prefix-cache hits happened."""
+    from minitransformer.sampling_params import SamplingParams
+    from minitransformer.serving import Engine
+
+    engine = Engine(model, max_num_seqs=8, num_blocks=num_blocks, block_size=4, max_num_batched_tokens=48,
+                    cuda_graphs=False)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids = [engine.add_request(prompt, params, request_id=f"r{i}") for i, prompt in enumerate(ENGINE_PROMPTS)]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    finish: dict[str, str] = {}
+    while engine.has_unfinished_requests():
+        if engine.num_steps == 6:
+            engine.abort("r7")
+        for out in engine.step():
+            tokens[out.request_id] += out.delta.token_ids
+            if out.finished:
+                finish[out.request_id] = str(out.delta.finish_reason)
+    stats = engine.stats
+    return {"tokens": tokens, "finish": finish, "preemptions": stats.num_preemptions,
+            "prefix_hits": stats.prefix_cache_hits, "free_blocks": stats.num_free_blocks,
+            "num_blocks": stats.num_blocks}
+
+
+def engine(comm: MpiCommunicator, path: str, max_tokens: int, num_blocks: int) -> dict:
+    """The serving engine on the driver model (every step's forward through the workers' pools) next to the same
+    engine on one process's model, on rank 0."""
+    from minitransformer.loading import load_model
+    from minitransformer.parallel.driver import tensor_parallel_rank
+
+    with tensor_parallel_rank(lambda c: load_model(path, comm=c), lambda: comm) as driver:
+        if driver is None:
+            return {}
+        comm.stats.reset()
+        tp = run_engine(driver, max_tokens, num_blocks)
+        broadcasts = comm.stats.snapshot().get("broadcast", {}).get("calls", 0)
+        one = run_engine(load_model(path), max_tokens, num_blocks)
+        return {"tp": tp, "one": one, "broadcasts": broadcasts}
+
+
 def main() -> None:
     comm = MpiCommunicator()
     check = sys.argv[1]
-    out = collectives(comm) if check == "collectives" else forward(comm, sys.argv[2], int(sys.argv[3]))
+    if check == "collectives":
+        out = collectives(comm)
+    elif check == "engine":
+        out = engine(comm, sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        out = forward(comm, sys.argv[2], int(sys.argv[3]))
     if comm.rank == 0:
         print(json.dumps(out), flush=True)
 

@@ -25,6 +25,7 @@ from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
 from .options import MODEL_HELP, add_model_options, add_sampling_options, add_structured_options
 from .serve import add_serve_parser, cmd_serve
+from .tensor_parallel import add_tensor_parallel_option
 from .tools import cmd_bench, cmd_download, cmd_figures, cmd_tokenize
 
 EXIT_USAGE = 2
@@ -65,9 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens drafted per target pass (default 4)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, usage and metrics (and "
                                                         "with a constraint its 'structured' summary)")
-    gen.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                     help="split the model over N processes (MPI ranks started and stopped here; the 'parallel' "
-                          "extra), each holding 1/N of the heads and FFN columns (lesson 15); default 1")
+    add_tensor_parallel_option(gen)
 
     chat = commands.add_parser("chat", help="an interactive conversation (/reset clears it, Ctrl-C stops a reply)")
     chat.add_argument("--system", help="a system prompt (default: the chat template's own)")

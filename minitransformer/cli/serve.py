@@ -4,6 +4,11 @@ Everything that can be wrong with the options (a bad keys file, a port in use, a
 line and exit code 2, checked before the model loads: the socket is bound first, which also lets the startup line
 give the real URL even for `--port 0` (any free port: what the tests use). Connections that arrive while the model
 loads wait in the socket's backlog.
+
+With --tensor-parallel-size N the command runs again as N ranks (cli/tensor_parallel.py, parallel/launch.py): the
+first process only checks the options and the port, then supervises; rank 0 loads its shard, binds, and serves with
+the engine on its DriverTransformer, whose every step reaches the other ranks (parallel/driver.py); they stop when
+rank 0 does.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .options import add_model_options, load_model_from_args
+from .options import add_model_options
+from .tensor_parallel import add_tensor_parallel_option, launch_tensor_parallel, model_for_args
 
 ORIGIN = re.compile(r"https?://[^/\s?#]+")          # what a browser sends in Origin: scheme://host[:port], no path
 
@@ -26,6 +32,7 @@ def add_serve_parser(commands) -> None:
                        help="address to listen on (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     add_model_options(serve)
+    add_tensor_parallel_option(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in the API (default: the GGUF file name without .gguf)")
     serve.add_argument("--max-num-seqs", type=int, default=16, metavar="N",
@@ -68,27 +75,49 @@ def add_serve_parser(commands) -> None:
 
 
 def cmd_serve(args) -> int:
-    from rich.console import Console
-
-    from ..server import EngineLoop, Server, ServerConfig, ServerMetrics
+    from ..parallel.launch import STOP_GRACE_S, in_rank_process
     from ..server.guard import AllowedHosts
-    from ..server.runner import run
-    from ..server.tenants import load_api_keys, tenant_quotas
-    from ..serving import Engine
+    from ..server.runner import CLOSE_GRACE_S
+    from ..server.tenants import load_api_keys
 
     _check_options(args)
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     hosts = AllowedHosts.for_binding(args.host, _split(args.allowed_hosts))
     origins = frozenset(_origins(args.allowed_origins))
-    sock = _bind(args.host, args.port)
+    if args.tensor_parallel_size > 1 and not in_rank_process():
+        _bind(args.host, args.port).close()       # a port in use or a bad host: exit 2 before N processes start
+    # --tensor-parallel-size N: this command again as N ranks; rank 0 serves, the others run its forwards. A signal
+    # goes to rank 0, which drains as one process would (--shutdown-timeout, then uvicorn's close), then stops them.
+    launched = launch_tensor_parallel(args, drain_s=args.shutdown_timeout + CLOSE_GRACE_S + STOP_GRACE_S)
+    if launched is not None:
+        return launched
+    sock = None if in_rank_process() else _bind(args.host, args.port)
     try:
-        model = load_model_from_args(args)
-        engine = Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
-                        block_size=args.block_size, policy=args.policy, kv_cache=args.kv_cache,
-                        tenant_token_quota=tenant_quotas(keys) if keys else None)
+        with model_for_args(args) as model:
+            if model is None:                    # a tensor-parallel worker: rank 0's server has stopped it
+                return 0
+            if sock is None:                     # rank 0 binds once every rank has its shard
+                sock = _bind(args.host, args.port)
+            _serve(args, model, sock, keys, hosts, origins)
     except BaseException:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise
+    return 0
+
+
+def _serve(args, model, sock, keys, hosts, origins) -> None:
+    """The engine, the app, the startup line, then uvicorn until a signal (one process, or rank 0 of N)."""
+    from rich.console import Console
+
+    from ..server import EngineLoop, Server, ServerConfig, ServerMetrics
+    from ..server.runner import run
+    from ..server.tenants import tenant_quotas
+    from ..serving import Engine
+
+    engine = Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+                    block_size=args.block_size, policy=args.policy, kv_cache=args.kv_cache,
+                    tenant_token_quota=tenant_quotas(keys) if keys else None)
     name = args.served_model_name or Path(model.path).name.removesuffix(".gguf")
     server = Server(model, EngineLoop(engine, ServerMetrics(name), args.request_timeout, args.max_waiting),
                     ServerConfig(name, api_keys=keys, max_body_bytes=args.max_body_bytes, allowed_hosts=hosts,
@@ -96,15 +125,17 @@ def cmd_serve(args) -> int:
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     sizes = engine.config
+    ranks = args.tensor_parallel_size
     Console(stderr=True, soft_wrap=True).print(
         f"[bold]minitransformer serve[/] {url}  model [cyan]{name}[/] ({model.config.n_layers} layers, "
-        f"{args.device}, weights {args.weights})  KV pool {sizes.num_blocks} blocks x {sizes.block_size} tokens = "
-        f"{sizes.kv_pool_bytes / 2**20:.0f} MiB  max {args.max_num_seqs} running, policy {args.policy}"
+        f"{args.device}, weights {args.weights}" + (f", tensor parallel over {ranks} ranks" if ranks > 1 else "")
+        + f")  KV pool {sizes.num_blocks} blocks x {sizes.block_size} tokens = "
+        f"{sizes.kv_pool_bytes / 2**20:.0f} MiB" + (" per rank" if ranks > 1 else "")
+        + f"  max {args.max_num_seqs} running, policy {args.policy}"
         + ("  API keys required" if keys else "") + "  (Ctrl-C stops)", highlight=False)
     _log_to_stderr(args.log_level)
     run(server, sock, log_level=args.log_level, header_timeout_s=args.header_timeout,
         limit_concurrency=args.limit_concurrency, shutdown_timeout_s=args.shutdown_timeout)
-    return 0
 
 
 def _check_options(args) -> None:

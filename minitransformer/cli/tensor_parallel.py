@@ -32,10 +32,18 @@ def model_for_args(args):
         yield model
 
 
-def launch_tensor_parallel(args) -> int | None:
+def add_tensor_parallel_option(parser) -> None:
+    """--tensor-parallel-size, as generate and serve spell it."""
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the model over N processes (MPI ranks started and stopped here; the 'parallel' "
+                             "extra), each holding 1/N of the heads and FFN columns (lesson 15); default 1")
+
+
+def launch_tensor_parallel(args, drain_s: float | None = None) -> int | None:
     """--tensor-parallel-size N > 1: refuse what cannot run before any process starts (exit 2 with the model's
     head counts), then run this same command as N ranks (parallel/launch.py) and return rank 0's exit code.
-    None when this process runs the model itself: size 1, or already one of the ranks."""
+    None when this process runs the model itself: size 1, or already one of the ranks. drain_s: on a signal, rank 0
+    alone is asked to stop and may take this long to end the job (serve drains its requests; run_ranks)."""
     from ..config import ModelConfig
     from ..parallel.communicator import check_gpus_for_ranks
     from ..parallel.launch import in_rank_process, run_ranks
@@ -47,11 +55,11 @@ def launch_tensor_parallel(args) -> int | None:
 
     size = args.tensor_parallel_size
     check_tensor_parallel_size(ModelConfig.from_gguf(open_gguf(resolve_model_path(args.model))), size)
-    if args.speculative is not None:
+    if getattr(args, "speculative", None) is not None:
         raise InputError("--speculative with --tensor-parallel-size is not supported yet; use one or the other")
     if args.weights != "f32":
         raise InputError(f"--tensor-parallel-size splits float32 weights; --weights {args.weights} is not split yet")
     if args.device == "gpu":
         import cupy
         check_gpus_for_ranks(size, cupy.cuda.runtime.getDeviceCount())
-    return run_ranks(args.argv, size)
+    return run_ranks(args.argv, size, drain_s=drain_s)

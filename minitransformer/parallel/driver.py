@@ -10,12 +10,22 @@ which rank 0 alone computes logits (the lm_head is replicated: parallel/plan.py)
 Each rank's KV cache holds only its KV heads. The workers mirror the driver's caches by key: a cache first named
 in a message is allocated with the same size, one the driver has released is dropped, and one whose length went
 back (speculative decoding's rollback) is truncated to match.
+
+The serving engine's paged step goes the same way (serving/engine.py runs on a DriverTransformer unchanged): its
+PagedStep is sent as a PagedStepSpec (the slot of each token, the decode rows' positions, lengths and block tables,
+each prefill chunk's table), and each worker rebuilds the PagedStep over a PagedKVCache of its own, allocated on
+first sight with the driver's pool's block count and block size but only its own KV heads. The block ids come from
+the driver's BlockManager and index every rank's pool alike, so each rank's block b holds its heads' keys of the
+same tokens: prefix caching (a block reused), preemption (blocks freed, the prompt computed again) and aborts (blocks
+freed, no forward at all) need nothing from the workers beyond the forwards they are sent.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import traceback
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +36,7 @@ from ..backend import INDEX_DTYPE, to_host
 from ..errors import InputError
 from ..kv_cache import KVCache
 from ..model import Transformer
+from ..serving.paged_cache import PagedKVCache, PagedStep
 from .communicator import Communicator, MpiCommunicator
 from .launch import watch_supervisor
 
@@ -40,19 +51,40 @@ class CacheSpec:
     length: int              # tokens stored before this forward
 
 
+@dataclass(frozen=True)
+class PoolSpec:
+    """The engine's paged KV pool as the workers must mirror it: same blocks, each rank's own KV heads."""
+    key: int                 # the driver's number for this pool (DriverTransformer._pool_key)
+    num_blocks: int
+    block_size: int
+    storage: str             # kv_storage codec: "f32" or "int8"
+
+
+@dataclass
+class PagedStepSpec:
+    """One engine step's PagedStep (serving/paged_cache.py) on the host, for a worker to rebuild over its own pool.
+    N tokens laid end to end, D of them decode rows (serving/model_runner.py)."""
+    pool: PoolSpec
+    slots: np.ndarray             # (N,) the pool slot each token's keys go to: block id * block_size + offset
+    num_decodes: int              # D
+    decode_positions: np.ndarray  # (D,)
+    seq_lens: np.ndarray          # (D,) keys each decode row reads
+    decode_tables: np.ndarray     # (D, nb) block tables, padded
+    chunks: list[tuple[int, int, np.ndarray, np.ndarray, int]]   # per prefill chunk: first row, length,
+                                                                  # positions (1, n), table (1, nb), keys it reads
+
+
 @dataclass
 class StepMessage:
-    """What the workers need for one forward, broadcast by rank 0 (pickled; a few hundred bytes at decode).
-
-    A paged engine step would add its block tables (B, blocks per sequence) and slot mapping (B*T,) here: every
-    rank holds its own pool of the same block count, so the driver's block ids index every rank's pool.
-    """
+    """What the workers need for one forward, broadcast by rank 0 (pickled; a few hundred bytes at decode, a block
+    table per sequence more for an engine step)."""
     kind: str                              # "forward", or "stop": leave the loop
     token_ids: np.ndarray | None = None    # (B, T) int64
     positions: np.ndarray | None = None    # (B, T) int64
-    cache: CacheSpec | None = None         # the KV cache this forward reads and fills; None: no cache
+    cache: CacheSpec | PagedStepSpec | None = None   # the KV cache this forward reads and fills; None: no cache
     layers: int | None = None              # the forward's `layers` (the self-drafter's first L layers)
     released: list[int] = field(default_factory=list)    # keys of caches the driver has released since
+    released_pools: list[int] = field(default_factory=list)   # keys of paged pools the driver has dropped since
 
 
 class DriverTransformer(Transformer):
@@ -62,20 +94,45 @@ class DriverTransformer(Transformer):
         vars(self).update(vars(model))       # the same arrays, config, tokenizer and comm (None in a world of 1)
         self.group = comm                    # where the step messages go
         self._announced: dict[int, KVCache] = {}       # key -> the driver's caches the workers hold a mirror of
+        # The engine's pools, numbered as first seen (a number, not id(): a new pool may reuse a dropped one's
+        # address), held weakly so that an engine that is gone takes its pool's mirrors with it.
+        self._pool_keys: weakref.WeakKeyDictionary[PagedKVCache, int] = weakref.WeakKeyDictionary()
+        self._pools_mirrored: set[int] = set()
+        self._next_pool_key = itertools.count()
 
     def forward(self, token_ids, positions, cache=None, layers=None, logits_rows=None, last_only=False):
-        self.group.broadcast(StepMessage("forward", _host_ids(token_ids), _host_ids(positions),
-                                        self._cache_spec(cache), layers, self._released()))
+        spec = self._cache_spec(cache)
+        self.group.broadcast(StepMessage("forward", _host_ids(token_ids), _host_ids(positions), spec, layers,
+                                        self._released(), self._released_pools()))
         return super().forward(token_ids, positions, cache, layers, logits_rows, last_only)
 
-    def _cache_spec(self, cache) -> CacheSpec | None:
+    def _cache_spec(self, cache) -> CacheSpec | PagedStepSpec | None:
         if cache is None:
             return None
+        if isinstance(cache, PagedStep):
+            return self._paged_spec(cache)
         if not isinstance(cache, KVCache):
-            raise InputError(f"tensor parallelism runs the contiguous KV cache (generate) so far; a "
-                             f"{type(cache).__name__} (the serving engine's) is not sent to the workers yet")
+            raise InputError(f"tensor parallelism sends a KVCache or a PagedStep to the workers, not a "
+                             f"{type(cache).__name__}")
         self._announced[id(cache)] = cache
         return CacheSpec(id(cache), cache.max_len, cache.batch, cache.storage, cache.length)
+
+    def _paged_spec(self, step: PagedStep) -> PagedStepSpec:
+        pool = step.cache
+        key = self._pool_keys.get(pool)
+        if key is None:
+            key = self._pool_keys[pool] = next(self._next_pool_key)
+            self._pools_mirrored.add(key)
+        chunks = [(row, n, _host_ids(positions), _host_ids(table), num_keys)
+                  for row, n, positions, table, num_keys in step.chunks]
+        return PagedStepSpec(PoolSpec(key, pool.num_blocks, pool.block_size, pool.storage), _host_ids(step.slots),
+                             step.num_decodes, _host_ids(step.decode_positions), _host_ids(step.seq_lens),
+                             _host_ids(step.decode_tables), chunks)
+
+    def _released_pools(self) -> list[int]:
+        gone = sorted(self._pools_mirrored - set(self._pool_keys.values()))
+        self._pools_mirrored.difference_update(gone)
+        return gone
 
     def _released(self) -> list[int]:
         gone = [key for key, cache in self._announced.items() if cache.store is None]
@@ -95,6 +152,7 @@ def serve_worker(model: Transformer, comm: Communicator) -> int:
     """A worker's loop: run each forward rank 0 announces, on this rank's shard, until told to stop.
     Returns how many forwards it ran."""
     caches: dict[int, KVCache] = {}
+    pools: dict[int, PagedKVCache] = {}
     steps = 0
     while True:
         step: StepMessage = comm.broadcast(None)
@@ -102,7 +160,13 @@ def serve_worker(model: Transformer, comm: Communicator) -> int:
             return steps
         for key in step.released:
             caches.pop(key).release()
-        cache = None if step.cache is None else _mirror(caches, step.cache, model)
+        for key in step.released_pools:
+            del pools[key]
+        cache: KVCache | PagedStep | None = None
+        if isinstance(step.cache, PagedStepSpec):
+            cache = _paged_step(pools, step.cache, model)
+        elif step.cache is not None:
+            cache = _mirror(caches, step.cache, model)
         rows = model.xp.asarray(NO_LOGITS_ROWS)
         model.forward(step.token_ids, step.positions, cache, layers=step.layers, logits_rows=rows)
         steps += 1
@@ -118,6 +182,20 @@ def _mirror(caches: dict[int, KVCache], spec: CacheSpec, model: Transformer) -> 
     if cache.length != spec.length:
         cache.truncate(spec.length)
     return cache
+
+
+def _paged_step(pools: dict[int, PagedKVCache], spec: PagedStepSpec, model: Transformer) -> PagedStep:
+    """The driver's engine step over this worker's own pool (allocated on first sight: the driver's block count and
+    block size, this rank's KV heads), with the step's arrays on this rank's device."""
+    p = spec.pool
+    pool = pools.get(p.key)
+    if pool is None:
+        pool = pools[p.key] = PagedKVCache(model.config, p.num_blocks, p.block_size, xp=model.xp, storage=p.storage)
+    xp = model.xp
+    chunks = [(row, n, xp.asarray(positions), xp.asarray(table), num_keys)
+              for row, n, positions, table, num_keys in spec.chunks]
+    return PagedStep(pool, xp.asarray(spec.slots), spec.num_decodes, xp.asarray(spec.decode_positions),
+                     xp.asarray(spec.seq_lens), xp.asarray(spec.decode_tables), chunks)
 
 
 @contextmanager

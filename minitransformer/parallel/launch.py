@@ -9,7 +9,8 @@ Nothing is left running, whatever happens:
   - a rank dies (killed, crashed, out of memory): mpiexec's Hydra sees it and kills the other ranks (MPI's default
     is to end the whole job); the supervisor reports that a rank died instead of waiting;
   - Ctrl-C, SIGTERM or SIGHUP on the supervisor: it sends SIGTERM to mpiexec, which passes it to every rank, and
-    SIGKILL after STOP_GRACE_S (Hydra's proxies then kill the ranks when their mpiexec is gone);
+    SIGKILL after STOP_GRACE_S (Hydra's proxies then kill the ranks when their mpiexec is gone); `serve` first
+    asks rank 0 alone to stop (run_ranks' drain_s), so that its running requests end as they would on one process;
   - the supervisor itself killed with SIGKILL: each rank watches its pid (watch_supervisor) and exits.
 mpiexec runs in a session of its own so that a Ctrl-C on the terminal reaches the supervisor alone, which then
 stops the ranks in that order.
@@ -57,10 +58,15 @@ def find_mpiexec() -> str:
     return found
 
 
-def run_ranks(argv: list[str], world_size: int, program: list[str] | None = None) -> int:
+def run_ranks(argv: list[str], world_size: int, program: list[str] | None = None,
+              drain_s: float | None = None) -> int:
     """Run `python -m minitransformer *argv` (or `program *argv`: a lesson's own script) as `world_size` ranks;
     return rank 0's exit code, or 1 with one clear line on stderr when a rank died. Stops them all on the way
-    out, an exception or a signal included."""
+    out, an exception or a signal included.
+
+    drain_s (serve): a signal first goes to rank 0 alone, as SIGTERM, which then ends the job itself (the server
+    drains its requests and tells the workers to stop); only if the job is still there after drain_s, or at a
+    second signal, is it stopped as above. A job that ended so returns rank 0's code (0 for a clean drain)."""
     program = program if program is not None else [sys.executable, "-m", "minitransformer"]
     command = [find_mpiexec(), "-n", str(world_size), *program, *argv]
     env = {**os.environ, RANKS_ENV: str(world_size), SUPERVISOR_ENV: str(os.getpid())}
@@ -73,7 +79,12 @@ def run_ranks(argv: list[str], world_size: int, program: list[str] | None = None
                                start_new_session=True)
     try:
         with signals_exit():      # SIGTERM / SIGHUP raise SystemExit, so the finally stops the ranks
-            died = _forward_output(process.stdout)
+            try:
+                died = _forward_output(process.stdout)
+            except (SystemExit, KeyboardInterrupt):
+                if drain_s is None or not _signal_rank_zero(signal.SIGTERM):
+                    raise
+                died = _drain(process, drain_s)
             code = process.wait()
     finally:
         stop(process)
@@ -82,6 +93,42 @@ def run_ranks(argv: list[str], world_size: int, program: list[str] | None = None
               "with an error and every rank was stopped", file=sys.stderr)
         return 1
     return code
+
+
+def _drain(process: subprocess.Popen, drain_s: float) -> bool:
+    """Rank 0 was asked to stop: go on forwarding the output until the job ends, at most drain_s (then SIGTERM to
+    mpiexec, and the caller's stop() makes sure). Returns what _forward_output does."""
+    def too_late() -> None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+    deadline = threading.Timer(drain_s, too_late)
+    deadline.daemon = True
+    deadline.start()
+    try:
+        return _forward_output(process.stdout)
+    finally:
+        deadline.cancel()
+
+
+def _signal_rank_zero(signum: int) -> bool:
+    """Send `signum` to rank 0 of the job this process supervises (found by the variables every rank carries:
+    SUPERVISOR_ENV, and Hydra's PMI_RANK). False when it cannot be found (not Linux, or already gone)."""
+    mine = f"{SUPERVISOR_ENV}={os.getpid()}".encode()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mine in environ and b"PMI_RANK=0" in environ:
+            try:
+                os.kill(int(entry.name), signum)
+            except OSError:
+                return False
+            return True
+    return False
 
 
 def _forward_output(pipe) -> bool:

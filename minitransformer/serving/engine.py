@@ -64,7 +64,9 @@ class Engine:
     kv_cache_bytes); policy "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8", the
     pool's storage (kv_storage.py: more tokens in the same bytes, lesson 13 measures the quality cost);
     cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU with the paged_decode kernel; on the
-    CPU True runs the same static-buffer step without capture, which is how its equivalence is tested).
+    CPU True runs the same static-buffer step without capture, which is how its equivalence is tested; refused under
+    tensor parallelism). `model` may be rank 0's DriverTransformer (parallel/driver.py): each step's forward then
+    reaches the other ranks' shards and pools, and nothing here changes.
     """
 
     def __init__(self, model, max_num_seqs: int = 16, num_blocks: int | None = None, block_size: int = 16,
@@ -100,7 +102,14 @@ class Engine:
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
         # A sliding layer (Gemma 3) always gathers (attention_backend.SlidingWindowAttention): no graphs for it.
         reads_pool = model.attention.reads_pool(check_storage(kv_cache)) and not config.sliding_layers
-        self.cuda_graphs = (model.device == "gpu" and reads_pool) if cuda_graphs is None else bool(cuda_graphs)
+        # Tensor parallelism (model.comm set; the model is rank 0's parallel.driver.DriverTransformer): every step
+        # goes to the workers as a message before the forward, which a replayed graph would skip, so no graphs.
+        parallel = getattr(model, "comm", None) is not None
+        if parallel and cuda_graphs:
+            raise InputError("cuda_graphs cannot run under tensor parallelism: a replayed graph would skip the step "
+                             "message the other ranks wait for; use cuda_graphs=False")
+        self.cuda_graphs = (model.device == "gpu" and reads_pool and not parallel) if cuda_graphs is None \
+            else bool(cuda_graphs)
         if self.cuda_graphs and config.sliding_layers and model.device == "gpu":
             raise InputError("CUDA graphs do not capture sliding-window layers (Gemma 3's local layers gather the "
                              "pool with array operations); run this model with cuda_graphs=False")
