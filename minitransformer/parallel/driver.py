@@ -12,12 +12,12 @@ in a message is allocated with the same size, one the driver has released is dro
 back (speculative decoding's rollback) is truncated to match.
 
 The serving engine's paged step goes the same way (serving/engine.py runs on a DriverTransformer unchanged): its
-PagedStep is sent as a PagedStepSpec (the slot of each token, the decode rows' positions, lengths and block tables,
-each prefill chunk's table), and each worker rebuilds the PagedStep over a PagedKVCache of its own, allocated on
-first sight with the driver's pool's block count and block size but only its own KV heads. The block ids come from
-the driver's BlockManager and index every rank's pool alike, so each rank's block b holds its heads' keys of the
-same tokens: prefix caching (a block reused), preemption (blocks freed, the prompt computed again) and aborts (blocks
-freed, no forward at all) need nothing from the workers beyond the forwards they are sent.
+PagedStep is sent as a PagedStepSpec (the slot of each token, the decode rows' positions, lengths, block tables and
+length groups, each prefill chunk's table), and each worker rebuilds the PagedStep over a PagedKVCache of its own,
+allocated on first sight with the driver's pool's block count and block size but only its own KV heads. The block
+ids come from the driver's BlockManager and index every rank's pool alike, so each rank's block b holds its heads'
+keys of the same tokens: prefix caching (a block reused), preemption (blocks freed, the prompt computed again) and
+aborts (blocks freed, no forward at all) need nothing from the workers beyond the forwards they are sent.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class PagedStepSpec:
     decode_tables: np.ndarray     # (D, nb) block tables, padded
     chunks: list[tuple[int, int, np.ndarray, np.ndarray, int]]   # per prefill chunk: first row, length,
                                                                   # positions (1, n), table (1, nb), keys it reads
+    decode_groups: list[tuple[int, int, int]] | None   # decode rows of similar length (paged_cache.length_groups)
 
 
 @dataclass
@@ -127,7 +128,7 @@ class DriverTransformer(Transformer):
                   for row, n, positions, table, num_keys in step.chunks]
         return PagedStepSpec(PoolSpec(key, pool.num_blocks, pool.block_size, pool.storage), _host_ids(step.slots),
                              step.num_decodes, _host_ids(step.decode_positions), _host_ids(step.seq_lens),
-                             _host_ids(step.decode_tables), chunks)
+                             _host_ids(step.decode_tables), chunks, step.decode_groups)
 
     def _released_pools(self) -> list[int]:
         gone = sorted(self._pools_mirrored - set(self._pool_keys.values()))
@@ -195,7 +196,7 @@ def _paged_step(pools: dict[int, PagedKVCache], spec: PagedStepSpec, model: Tran
     chunks = [(row, n, xp.asarray(positions), xp.asarray(table), num_keys)
               for row, n, positions, table, num_keys in spec.chunks]
     return PagedStep(pool, xp.asarray(spec.slots), spec.num_decodes, xp.asarray(spec.decode_positions),
-                     xp.asarray(spec.seq_lens), xp.asarray(spec.decode_tables), chunks)
+                     xp.asarray(spec.seq_lens), xp.asarray(spec.decode_tables), chunks, spec.decode_groups)
 
 
 @contextmanager
