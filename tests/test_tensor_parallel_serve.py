@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
@@ -31,7 +32,7 @@ from minitransformer.sampling_params import SamplingParams
 from minitransformer.serving import Engine
 from minitransformer.serving.paged_cache import PagedKVCache
 from server_process import ServerProcess
-from test_tensor_parallel import mpiexec, needs_mpi, process_tag, six_head_path, worker_pids
+from test_tensor_parallel import cli, mpiexec, needs_mpi, process_tag, six_head_path, worker_pids
 
 __all__ = ["process_tag", "six_head_path"]      # fixtures shared with test_tensor_parallel.py
 
@@ -127,6 +128,24 @@ def test_the_engine_at_size_3_gives_the_tokens_of_size_1_on_smollm2(real_model_p
 
 
 # ------------------------------------------------------------------------------------------- the server
+
+def test_serve_refuses_a_size_that_cannot_split_the_heads_before_any_rank_starts(six_head_path, process_tag):
+    run = cli("serve", "--model", str(six_head_path), "--port", "0", "--tensor-parallel-size", "2")
+    assert run.returncode == 2 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "6 query heads, 3 KV heads and FFN 192" in lines[0]
+
+
+def test_serve_refuses_a_port_in_use_before_any_rank_starts(six_head_path, process_tag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        run = cli("serve", "--model", str(six_head_path), "--port", port, "--tensor-parallel-size", "3")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"minitransformer: error: cannot listen on 127.0.0.1:{port}: "
+                                               "Address already in use"]
+
 
 def client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
