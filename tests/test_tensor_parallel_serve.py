@@ -4,7 +4,7 @@ What is checked: a worker rebuilds every engine step from the step messages alon
 driver's, no MPI needed); the Engine at size 3 gives the greedy tokens of size 1 for 8 concurrent requests through a
 pool small enough to preempt, with prefix-cache hits and an abort (tiny model and SmolLM2); `serve
 --tensor-parallel-size 3` answers 8 concurrent requests through the official `openai` client with the text of size
-1, drains on SIGTERM and exits 0; a killed worker ends the running request with an error within seconds and the
+1, drains on SIGTERM or Ctrl-C and exits 0; a killed worker ends the running request with an error within seconds and the
 server with it (every rank stopped, the supervisor's one line, exit 1). No process outlives a test.
 """
 
@@ -193,6 +193,17 @@ def test_serve_at_size_3_answers_8_concurrent_requests_with_the_text_of_size_1_a
         three.stop()
     assert "Traceback" not in three.log, three.log
     assert "the engine stopped; 128 of 128 KV blocks free" in three.log
+
+
+@needs_mpi
+def test_ctrl_c_on_serve_at_size_3_drains_rank_0_and_every_rank_exits_0(six_head_path, process_tag):
+    server = ServerProcess(["--model", str(six_head_path), "--tensor-parallel-size", "3"])
+    try:
+        server.process.send_signal(signal.SIGINT)       # the supervisor passes it to rank 0 as SIGTERM
+        assert server.process.wait(30) == 0
+    finally:
+        server.stop()
+    assert "the engine stopped; 128 of 128 KV blocks free" in server.log and "Traceback" not in server.log
 
 
 @needs_mpi
