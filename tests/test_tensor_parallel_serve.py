@@ -4,8 +4,8 @@ What is checked: a worker rebuilds every engine step from the step messages alon
 driver's, no MPI needed); the Engine at size 3 gives the greedy tokens of size 1 for 8 concurrent requests through a
 pool small enough to preempt, with prefix-cache hits and an abort (tiny model and SmolLM2); `serve
 --tensor-parallel-size 3` answers 8 concurrent requests through the official `openai` client with the text of size
-1, drains on SIGTERM or Ctrl-C and exits 0; a killed worker ends the running request with an error within seconds and the
-server with it (every rank stopped, the supervisor's one line, exit 1). No process outlives a test.
+1, drains on SIGTERM or Ctrl-C and exits 0; a killed worker ends the running request with an error within seconds
+and the server with it (every rank stopped, the supervisor's one line, exit 1). No process outlives a test.
 """
 
 from __future__ import annotations
