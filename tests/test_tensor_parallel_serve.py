@@ -179,6 +179,7 @@ def test_serve_at_size_3_answers_8_concurrent_requests_with_the_text_of_size_1_a
     three = ServerProcess(["--model", str(real_model_path), *SERVE, "--tensor-parallel-size", "3"])
     try:
         assert "tensor parallel over 3 ranks" in three.log
+        assert three.wait_for_log("Application startup complete")
         assert greedy_texts(three) == expected and all(expected)
         assert len(worker_pids(three.process.pid)) == 2
         stream = client(three).completions.create(model="smol", prompt="Once upon a time", max_tokens=400,
@@ -199,8 +200,9 @@ def test_serve_at_size_3_answers_8_concurrent_requests_with_the_text_of_size_1_a
 def test_ctrl_c_on_serve_at_size_3_drains_rank_0_and_every_rank_exits_0(six_head_path, process_tag):
     server = ServerProcess(["--model", str(six_head_path), "--tensor-parallel-size", "3"])
     try:
+        assert server.wait_for_log("Application startup complete")     # uvicorn's signal handlers are set
         server.process.send_signal(signal.SIGINT)       # the supervisor passes it to rank 0 as SIGTERM
-        assert server.process.wait(30) == 0
+        assert server.process.wait(30) == 0, server.log
     finally:
         server.stop()
     assert "the engine stopped; 128 of 128 KV blocks free" in server.log and "Traceback" not in server.log
