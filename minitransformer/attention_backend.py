@@ -133,8 +133,8 @@ def fallback(reason: str) -> None:
 class ArrayAttention:
     """Attention as array operations (layers.attention): the reference every kernel is tested against.
 
-    window: 0, or a sliding layer's window (SlidingWindowAttention): the query at position p sees keys in
-    (p - window, p] only, in every answer below (layers.attention masks by position).
+    window: 0, or a sliding layer's window (SlidingWindowAttention, which answers `causal` with it too): the query
+    at position p sees keys in (p - window, p] only (layers.attention masks by position).
     """
     name = "arrays"
     uses_kernels = False
@@ -142,7 +142,7 @@ class ArrayAttention:
 
     def causal(self, q, k, v, q_positions, k_positions):
         """q (B, H, T, d) against contiguous k, v (B, K, S, d) -> (B, H, T, d); the queries are the last T keys."""
-        return causal_attention(q, k, v, q_positions, k_positions, window=self.window)
+        return causal_attention(q, k, v, q_positions, k_positions)
 
     def reads_pool(self, codec: Codec) -> bool:
         """Whether decodes read a paged pool stored by `codec` in place (a kernel), rather than gathering each
@@ -233,6 +233,9 @@ class SlidingWindowAttention(ArrayAttention):
 
     def __init__(self, window: int):
         self.window = window
+
+    def causal(self, q, k, v, q_positions, k_positions):
+        return causal_attention(q, k, v, q_positions, k_positions, window=self.window)
 
 
 def consecutive(q_positions, k_positions, T: int, S: int) -> bool:
