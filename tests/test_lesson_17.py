@@ -10,6 +10,7 @@ a printed number changed to contradict a claim must flip it. No timing is assert
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import re
@@ -103,10 +104,16 @@ def output(real_model_path, gemma_model_path):
     return result.stdout
 
 
-def gguf_parameters(path) -> int:
-    """Every number the file stores a weight for, from gguf's own reader (not from our config)."""
+@functools.cache
+def gguf_reader(path):
+    """gguf's own reader of a file (not our config), opened once: parsing Gemma's 262k-token vocabulary takes ~10 s."""
     import gguf
-    return sum(int(t.n_elements) for t in gguf.GGUFReader(path).tensors)
+    return gguf.GGUFReader(path)
+
+
+def gguf_parameters(path) -> int:
+    """Every number the file stores a weight for."""
+    return sum(int(t.n_elements) for t in gguf_reader(path).tensors)
 
 
 def test_the_printed_parameters_are_the_files_and_most_of_gemmas_are_its_embedding(output, real_model_path,
@@ -115,8 +122,7 @@ def test_the_printed_parameters_are_the_files_and_most_of_gemmas_are_its_embeddi
     for path, name in ((real_model_path, "SmolLM2-135M-Instruct"), (gemma_model_path, "gemma-3-270m")):
         total = gguf_parameters(path)
         assert f"check arrays {name}: counted {total:,} == config {total:,}" in flat
-    import gguf
-    reader = gguf.GGUFReader(gemma_model_path)
+    reader = gguf_reader(gemma_model_path)
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     share = 100 * int(embd.n_elements) / gguf_parameters(gemma_model_path)
     assert share > 50
@@ -124,8 +130,7 @@ def test_the_printed_parameters_are_the_files_and_most_of_gemmas_are_its_embeddi
 
 
 def test_the_printed_kv_bytes_and_sliding_layers_follow_the_files_metadata(output, gemma_model_path):
-    import gguf
-    fields = gguf.GGUFReader(gemma_model_path).fields
+    fields = gguf_reader(gemma_model_path).fields
     get = lambda key: fields[key].contents()
     layers, kv_heads, head_dim = get("gemma3.block_count"), get("gemma3.attention.head_count_kv"), \
         get("gemma3.attention.key_length")
