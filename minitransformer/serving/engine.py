@@ -56,6 +56,23 @@ STEP_LOG_SIZE = 4096        # step_log keeps the latest this many records (a ser
 FINISHED_KEPT = 32          # snapshot().finished: the requests that finished lately
 
 
+def graphs_refusal(model) -> str | None:
+    """Why this model's decode steps cannot be replayed from CUDA graphs (graph_runner.py), or None when they can.
+
+    Tensor parallelism (model.comm set: rank 0's parallel.driver.DriverTransformer) sends every step to the workers
+    as a message before the forward, which a replayed graph would skip. A sliding layer (Gemma 3) gathers the pool
+    with array operations (attention_backend.SlidingWindowAttention), which a capture on the GPU would freeze; on
+    the CPU the graphed step runs uncaptured, so it is allowed there.
+    """
+    if getattr(model, "comm", None) is not None:
+        return ("cuda_graphs cannot run under tensor parallelism: a replayed graph would skip the step message the "
+                "other ranks wait for; use cuda_graphs=False")
+    if model.config.sliding_layers and model.device == "gpu":
+        return ("CUDA graphs do not capture sliding-window layers (Gemma 3's local layers gather the pool with "
+                "array operations); run this model with cuda_graphs=False")
+    return None
+
+
 class Engine:
     """Many requests on one model: add_request / step / run / abort, stats and step_log (see the module docstring).
 
@@ -100,19 +117,12 @@ class Engine:
         # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
         # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
         # the array path would gather max_model_len keys per sequence and layer in every graphed step.
-        # A sliding layer (Gemma 3) always gathers (attention_backend.SlidingWindowAttention): no graphs for it.
-        reads_pool = model.attention.reads_pool(check_storage(kv_cache)) and not config.sliding_layers
-        # Tensor parallelism (model.comm set; the model is rank 0's parallel.driver.DriverTransformer): every step
-        # goes to the workers as a message before the forward, which a replayed graph would skip, so no graphs.
-        parallel = getattr(model, "comm", None) is not None
-        if parallel and cuda_graphs:
-            raise InputError("cuda_graphs cannot run under tensor parallelism: a replayed graph would skip the step "
-                             "message the other ranks wait for; use cuda_graphs=False")
-        self.cuda_graphs = (model.device == "gpu" and reads_pool and not parallel) if cuda_graphs is None \
+        refusal = graphs_refusal(model)
+        if cuda_graphs and refusal:
+            raise InputError(refusal)
+        reads_pool = model.attention.reads_pool(check_storage(kv_cache))
+        self.cuda_graphs = (model.device == "gpu" and reads_pool and refusal is None) if cuda_graphs is None \
             else bool(cuda_graphs)
-        if self.cuda_graphs and config.sliding_layers and model.device == "gpu":
-            raise InputError("CUDA graphs do not capture sliding-window layers (Gemma 3's local layers gather the "
-                             "pool with array operations); run this model with cuda_graphs=False")
         # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
         # bookkeeping is built.
         self.cache = PagedKVCache(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp, storage=kv_cache)
