@@ -6,7 +6,6 @@ It sits above quantize/ because a float16 load is the float32 load followed by q
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -86,13 +85,8 @@ def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int
     config, laid side by side as columns (q | k | v, gate | up): a vector as it is, a matrix as (in, out).
 
     With a plan (tensor parallelism; `config` is then the shard's) only this rank's part of each tensor is read:
-    a column-split weight's outputs (the file's rows: its q heads, its KV heads, its FFN columns), a row-split
-    weight's inputs (the file's columns)."""
-    if not weight.is_matrix and weight.split is not None and plan is not None:      # a bias: this rank's heads
-        full = dataclasses.replace(config, n_heads=plan.config.n_heads, n_kv_heads=plan.config.n_kv_heads)
-        parts = [load(name, shape)[plan.span(size)] for name, (_, shape), size in
-                 zip(weight.gguf_names(layer), weight.tensor_shapes(full), weight.columns)]
-        return xp.concatenate(parts)
+    a column-split weight's outputs (the file's rows: its q heads, its KV heads, its FFN columns; a bias's entries
+    for those heads), a row-split weight's inputs (the file's columns)."""
     parts = [load(name, shape, transpose=weight.is_matrix, **shard_of(weight, size, plan))
              for name, (_, shape), size in zip(weight.gguf_names(layer), weight.tensor_shapes(config),
                                                weight.columns)]

@@ -382,9 +382,9 @@ def dequantize(tensor, rows: slice | None = None, columns: slice | None = None) 
     the IQ* codebooks, ...); integer tensors and the few types gguf cannot unpack (e.g. Q8_1, Q8_K, which llama.cpp
     only uses for activations) are refused with one clear line.
 
-    rows / columns: only that part of a matrix (a tensor-parallel rank's shard, parallel/plan.py). Quantization
-    blocks run along a row (the inputs), so any rows can be cut from the stored bytes before dequantizing; columns
-    only at block boundaries (32 values for Q4_1 and Q8_0, 256 for the K-quants). Columns that cut a block are
+    rows / columns: only that part of a matrix, rows only of a vector (a tensor-parallel rank's shard,
+    parallel/plan.py). Quantization blocks run along a row (the inputs), so any rows can be cut from the stored
+    bytes before dequantizing; columns only at block boundaries (32 values for Q4_1 and Q8_0, 256 for the K-quants). Columns that cut a block are
     taken from the whole tensor dequantized first: for that tensor the load briefly holds all of it as float32
     (out x in x 4 bytes) instead of 1/N of it.
     """
@@ -408,6 +408,8 @@ def dequantize(tensor, rows: slice | None = None, columns: slice | None = None) 
         array = array.reshape(data.shape[0], -1)                        # (rows, columns) of the part
         if columns_left is not None:
             array = array[:, columns_left]
+        if len(shape) == 1:
+            array = array.reshape(-1)                                   # a vector's part (a bias's heads)
     # F32 tensors come back as read-only views of the memory-mapped file: copy those so no weight keeps it open.
     return array if array.flags.writeable else array.copy()
 
