@@ -384,9 +384,9 @@ def dequantize(tensor, rows: slice | None = None, columns: slice | None = None) 
 
     rows / columns: only that part of a matrix, rows only of a vector (a tensor-parallel rank's shard,
     parallel/plan.py). Quantization blocks run along a row (the inputs), so any rows can be cut from the stored
-    bytes before dequantizing; columns only at block boundaries (32 values for Q4_1 and Q8_0, 256 for the K-quants). Columns that cut a block are
-    taken from the whole tensor dequantized first: for that tensor the load briefly holds all of it as float32
-    (out x in x 4 bytes) instead of 1/N of it.
+    bytes before dequantizing; columns only at block boundaries (32 values for Q4_1 and Q8_0, 256 for the
+    K-quants). Columns that cut a block are taken from the whole tensor dequantized first: for that tensor the load
+    briefly holds all of it as float32 (out x in x 4 bytes) instead of 1/N of it.
     """
     import gguf.quants
 
