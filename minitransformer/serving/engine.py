@@ -43,7 +43,7 @@ from ..sampling import SamplingParams, next_tokens
 from ..stopping import StopDecision
 from . import model_runner
 from .block_manager import BlockManager
-from .graph_runner import DecodeGraphs
+from .graph_runner import DecodeGraphs, graphs_refusal
 from .outputs import EngineConfig, EngineSnapshot, EngineStats, RequestOutput, SequenceView, StepRecord
 from .paged_cache import PagedKVCache
 from .scheduler import POLICIES, Scheduler
@@ -54,23 +54,6 @@ from .sequence import Sequence, SequenceStatus
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20
 STEP_LOG_SIZE = 4096        # step_log keeps the latest this many records (a server steps forever)
 FINISHED_KEPT = 32          # snapshot().finished: the requests that finished lately
-
-
-def graphs_refusal(model) -> str | None:
-    """Why this model's decode steps cannot be replayed from CUDA graphs (graph_runner.py), or None when they can.
-
-    Tensor parallelism (model.comm set: rank 0's parallel.driver.DriverTransformer) sends every step to the workers
-    as a message before the forward, which a replayed graph would skip. A sliding layer (Gemma 3) gathers the pool
-    with array operations (attention_backend.SlidingWindowAttention), which a capture on the GPU would freeze; on
-    the CPU the graphed step runs uncaptured, so it is allowed there.
-    """
-    if getattr(model, "comm", None) is not None:
-        return ("cuda_graphs cannot run under tensor parallelism: a replayed graph would skip the step message the "
-                "other ranks wait for; use cuda_graphs=False")
-    if model.config.sliding_layers and model.device == "gpu":
-        return ("CUDA graphs do not capture sliding-window layers (Gemma 3's local layers gather the pool with "
-                "array operations); run this model with cuda_graphs=False")
-    return None
 
 
 class Engine:

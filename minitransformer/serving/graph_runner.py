@@ -43,6 +43,23 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(s for s in CAPTURE_SIZES if s < max_num_seqs) + (max_num_seqs,)
 
 
+def graphs_refusal(model) -> str | None:
+    """Why this model's decode steps cannot be replayed from CUDA graphs (DecodeGraphs), or None when they can.
+
+    Tensor parallelism (model.comm set: rank 0's parallel.driver.DriverTransformer) sends every step to the workers
+    as a message before the forward, which a replayed graph would skip. A sliding layer (Gemma 3) gathers the pool
+    with array operations (attention_backend.SlidingWindowAttention), which a capture on the GPU would freeze; on
+    the CPU the graphed step runs uncaptured, so it is allowed there.
+    """
+    if getattr(model, "comm", None) is not None:
+        return ("cuda_graphs cannot run under tensor parallelism: a replayed graph would skip the step message the "
+                "other ranks wait for; use cuda_graphs=False")
+    if model.config.sliding_layers and model.device == "gpu":
+        return ("CUDA graphs do not capture sliding-window layers (Gemma 3's local layers gather the pool with "
+                "array operations); run this model with cuda_graphs=False")
+    return None
+
+
 class ReplayableStep(Protocol):
     """What DecodeGraphs needs of a step: its static inputs, and replay() (EagerStep here, cuda_graph.GraphedStep)."""
     inputs: tuple
