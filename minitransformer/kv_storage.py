@@ -120,6 +120,11 @@ class KVStorage:
                 decode(self.v[layer][index], self.v_scale[layer][index]))
 
     @property
+    def arrays(self) -> list:
+        """Every stored array: k, v, then k_scale, v_scale for a scaled codec (what a KV transfer copies)."""
+        return [self.k, self.v] + ([] if self.k_scale is None else [self.k_scale, self.v_scale])
+
+    @property
     def nbytes(self) -> int:
         scales = 0 if self.k_scale is None else self.k_scale.nbytes + self.v_scale.nbytes
         return int(self.k.nbytes + self.v.nbytes + scales)

@@ -31,7 +31,9 @@ parts: the layering test keeps the server and the CLI off them.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
+from typing import Any
 
 from ..backend import check_count, keep_freed_memory
 from ..errors import InputError, QuotaError
@@ -44,6 +46,7 @@ from ..stopping import StopDecision
 from . import model_runner
 from .block_manager import BlockManager
 from .graph_runner import DecodeGraphs, graphs_refusal
+from .kv_transfer import CONSUMER, PRODUCER, KVConnector, KVTransfer, PrefillRequest, TransferStats
 from .outputs import EngineConfig, EngineSnapshot, EngineStats, RequestOutput, SequenceView, StepRecord
 from .paged_cache import PagedKVCache
 from .scheduler import POLICIES, Scheduler
@@ -54,6 +57,7 @@ from .sequence import Sequence, SequenceStatus
 DEFAULT_KV_CACHE_BYTES = 512 * 2**20
 STEP_LOG_SIZE = 4096        # step_log keeps the latest this many records (a server steps forever)
 FINISHED_KEPT = 32          # snapshot().finished: the requests that finished lately
+REMOTE_WAIT_S = 0.005       # a consumer with nothing to compute waits this long for a prefill before step() returns
 
 
 class Engine:
@@ -73,7 +77,7 @@ class Engine:
                  policy: str = "continuous", max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, tenant_token_quota: int | dict | None = None,
                  aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32",
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, kv_connector: KVConnector | None = None):
         config = model.config
         check_storage(kv_cache)
         self.kv_bytes = lambda tokens: estimate_kv_bytes(config, tokens, storage=kv_cache)   # K and V of `tokens`
@@ -130,6 +134,18 @@ class Engine:
         self._pending: list[RequestOutput] = []          # aborts, reported by the next step()
         self._arrivals = itertools.count()
         self._num_prompt_tokens = self._num_generation_tokens = 0
+        # Disaggregated prefill/decode (kv_transfer.py): a producer hands each prefilled request off; a consumer
+        # sends its requests' prompts away and adopts what comes back.
+        self.kv_connector: Any = kv_connector          # a KVConnector (None: this engine prefills and decodes)
+        self.kv_role = None if kv_connector is None else kv_connector.role
+        if self.kv_role not in (None, PRODUCER, CONSUMER):
+            raise InputError(f"kv_connector.role must be {PRODUCER!r} or {CONSUMER!r}, got {self.kv_role!r}")
+        if self.kv_role is not None and policy == "static":
+            raise InputError("disaggregated prefill/decode admits each request when its prefill comes back; the "
+                             "static policy's fixed groups cannot: use continuous or priority")
+        self._remote: dict[str, Sequence] = {}                     # consumer: at the prefill engine
+        self._arrived: collections.deque[tuple[Sequence, KVTransfer]] = collections.deque()   # back, not adopted
+        self._transfer_stats = TransferStats()
 
     # ------------------------------------------------------------------ requests in
 
@@ -173,13 +189,21 @@ class Engine:
                        priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals),
                        cache_salt=cache_salt)
         self.sequences[request.request_id] = seq
-        self.scheduler.add(seq)
+        if self.kv_role == CONSUMER:                     # its prompt is prefilled elsewhere (kv_transfer.py)
+            self._remote[request.request_id] = seq
+            self.kv_connector.request_prefill(PrefillRequest(
+                request.request_id, request.prompt_token_ids, params, request.arrival_time, int(priority),
+                cache_salt))
+        else:
+            self.scheduler.add(seq)
         return request.request_id
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
         """Finish a request now (finish_reason "abort", stop_reason `reason`: "cancelled" or "timeout") and free its
         blocks; its final RequestOutput comes with the next step(). Aborting a finished request does nothing."""
         seq = self.sequences.get(request_id)
+        if seq is not None and self._remote.pop(request_id, None) is not None:
+            self.kv_connector.abort(request_id)          # the prefill engine frees its blocks too
         if seq is not None:
             self._pending.append(self._finish(seq, StopDecision("abort", reason), new_tokens=[]))
 
@@ -192,7 +216,13 @@ class Engine:
         """Schedule, run one forward over every scheduled token, sample, stream. Returns this step's outputs."""
         outputs, self._pending = self._pending, []
         start = now()
+        if self.kv_role == CONSUMER:
+            outputs += self._adopt_arrived()
         plan = self.scheduler.schedule()
+        if not plan.scheduled and (self._remote or self._arrived):
+            if not outputs:
+                self.kv_connector.wait(REMOTE_WAIT_S)    # nothing to compute here: wait for a prefill, briefly
+            return outputs                               # no forward ran: no step to record
         decode_tokens = 0
         if plan.scheduled:
             for seq, _ in plan.scheduled:
@@ -211,8 +241,12 @@ class Engine:
             self._num_prompt_tokens += plan.num_batched_tokens - decode_tokens
             if inputs.sampled:
                 tokens, logprobs = next_tokens(logits, inputs.sampled)             # (R,) on the host, R entries
-                outputs += [self._append_token(seq, int(token), entry)
-                            for seq, token, entry in zip(inputs.sampled, tokens, logprobs)]
+                if self.kv_role == PRODUCER:                 # a prefill engine's requests end at their first token
+                    for seq, token, entry in zip(inputs.sampled, tokens, logprobs):
+                        self._hand_off(seq, int(token), entry)
+                else:
+                    outputs += [self._append_token(seq, int(token), entry)
+                                for seq, token, entry in zip(inputs.sampled, tokens, logprobs)]
         self.step_log.append(StepRecord(
             step=self.num_steps, request_ids=[s.request_id for s, _ in plan.scheduled],
             num_prefill_tokens=plan.num_batched_tokens - decode_tokens, num_decode_tokens=decode_tokens,
@@ -254,8 +288,56 @@ class Engine:
         self.scheduler.remove(seq)
         self.block_manager.free(seq)
         del self.sequences[seq.request_id]
+        if self._arrived:                                 # aborted after its KV came back, before adoption
+            self._arrived = collections.deque(a for a in self._arrived if a[0] is not seq)
         seq.status = SequenceStatus.FINISHED
         self._finished.appendleft(SequenceView.of(seq, ()))
+
+    # ------------------------------------------------------------------ disaggregated prefill/decode
+
+    def _hand_off(self, seq: Sequence, token: int, logprobs: dict | None) -> None:
+        """Producer: the prompt is in the pool and its first token sampled; send both (and the generator's state)
+        to the decode engine, and let the request go here without a Result: the decode engine reports it."""
+        arrays = self.cache.export_tokens(self.block_manager.block_tables[seq.request_id], seq.num_computed_tokens)
+        scheduled = seq.metrics.scheduled_time
+        transfer = KVTransfer(seq.request_id, seq.num_computed_tokens, token, logprobs,
+                              seq.generator.bit_generator.state, now() if scheduled is None else scheduled, arrays)
+        self._num_generation_tokens += 1
+        self.scheduler.remove(seq)
+        self.block_manager.free(seq)                      # before sending: the pool's report is then up to date
+        del self.sequences[seq.request_id]
+        seq.status = SequenceStatus.FINISHED
+        self.kv_connector.send(transfer)
+
+    def _adopt_arrived(self) -> list[RequestOutput]:
+        """Consumer: take in the prefills that came back. Each gets blocks of this pool, its keys and values
+        written into them, and its first token appended; then it decodes like any running sequence. One that
+        finds no seat or no blocks waits, in arrival order, for a later step; one aborted meanwhile is dropped."""
+        stats = self._transfer_stats
+        for transfer, seconds in self.kv_connector.receive():
+            seq = self._remote.pop(transfer.request_id, None)
+            if seq is None:
+                stats.discarded += 1                       # aborted while it was away: nothing to adopt
+                continue
+            stats.transfers += 1
+            stats.bytes += transfer.nbytes
+            stats.seconds += seconds
+            stats.last.append((transfer.nbytes, seconds))
+            self._arrived.append((seq, transfer))
+        outputs = []
+        while self._arrived and len(self.scheduler.running) < self.scheduler.max_num_seqs:
+            seq, transfer = self._arrived[0]
+            if not self.block_manager.allocate_slots(seq, transfer.num_tokens):
+                break                                     # blocks free up as running sequences finish
+            self._arrived.popleft()
+            self.cache.import_tokens(self.block_manager.block_tables[seq.request_id], transfer.arrays)
+            seq.num_computed_tokens = transfer.num_tokens
+            seq.metrics.scheduled_time = transfer.scheduled_time       # queue time: until the prefill engine began
+            seq.generator.bit_generator.state = transfer.generator_state
+            self.block_manager.cache_full_blocks(seq)
+            self.scheduler.adopt(seq)
+            outputs.append(self._append_token(seq, transfer.token, transfer.logprobs))   # may finish it at once
+        return outputs
 
     # ------------------------------------------------------------------ observability
 
@@ -266,6 +348,20 @@ class Engine:
                            self.scheduler.num_preemptions, bm.prefix_cache_queries, bm.prefix_cache_hits,
                            self.num_steps, self._num_prompt_tokens, self._num_generation_tokens,
                            bm.num_free_blocks, bm.num_blocks)
+
+    @property
+    def kv_transfer_stats(self) -> TransferStats | None:
+        """A consumer's transfers so far (None for an engine without a kv_connector); `last` holds the (bytes,
+        seconds) of each transfer since the previous call, which takes them (the server's histograms do)."""
+        if self.kv_connector is None:
+            return None
+        self.kv_connector.refresh()
+        stats = self._transfer_stats
+        last, stats.last = stats.last, []
+        pool = getattr(self.kv_connector, "producer_pool", None)         # (blocks used, blocks) as last reported
+        return dataclasses.replace(stats, last=last, in_flight=len(self._remote) + len(self._arrived),
+                                   producer_blocks_used=None if pool is None else pool[0],
+                                   producer_num_blocks=None if pool is None else pool[1])
 
     def snapshot(self) -> EngineSnapshot:
         """The queues, every block's state and reference count, the block tables, the requests finished lately: plain

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention_backend import AttentionBackend
-from ..backend import DTYPE, check_count, check_memory
+from ..backend import DTYPE, check_count, check_memory, to_host
 from ..config import ModelConfig
 from ..kv_cache import kv_bytes_per_token
 from ..kv_storage import KVStorage, check_storage
@@ -96,6 +96,26 @@ class PagedKVCache:
         k, v = self.store.get(layer, block_tables)                               # (R, nb, block_size, K, d) each
         S = nb * self.block_size
         return k.reshape(R, S, K, d).transpose(0, 2, 1, 3), v.reshape(R, S, K, d).transpose(0, 2, 1, 3)
+
+
+    def token_index(self, block_table, num_tokens: int):
+        """(block, offset) of a sequence's first num_tokens tokens, (P,) each: where export/import_tokens look."""
+        positions = np.arange(num_tokens)
+        table = np.asarray(block_table, dtype=np.int64)
+        return table[positions // self.block_size], positions % self.block_size
+
+    def export_tokens(self, block_table, num_tokens: int) -> list:
+        """A sequence's first num_tokens tokens as stored, copied to the host: K and V (layers, P, kv_heads,
+        head_dim), then their scales (layers, P, kv_heads) for a scaled storage. What a prefill engine sends
+        (serving/kv_transfer.py): the stored values, not decoded floats, so the receiver stores exactly them."""
+        blocks, offsets = self.token_index(block_table, num_tokens)
+        return [to_host(array[:, blocks, offsets]) for array in self.store.arrays]
+
+    def import_tokens(self, block_table, arrays) -> None:
+        """export_tokens' arrays written into this pool at a block table's first P tokens (P = arrays[0].shape[1])."""
+        blocks, offsets = self.token_index(block_table, arrays[0].shape[1])
+        for stored, array in zip(self.store.arrays, arrays, strict=True):
+            stored[:, blocks, offsets] = self.xp.asarray(array)
 
 
 def length_groups(seq_lens, block_size: int) -> list[tuple[int, int, int]]:

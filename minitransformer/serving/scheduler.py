@@ -59,6 +59,12 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def adopt(self, seq: Sequence) -> None:
+        """A sequence whose prompt another engine prefilled (kv_transfer.py) joins the running batch: its blocks are
+        allocated and filled, and its next step is a decode. The engine checks max_num_seqs first."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def remove(self, seq: Sequence) -> None:
         """Forget a finished or aborted sequence (the engine frees its blocks)."""
         for queue in (self.waiting, self.running):
