@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .options import add_model_options
+from .options import add_model_options, load_model_from_args
 from .tensor_parallel import add_tensor_parallel_option, launch_tensor_parallel, model_for_args
 
 ORIGIN = re.compile(r"https?://[^/\s?#]+")          # what a browser sends in Origin: scheme://host[:port], no path
@@ -43,6 +43,12 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--policy", choices=("continuous", "static", "priority"), default="continuous",
                        help="how the scheduler admits requests (default continuous; priority uses the requests' "
                             "priority field, lower first)")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N",
+                       help="most tokens in one engine step (default 512): a longer prompt is prefilled in chunks "
+                            "of what is left beside the running decodes (chunked prefill; lesson 16)")
+    serve.add_argument("--disaggregated", action="store_true",
+                       help="prefill in a second process and send each prompt's KV cache to this one, which only "
+                            "decodes (two MPI ranks, the 'parallel' extra; lesson 16)")
     serve.add_argument("--max-waiting", type=int, default=256, metavar="N",
                        help="refuse new requests with 429 while this many wait for a slot (default 256)")
     serve.add_argument("--api-keys", metavar="FILE",
@@ -84,13 +90,16 @@ def cmd_serve(args) -> int:
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     hosts = AllowedHosts.for_binding(args.host, _split(args.allowed_hosts))
     origins = frozenset(_origins(args.allowed_origins))
-    if args.tensor_parallel_size > 1 and not in_rank_process():
+    if (args.tensor_parallel_size > 1 or args.disaggregated) and not in_rank_process():
         _bind(args.host, args.port).close()       # a port in use or a bad host: exit 2 before N processes start
     # --tensor-parallel-size N: this command again as N ranks; rank 0 serves, the others run its forwards. A signal
     # goes to rank 0, which drains as one process would (--shutdown-timeout, then uvicorn's close), then stops them.
-    launched = launch_tensor_parallel(args, drain_s=args.shutdown_timeout + CLOSE_GRACE_S + STOP_GRACE_S)
+    drain_s = args.shutdown_timeout + CLOSE_GRACE_S + STOP_GRACE_S
+    launched = launch_tensor_parallel(args, drain_s=drain_s)
     if launched is not None:
         return launched
+    if args.disaggregated:
+        return _serve_disaggregated(args, keys, hosts, origins, drain_s)
     sock = None if in_rank_process() else _bind(args.host, args.port)
     try:
         with model_for_args(args) as model:
@@ -106,18 +115,49 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _serve(args, model, sock, keys, hosts, origins) -> None:
+def _serve_disaggregated(args, keys, hosts, origins, drain_s: float) -> int:
+    """--disaggregated: this command again as 2 MPI ranks (parallel/launch.py); rank 0 serves and decodes, rank 1
+    prefills (parallel/kv_connector.py). Both build their engine from the same options, so a request rank 0 admits
+    fits rank 1's pool too."""
+    from ..parallel.kv_connector import disaggregated_rank
+    from ..parallel.launch import in_rank_process, run_ranks
+
+    if args.tensor_parallel_size > 1:
+        raise InputError("--disaggregated with --tensor-parallel-size is not supported; use one or the other")
+    if args.policy == "static":
+        raise InputError("--disaggregated admits each request when its prefill comes back, which the static "
+                         "policy's fixed groups cannot; use --policy continuous or priority")
+    if args.device == "gpu":
+        raise InputError("--disaggregated runs its two ranks on the CPU (the KV cache goes over MPI through host "
+                         "memory); use --device cpu")
+    if not in_rank_process():
+        return run_ranks(args.argv, 2, drain_s=drain_s)
+    with disaggregated_rank(lambda: load_model_from_args(args),
+                            lambda model, connector: _engine(args, model, keys, connector)) as rank:
+        if rank is not None:                     # rank 0; rank 1 has prefilled until rank 0 stopped it
+            model, connector = rank
+            _serve(args, model, _bind(args.host, args.port), keys, hosts, origins, connector)
+    return 0
+
+
+def _engine(args, model, keys, kv_connector=None):
+    """The Engine the options describe (kv_connector: one side of a disaggregated pair)."""
+    from ..server.tenants import tenant_quotas
+    from ..serving import Engine
+
+    return Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks, block_size=args.block_size,
+                  policy=args.policy, kv_cache=args.kv_cache, max_num_batched_tokens=args.max_num_batched_tokens,
+                  tenant_token_quota=tenant_quotas(keys) if keys else None, kv_connector=kv_connector)
+
+
+def _serve(args, model, sock, keys, hosts, origins, kv_connector=None) -> None:
     """The engine, the app, the startup line, then uvicorn until a signal (one process, or rank 0 of N)."""
     from rich.console import Console
 
     from ..server import EngineLoop, Server, ServerConfig, ServerMetrics
     from ..server.runner import run
-    from ..server.tenants import tenant_quotas
-    from ..serving import Engine
 
-    engine = Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
-                    block_size=args.block_size, policy=args.policy, kv_cache=args.kv_cache,
-                    tenant_token_quota=tenant_quotas(keys) if keys else None)
+    engine = _engine(args, model, keys, kv_connector)
     name = args.served_model_name or Path(model.path).name.removesuffix(".gguf")
     server = Server(model, EngineLoop(engine, ServerMetrics(name), args.request_timeout, args.max_waiting),
                     ServerConfig(name, api_keys=keys, max_body_bytes=args.max_body_bytes, allowed_hosts=hosts,
@@ -129,6 +169,7 @@ def _serve(args, model, sock, keys, hosts, origins) -> None:
     Console(stderr=True, soft_wrap=True).print(
         f"[bold]minitransformer serve[/] {url}  model [cyan]{name}[/] ({model.config.n_layers} layers, "
         f"{args.device}, weights {args.weights}" + (f", tensor parallel over {ranks} ranks" if ranks > 1 else "")
+        + (", disaggregated: prefill in a second process" if kv_connector is not None else "")
         + f")  KV pool {sizes.num_blocks} blocks x {sizes.block_size} tokens = "
         f"{sizes.kv_pool_bytes / 2**20:.0f} MiB" + (" per rank" if ranks > 1 else "")
         + f"  max {args.max_num_seqs} running, policy {args.policy}"
@@ -140,7 +181,7 @@ def _serve(args, model, sock, keys, hosts, origins) -> None:
 
 def _check_options(args) -> None:
     """The numeric options' ranges, before anything is loaded or bound."""
-    for name in ("max_num_seqs", "block_size", "max_waiting", "max_body_bytes"):
+    for name in ("max_num_seqs", "block_size", "max_num_batched_tokens", "max_waiting", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:

@@ -35,6 +35,7 @@ from .prometheus import ServerMetrics
 from .responses import finish
 
 log = logging.getLogger("minitransformer.server")
+IDLE_REFRESH_S = 0.1
 
 
 class EngineLoop:
@@ -92,7 +93,7 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             busy = self.error is None and self.engine.has_unfinished_requests()
-            commands = [] if busy else [self._commands.get()]                # idle: sleep until a command
+            commands = [] if busy else self._wait_for_command()
             while True:
                 try:
                     commands.append(self._commands.get_nowait())
@@ -117,6 +118,14 @@ class EngineLoop:
                 self._dispatch(outputs)
             else:
                 self._publish()
+
+    def _wait_for_command(self) -> list:
+        """Idle: sleep until a command comes. A disaggregated engine also wakes every IDLE_REFRESH_S, so that the
+        prefill process's reports (its pool freed after an abort) reach /metrics while nothing runs here."""
+        try:
+            return [self._commands.get(timeout=None if self.engine.kv_role is None else IDLE_REFRESH_S)]
+        except queue.Empty:
+            return []
 
     def _add(self, future: Future, sink, prompt_ids, params, priority, tenant, arrival_time, request_id=None,
              cache_salt=None) -> None:
@@ -164,6 +173,7 @@ class EngineLoop:
     def _publish(self) -> None:
         """Snapshots for readers on other threads (assigning a reference is atomic)."""
         self.stats = self.engine.stats
+        self.metrics.observe_transfers(self.engine.kv_transfer_stats)
         for hook in self.publish_hooks:                  # live.py: the live page's snapshot, only while watched
             hook(self)
 

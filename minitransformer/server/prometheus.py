@@ -22,6 +22,15 @@ with one vLLM adds later):
                                                                       the two rates is the mean cost per token
     minitransformer:structured_output_mask_seconds_per_token          histogram: one request's mean mask time
 
+and, under `serve --disaggregated` (parallel/kv_connector.py), the KV transfers from the prefill process, named
+after vLLM's NIXL-connector metrics (vllm:nixl_xfer_time_seconds, vllm:nixl_bytes_transferred; vLLM names them after
+the connector, ours is MPI) in our namespace:
+
+    minitransformer:mpi_xfer_time_seconds / minitransformer:mpi_bytes_transferred   histograms, one per transfer
+    minitransformer:kv_transfers_in_flight        gauge: requests at the prefill process or on their way back
+    minitransformer:kv_transfers_discarded_total  counter: transfers that arrived for a request aborted meanwhile
+    minitransformer:prefill_kv_cache_usage_perc   gauge: the prefill process's KV pool, as it last reported it
+
 The text format itself is simple enough to write out (`# HELP`, `# TYPE`, one sample per line; a histogram is its
 cumulative `_bucket{le=...}` counts plus `_sum` and `_count`), so it is written here rather than through a client
 library. Timings come from the request's own RequestMetrics (metrics.py), the same numbers `--json` prints.
@@ -34,12 +43,16 @@ import threading
 
 from ..request import Result
 from ..serving import EngineStats
+from ..serving.kv_transfer import TransferStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 # A mask costs tens of microseconds for a simple regex to milliseconds for a deep schema (llguidance's Earley parser
 # walks the vocabulary's token trie): buckets from 10 us to 100 ms.
+# A transfer through shared memory here takes ~0.1 ms per MB; over a network, milliseconds to a second.
+TRANSFER_SECONDS_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0)
+TRANSFER_BYTES_BUCKETS = tuple(2 ** k for k in range(16, 32, 2))        # 64 KiB .. 1 GiB, by powers of 4
 MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
 
 
@@ -82,11 +95,26 @@ class ServerMetrics:
         self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens per request.",
                                            TOKEN_BUCKETS)
+        self.transfers: TransferStats | None = None                # set under --disaggregated
+        self.transfer_time = Histogram("minitransformer:mpi_xfer_time_seconds",
+                                       "Seconds per KV transfer from the prefill process.", TRANSFER_SECONDS_BUCKETS)
+        self.transfer_bytes = Histogram("minitransformer:mpi_bytes_transferred",
+                                        "Bytes per KV transfer from the prefill process.", TRANSFER_BYTES_BUCKETS)
         self.structured: dict[tuple[str, bool], int] = {}        # (kind, complete) -> requests
         self.masks, self.mask_s = 0, 0.0
         self.mask_per_token = Histogram("minitransformer:structured_output_mask_seconds_per_token",
                                         "Mean time per token computing a request's structured-output mask.",
                                         MASK_BUCKETS)
+
+    def observe_transfers(self, stats: TransferStats | None) -> None:
+        """The engine's kv_transfer_stats after a step (None: not disaggregated): each new transfer observed."""
+        if stats is None:
+            return
+        with self.lock:
+            for nbytes, seconds in stats.last:
+                self.transfer_time.observe(seconds)
+                self.transfer_bytes.observe(nbytes)
+            self.transfers = stats
 
     def observe_finished(self, result: Result, finish_reason: str) -> None:
         m = result.metrics
@@ -144,6 +172,7 @@ class ServerMetrics:
                               self.prompt_tokens, self.generation_tokens):
                 lines += histogram.lines(labels)
             lines += self._structured_lines(sample)
+            lines += self._transfer_lines(sample)
         return "\n".join(lines) + "\n"
 
     def _structured_lines(self, sample) -> list[str]:
@@ -159,6 +188,23 @@ class ServerMetrics:
                 *sample("counter", "minitransformer:structured_output_mask_seconds_total",
                         "Seconds spent computing structured-output masks.", self.mask_s),
                 *self.mask_per_token.lines(self.labels)]
+
+
+    def _transfer_lines(self, sample) -> list[str]:
+        """The KV-transfer families (module docstring), only when disaggregated; the caller holds the lock."""
+        stats = self.transfers
+        if stats is None:
+            return []
+        lines = [*self.transfer_time.lines(self.labels), *self.transfer_bytes.lines(self.labels),
+                 *sample("gauge", "minitransformer:kv_transfers_in_flight",
+                         "Requests at the prefill process or on their way back.", stats.in_flight),
+                 *sample("counter", "minitransformer:kv_transfers_discarded_total",
+                         "KV transfers that arrived for a request aborted meanwhile.", stats.discarded)]
+        if stats.producer_num_blocks:
+            lines += sample("gauge", "minitransformer:prefill_kv_cache_usage_perc",
+                            "The prefill process's KV-cache usage. 1 means 100 percent usage.",
+                            (stats.producer_blocks_used or 0) / stats.producer_num_blocks)
+        return lines
 
 
 def _number(value) -> str:
