@@ -159,6 +159,20 @@ def _proc_stats() -> dict[int, list[str]]:
     return stats
 
 
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of `pid` and of every process below it: a server that starts its own process groups
+    (`serve --disaggregated` runs mpiexec in a session of its own) is all its groups' work, for Probe."""
+    stats = _proc_stats()
+    below, found = {pid}, True
+    while found:
+        found = False
+        for child, fields in stats.items():
+            if child not in below and int(fields[1]) in below:             # fields[1]: ppid
+                below.add(child)
+                found = True
+    return sorted({int(stats[p][2]) for p in below if p in stats})         # fields[2]: pgrp
+
+
 def _cpu_ticks(fields: list[str]) -> int:
     return int(fields[11]) + int(fields[12])                           # utime + stime (fields 14, 15): all threads
 

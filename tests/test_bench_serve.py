@@ -204,7 +204,7 @@ def test_servers_take_turns_at_each_rate_the_order_flipping(monkeypatch):
 
     async def sleep(seconds):
         sleeps.append(seconds)
-    monkeypatch.setattr(serve, "_client", client)
+    monkeypatch.setattr(serve, "http_client", client)
     monkeypatch.setattr(serve, "_prepare", prepare)
     monkeypatch.setattr(serve, "run_rate", run_rate)
     monkeypatch.setattr(serve.asyncio, "sleep", sleep)

@@ -216,6 +216,10 @@ class PublishedLink:
     base_latency: float        # s, once per all-reduce
     hop_latency: float         # s, per ring step
 
+    def transfer_seconds(self, nbytes: float) -> float:
+        """One point-to-point send of nbytes (a prompt's KV cache from a prefill GPU to a decode GPU, lesson 16)."""
+        return self.base_latency + nbytes / self.bandwidth
+
     def all_reduce_seconds(self, nbytes: float, n: int) -> float:
         if n == 1:
             return 0.0
@@ -228,6 +232,10 @@ class PublishedLink:
 NVLINK4 = PublishedLink("NVLink 4 (H100/H200 SXM)", bandwidth=450e9, base_latency=6.6e-6, hop_latency=0.6e-6)
 # PCIe 5.0 x16: 32 GT/s x 16 lanes, ~64 GB/s each way (PCI-SIG): the link of a GPU without NVLink.
 PCIE5 = PublishedLink("PCIe 5.0 x16", bandwidth=64e9, base_latency=6.6e-6, hop_latency=1.0e-6)
+# RDMA between machines: one InfiniBand NDR port, 400 Gb/s = 50 GB/s each way (NVIDIA ConnectX-7 / Quantum-2 NDR),
+# a DGX H100/H200's per-GPU network link. Its latency is microseconds; the latencies here are NCCL's NET-hop order
+# of magnitude, which a transfer of megabytes never notices.
+IB_NDR = PublishedLink("InfiniBand NDR 400 Gb/s (RDMA)", bandwidth=50e9, base_latency=6.6e-6, hop_latency=5e-6)
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,7 @@ async def run_rate(client, url: str, model: str, prompts: list[str], rate: float
     return list(records), time.perf_counter() - start
 
 
-def _client(base: str, s: ServeSettings):
+def http_client(base: str, s: ServeSettings):
     """An httpx client for one server: up to the concurrency cap of connections, no proxy for a loopback address.
 
     Every request gets a connection of its own, closed after its response (as vLLM's benchmark client does: a new
@@ -294,7 +294,7 @@ async def run_sweeps(urls: dict[str, str], s: ServeSettings, on_done=None, on_ra
     import contextlib
 
     async with contextlib.AsyncExitStack() as stack:
-        clients = {name: await stack.enter_async_context(_client(api_base(url), s)) for name, url in urls.items()}
+        clients = {name: await stack.enter_async_context(http_client(api_base(url), s)) for name, url in urls.items()}
         sweeps = {name: await _prepare(clients[name], url, s) for name, url in urls.items()}
         names = list(urls)
         for i, rate in enumerate(s.rates):

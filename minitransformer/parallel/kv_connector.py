@@ -41,7 +41,8 @@ from .launch import watch_supervisor
 
 CONTROL, HEADER, DATA, STATUS = 11, 12, 13, 14          # MPI tags
 DECODE_RANK, PREFILL_RANK = 0, 1
-POLL_S = 0.0005                              # an idle rank's sleep between two looks for a message
+POLL_S = 0.0005                              # a waiting rank's sleep between two looks for a message
+IDLE_POLL_S = 0.005                          # the prefill rank's longest sleep when it has had nothing to do
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,10 @@ class MpiKVConnector:
 
     def take_messages(self, block: bool) -> list:
         """What the decode rank sent (PrefillRequest, Abort, Stop), in order; block: poll until there is one."""
+        pause = POLL_S
         while block and not self.comm.Iprobe(source=DECODE_RANK, tag=CONTROL):
-            time.sleep(POLL_S)
+            time.sleep(pause)
+            pause = min(2 * pause, IDLE_POLL_S)          # idle a while: look less often
         messages = []
         while self.comm.Iprobe(source=DECODE_RANK, tag=CONTROL):
             messages.append(self.comm.recv(source=DECODE_RANK, tag=CONTROL))

@@ -1,0 +1,124 @@
+"""Lesson 16 runs as a learner runs it (a subprocess on the real model, small settings: it starts three servers, one
+of them `serve --disaggregated` over MPI, and stops them all) and its numbers hold together: every request
+answered, the bytes sent per prompt token equal to the model's KV shape, the H200 table equal to the link formula
+worked by hand, claims decided from the printed numbers (and flipped by an edited one), the answer stating only
+what they showed, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from minitransformer.claims import printed_verdicts, table_with
+from minitransformer.measure import Quietness
+from printed_output import edit_cell
+from test_lessons_08_10 import ROOT, load_lesson, run_lesson
+from test_tensor_parallel import tagged_processes
+
+L16 = "16_disaggregated_serving.py"
+ARGS = ["--rounds", "2", "--chats", "2", "--chat-rate", "4", "--chat-tokens", "4", "--long-prompts", "1",
+        "--long-words", "120"]
+UNTIMED = {"no-request-lost", "kv-bytes", "nvlink-cheap", "rdma-costs-more"}
+
+needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
+                               reason="mpi4py is not installed: pip install '.[parallel]' (the dev extra has it)")
+
+
+@pytest.fixture(scope="module")
+def lesson_16(real_model_path):
+    """The lesson's output, and the processes still carrying its tag a while after it ended (mpiexec passes the
+    environment to its ranks, so every server and rank the lesson started inherits the tag)."""
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed: pip install '.[parallel]' (the dev extra has it)")
+    tag = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINITRANSFORMER_TEST_TAG", tag)
+        output = run_lesson(L16, real_model_path, *ARGS)
+    deadline = time.monotonic() + 15
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return output, tagged_processes(tag)
+
+
+def flat(output: str) -> str:
+    return " ".join(output.split())
+
+
+def decided(output: str) -> dict:
+    return {c.key: c for c in load_lesson(L16).claims(output)}
+
+
+@needs_mpi
+def test_every_request_is_answered_and_the_bytes_are_the_kv_shape(lesson_16):
+    output, _ = lesson_16
+    itl = table_with(output, "chat ITL p99")
+    assert [row[0] for row in itl.rows] == ["no chunking", "chunked", "disaggregated"]
+    assert itl.column("failed") == ["0", "0", "0"]
+    assert "check bytes: 46,080 bytes per prompt token sent; the model's shape gives 46,080" in flat(output)
+    assert "(6 transfers," in flat(output)                  # 2 rounds x (2 chats + 1 long prompt), each sent once
+
+
+@needs_mpi
+def test_the_h200_table_is_the_link_formula_worked_by_hand(lesson_16):
+    """Llama 3.1 8B in bf16: 32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131,072 a token; 4,096 tokens over
+    6.6 us + bytes / bandwidth, next to 2 x params x tokens FLOPs at 989 TFLOP/s (the prefill's roofline)."""
+    output, _ = lesson_16
+    table = table_with(output, "link")
+    rows = {row[0]: dict(zip(table.columns, row)) for row in table.rows}
+    nbytes = 131_072 * 4096
+    for name, bandwidth in (("NVLink 4 (H100/H200 SXM)", 450e9), ("InfiniBand NDR 400 Gb/s (RDMA)", 50e9)):
+        assert float(rows[name]["transfer ms"]) == pytest.approx((6.6e-6 + nbytes / bandwidth) * 1e3, abs=6e-3)
+    assert "131,072 bytes of KV per token, 512 MiB" in flat(output)
+
+
+@needs_mpi
+def test_claims_and_the_answer_follow_the_printed_numbers(lesson_16):
+    output, _ = lesson_16
+    found = decided(output)
+    for key in UNTIMED:                                       # counts and arithmetic: whatever the machine's load
+        assert found[key].holds and not found[key].timed, found[key]
+    quiet, verdicts = Quietness.parse(output), printed_verdicts(output)
+    assert set(verdicts) == set(found)
+    for key, claim in found.items():
+        assert verdicts[key] == (claim.holds and (not claim.timed or quiet.quiet)), key
+    answer = flat(output[output.index("Interview question"):])
+    assert ("it lowered the chats' ITL p99 here" in answer) == verdicts["chunking-cuts-itl"]
+    assert ("it lowered the ITL p99 too" in answer) == verdicts["disaggregation-cuts-itl"]
+    assert ("exactly layers x 2 x KV heads" in answer) == verdicts["kv-bytes"]
+
+
+@needs_mpi
+def test_an_edited_number_flips_its_claim(lesson_16):
+    output, _ = lesson_16
+    lost = edit_cell(output, "failed", ("chunked",), "1")
+    assert not decided(lost)["no-request-lost"].holds
+    wrong = output.replace("46,080 bytes per prompt token sent", "46,081 bytes per prompt token sent")
+    assert not decided(wrong)["kv-bytes"].holds
+    spiky = edit_cell(output, "chat ITL p99 ms", ("no chunking",), "9000 (9000, 0)")
+    smooth = edit_cell(spiky, "chat ITL p99 ms", ("chunked",), "1 (1, 0)")
+    assert decided(smooth)["chunking-cuts-itl"].holds
+    assert not decided(edit_cell(spiky, "chat ITL p99 ms", ("chunked",), "9999 (9999, 0)"))["chunking-cuts-itl"].holds
+    assert not decided(edit_cell(output, "transfer / prefill %", ("NVLink 4 (H100/H200 SXM)",), "50.0"))[
+        "nvlink-cheap"].holds
+
+
+@needs_mpi
+def test_no_process_outlives_the_lesson(lesson_16):
+    """Three servers and two MPI ranks were started; none is left."""
+    assert lesson_16[1] == []
+
+
+@pytest.mark.parametrize("flags, message", [(["--rounds", "1"], "--rounds must be at least 2"),
+                                            (["--chunk", "4096"], "--chunk must be in [16, 2048)")])
+def test_bad_flags_are_one_line_and_exit_2(real_model_path, flags, message):
+    result = subprocess.run([sys.executable, str(ROOT / "lessons" / L16), *flags], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, "MINITRANSFORMER_MODEL": str(real_model_path)})
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
