@@ -2,6 +2,7 @@
 
     python lessons/16_disaggregated_serving.py [--rounds 3] [--chats 20] [--chat-rate 1] [--chat-tokens 32]
                                                [--long-prompts 2] [--long-words 900] [--chunk 128]
+                                               [--figure figures/disaggregated_itl.png]
 
 A long prompt's prefill is one big forward. When the engine runs it in the same step as the other requests' decode
 tokens, every one of those decodes waits for the whole prefill: a chat that was getting a token every tenth of a
@@ -138,6 +139,7 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
     groups = sorted({g for server in servers.values() for g in descendant_groups(server.running.pid)})
     probe = Probe(process_groups=groups)           # the servers' CPU (all their processes) is this run's own work
     runs: dict[str, list] = {config: [] for config in CONFIGS}
+    last: dict[str, list] = {}                       # each server's last round, as the client saw it (the figure)
     transfers = []
     for r in range(args.rounds):
         plan = arrivals(traffic, r)
@@ -146,6 +148,7 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
             before = transfer_totals(url) if config == CONFIGS[2] else None
             done = asyncio.run(termination.run(run_round(url, plan)))
             runs[config].append(summarize(done))
+            last[config] = done
             if before is not None:
                 after = transfer_totals(url)
                 transfers.append({key: after[key] - before[key] for key in after}
@@ -171,6 +174,10 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
             row = [spread_cell([value(s) for s in rounds], fmt) for _, value, fmt in cells]
             table.add_row(config, *row, *([str(sum(s.failed for s in rounds))] if title.startswith("1b") else []))
         console.print(table)
+    if args.figure:
+        from minitransformer.viz_interference import draw_interference
+        draw_interference({config: last[config] for config in CONFIGS}, args.figure)
+        console.print(f"figure written: {args.figure}")
     return {"runs": runs, "transfers": transfers, "probe": probe}
 
 
@@ -225,6 +232,7 @@ def main():
     ap.add_argument("--long-words", type=int, default=900, help="words per long prompt (default 900, ~1,200 tokens)")
     ap.add_argument("--chunk", type=int, default=128,
                     help="--max-num-batched-tokens of the chunked server (default 128)")
+    ap.add_argument("--figure", type=Path, help="draw the chats' gaps of each server's last round here (PNG)")
     ap.add_argument("--model", default=None, help="the GGUF the servers load (default: the default model)")
     args = ap.parse_args()
     if args.rounds < 2:

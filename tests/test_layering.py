@@ -34,7 +34,7 @@ LAYERS = [
     ("serving", ["serving.*"]),
     ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes",
                "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_tradeoff", "viz_measure",
-               "viz_parallel", "viz", "parallel.*"]),
+               "viz_parallel", "viz_interference", "viz", "parallel.*"]),
     ("server", ["server.*"]),
     ("cli", ["cli.*", "__main__", "minitransformer"]),
 ]

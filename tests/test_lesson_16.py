@@ -11,20 +11,17 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
-import uuid
 
 import pytest
 
+from lesson_runs import small_run
 from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.measure import Quietness
 from printed_output import edit_cell
-from test_lessons_08_10 import ROOT, load_lesson, run_lesson
-from test_tensor_parallel import tagged_processes
+from test_lessons_08_10 import ROOT, load_lesson
+from test_transcripts import SMALL
 
 L16 = "16_disaggregated_serving.py"
-ARGS = ["--rounds", "2", "--chats", "2", "--chat-rate", "4", "--chat-tokens", "4", "--long-prompts", "1",
-        "--long-words", "120"]
 UNTIMED = {"no-request-lost", "kv-bytes", "nvlink-cheap", "rdma-costs-more"}
 
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
@@ -33,18 +30,12 @@ needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
 
 @pytest.fixture(scope="module")
 def lesson_16(real_model_path):
-    """The lesson's output, and the processes still carrying its tag a while after it ended (mpiexec passes the
-    environment to its ranks, so every server and rank the lesson started inherits the tag)."""
+    """The lesson at test_transcripts' small settings (that test compares the same run with the transcript)."""
     if importlib.util.find_spec("mpi4py") is None:
         pytest.skip("mpi4py is not installed: pip install '.[parallel]' (the dev extra has it)")
-    tag = uuid.uuid4().hex
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINITRANSFORMER_TEST_TAG", tag)
-        output = run_lesson(L16, real_model_path, *ARGS)
-    deadline = time.monotonic() + 15
-    while tagged_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return output, tagged_processes(tag)
+    run = small_run(ROOT / "lessons" / L16, tuple(SMALL["16"]), str(real_model_path), figure=True)
+    assert run.code == 0, run.stderr[-3000:]
+    return run
 
 
 def flat(output: str) -> str:
@@ -57,19 +48,20 @@ def decided(output: str) -> dict:
 
 @needs_mpi
 def test_every_request_is_answered_and_the_bytes_are_the_kv_shape(lesson_16):
-    output, _ = lesson_16
+    output = lesson_16.output
     itl = table_with(output, "chat ITL p99")
     assert [row[0] for row in itl.rows] == ["no chunking", "chunked", "disaggregated"]
     assert itl.column("failed") == ["0", "0", "0"]
     assert "check bytes: 46,080 bytes per prompt token sent; the model's shape gives 46,080" in flat(output)
     assert "(6 transfers," in flat(output)                  # 2 rounds x (2 chats + 1 long prompt), each sent once
+    assert lesson_16.figure.stat().st_size > 10_000
 
 
 @needs_mpi
 def test_the_h200_table_is_the_link_formula_worked_by_hand(lesson_16):
     """Llama 3.1 8B in bf16: 32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131,072 a token; 4,096 tokens over
     6.6 us + bytes / bandwidth, next to 2 x params x tokens FLOPs at 989 TFLOP/s (the prefill's roofline)."""
-    output, _ = lesson_16
+    output = lesson_16.output
     table = table_with(output, "link")
     rows = {row[0]: dict(zip(table.columns, row)) for row in table.rows}
     nbytes = 131_072 * 4096
@@ -80,7 +72,7 @@ def test_the_h200_table_is_the_link_formula_worked_by_hand(lesson_16):
 
 @needs_mpi
 def test_claims_and_the_answer_follow_the_printed_numbers(lesson_16):
-    output, _ = lesson_16
+    output = lesson_16.output
     found = decided(output)
     for key in UNTIMED:                                       # counts and arithmetic: whatever the machine's load
         assert found[key].holds and not found[key].timed, found[key]
@@ -96,7 +88,7 @@ def test_claims_and_the_answer_follow_the_printed_numbers(lesson_16):
 
 @needs_mpi
 def test_an_edited_number_flips_its_claim(lesson_16):
-    output, _ = lesson_16
+    output = lesson_16.output
     lost = edit_cell(output, "failed", ("chunked",), "1")
     assert not decided(lost)["no-request-lost"].holds
     wrong = output.replace("46,080 bytes per prompt token sent", "46,081 bytes per prompt token sent")
@@ -112,7 +104,7 @@ def test_an_edited_number_flips_its_claim(lesson_16):
 @needs_mpi
 def test_no_process_outlives_the_lesson(lesson_16):
     """Three servers and two MPI ranks were started; none is left."""
-    assert lesson_16[1] == []
+    assert lesson_16.leftovers == ()
 
 
 @pytest.mark.parametrize("flags, message", [(["--rounds", "1"], "--rounds must be at least 2"),
