@@ -21,6 +21,7 @@ the engine's read API, as /metrics reads it. Lesson 16 reads the prefix-cache co
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 from datetime import datetime, timezone
 
@@ -28,9 +29,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import __version__
 from ..serving import EngineConfig, EngineStats
 from .errors import bad_request
+
+def _installed_version() -> str:
+    """The installed package's version (pyproject.toml's; the package's __init__ sits in a layer above this)."""
+    try:
+        return importlib.metadata.version("minitransformer")
+    except importlib.metadata.PackageNotFoundError:          # run from a checkout that was never installed
+        return "unknown"
+
+
+__version__ = _installed_version()
 
 # SGLang's sections of /v1/loads; "core" is the one this engine reports (the others are sent only when measured).
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
