@@ -32,6 +32,7 @@ from starlette.routing import Route
 from ..serving import EngineConfig, EngineStats
 from .errors import bad_request
 
+
 def _installed_version() -> str:
     """The installed package's version (pyproject.toml's; the package's __init__ sits in a layer above this)."""
     try:
