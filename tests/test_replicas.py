@@ -1,6 +1,7 @@
 """`minitransformer serve --replicas 2`: two servers behind SGLang's model gateway (smg). A greedy request through the
-router gets what one replica alone gives; SIGTERM stops the router and the replicas and exits 0, and a supervisor
-killed with SIGKILL leaves nothing behind either; what --replicas cannot run is one line and exit code 2."""
+router gets what one replica alone gives; SIGTERM stops the router and the replicas and exits 0, a replica that dies
+stops the rest (exit 1), and a supervisor killed with SIGKILL leaves nothing behind either; what --replicas cannot run
+is one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def started(real_model_path) -> tuple[ServerProcess, list[str], set[int]]:
+def started(model_path) -> tuple[ServerProcess, list[str], set[int]]:
     """The command on free ports: its process, its replicas' URLs (from the startup line), and what it started."""
-    server = ServerProcess(["--model", str(real_model_path), *OPTIONS])
+    server = ServerProcess(["--model", str(model_path), *OPTIONS])
     assert server.wait_for_log("(Ctrl-C stops)", timeout_s=120), server.log
     line = next(line for line in server.log.splitlines() if "--replicas 2: router" in line)
     replicas = re.findall(r"http://127\.0\.0\.1:\d+", line.partition("-> replicas")[2])
@@ -92,8 +93,8 @@ def test_a_greedy_request_through_the_router_equals_one_replicas_and_sigterm_sto
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
-def test_a_supervisor_killed_with_sigkill_leaves_no_replica_or_router(real_model_path):
-    server, urls, children = started(real_model_path)
+def test_a_supervisor_killed_with_sigkill_leaves_no_replica_or_router(tiny_model_path):
+    server, urls, children = started(tiny_model_path)
     try:
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait(10)
@@ -101,6 +102,26 @@ def test_a_supervisor_killed_with_sigkill_leaves_no_replica_or_router(real_model
         assert gone, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children if alive(pid)]
     finally:
         for pid in children:                             # on failure: leave nothing for the next test
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+def test_a_replica_that_dies_stops_the_rest_with_one_line_and_exit_1(tiny_model_path):
+    server, urls, children = started(tiny_model_path)
+    try:
+        port = urls[1].rpartition(":")[2]
+        replica = next(pid for pid in children if f"--port\0{port}\0".encode()
+                       in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(replica, signal.SIGKILL)
+        assert server.process.wait(60) == 1, server.log
+        server.reader.join(10)
+        errors = [line for line in server.log.splitlines() if line.startswith("minitransformer: error:")]
+        assert len(errors) == 1 and f"the replica 2 ({urls[1]}) exited with code -9" in errors[0], server.log
+        assert not [pid for pid in children if alive(pid)]
+    finally:
+        for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         server.stop()

@@ -58,7 +58,7 @@ def tenant_prompts(w: TenantWorkload) -> list[tuple[int, str]]:
         raise ValueError(f"tenants must be in [1, {len(TENANTS)}], got {w.tenants}")
     words = files(__package__).joinpath("serve_text.txt").read_text(encoding="utf-8").split()
     step = len(words) // w.tenants
-    systems = [f"You are the assistant of {TENANTS[t]}. Answer questions about this text.\n\n"
+    systems = [f"{TENANTS[t]} assistant: answer questions about this text.\n\n"
                + " ".join(words[(t * step + j) % len(words)] for j in range(w.system_words))
                for t in range(w.tenants)]
     return [(t, f"{systems[t]}\n\nQuestion: {QUESTIONS[r % len(QUESTIONS)]}\nAnswer:")

@@ -129,11 +129,11 @@ def serve_replicas(args, sock) -> int:
                 print(f"minitransformer serve --replicas {args.replicas}: router {router_url} (smg, policy "
                       f"{args.router_policy}) -> replicas {' '.join(r.url for r in replicas)}  (Ctrl-C stops)",
                       file=sys.stderr, flush=True)
-                code = _watch([router, *replicas])
+                code = _watch([router, *replicas], logs)
             except (KeyboardInterrupt, SystemExit):
                 code = 0                # asked to stop: a clean stop is success
     except Exception as exc:            # a replica or the router died before it was ready (ManagedServer says so)
-        print(f"minitransformer: error: {exc}", file=sys.stderr)
+        print(f"minitransformer: error: {exc} (logs in {logs})", file=sys.stderr)
         code = 1
     finally:
         sock.close()
@@ -144,14 +144,14 @@ def serve_replicas(args, sock) -> int:
     return code
 
 
-def _watch(children) -> int:
-    """Wait until a child exits by itself: one line naming it and its log's last lines, and 1."""
+def _watch(children, logs: Path) -> int:
+    """Wait until a child exits by itself: one line naming it and its log's last lines (the logs are kept), and 1."""
     while True:
         for child in children:
             status = child.running.poll()
             if status is not None:
                 print(f"minitransformer: error: the {child.name} ({child.url}) exited with code {status}; stopping "
-                      f"the others. Its log: {child.log_tail()}", file=sys.stderr, flush=True)
+                      f"the others (logs in {logs}). Its log ends: {child.log_tail()}", file=sys.stderr, flush=True)
                 return 1
         time.sleep(POLL_S)
 
