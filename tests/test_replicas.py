@@ -130,6 +130,7 @@ def test_a_replica_that_dies_stops_the_rest_with_one_line_and_exit_1(tiny_model_
 @pytest.mark.parametrize("extra, message", [
     (["--tensor-parallel-size", "2"], "--replicas with --tensor-parallel-size > 1 is not supported yet"),
     (["--metrics-key", "k"], "--replicas with --api-keys or --metrics-key is not supported yet"),
+    (["--model", "/nonexistent/model.gguf"], "model file not found: /nonexistent/model.gguf"),
 ])
 def test_what_replicas_cannot_run_is_one_line_and_exit_2(extra, message):
     done = subprocess.run([sys.executable, "-m", "minitransformer", "serve", "--port", "0", "--replicas", "2", *extra],

@@ -87,9 +87,11 @@ def serve_replicas(args, sock) -> int:
     before smg binds the same port."""
     from ..bench.managed_server import ManagedServer, free_port, stop_all
     from ..server.runner import CLOSE_GRACE_S
-    from ..weights import signals_exit
+    from ..weights import open_gguf, resolve_model_path, signals_exit
 
     smg = find_smg()
+    # a missing or foreign file is exit 2 here, not N replicas that die; the default model is fetched once, not N times
+    open_gguf(resolve_model_path(args.model))
     host, port = sock.getsockname()[:2]
     router_url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     logs = Path(tempfile.mkdtemp(prefix="minitransformer-replicas-"))

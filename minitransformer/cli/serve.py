@@ -86,12 +86,12 @@ def cmd_serve(args) -> int:
 
     _check_options(args)
     check_replicas(args)
-    if args.replicas > 1:                     # N of this command behind a router (cli/replicas.py)
-        return serve_replicas(args, _bind(args.host, args.port))
-    watch_supervisor()                        # a replica: exit if the supervisor above was killed
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     hosts = AllowedHosts.for_binding(args.host, _split(args.allowed_hosts))
     origins = frozenset(_origins(args.allowed_origins))
+    if args.replicas > 1:                     # N of this command behind a router (cli/replicas.py)
+        return serve_replicas(args, _bind(args.host, args.port))
+    watch_supervisor()                        # a replica: exit if the supervisor above was killed
     if args.tensor_parallel_size > 1 and not in_rank_process():
         _bind(args.host, args.port).close()       # a port in use or a bad host: exit 2 before N processes start
     # --tensor-parallel-size N: this command again as N ranks; rank 0 serves, the others run its forwards. A signal
