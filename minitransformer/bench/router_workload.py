@@ -123,6 +123,7 @@ async def _measure(router_url: str, urls: list[str], w: TenantWorkload) -> dict:
     ttfts = [r.ttft_s for r in records if r.ok]
     failed = [r.error for r in records if not r.ok]
     return {"ttft_p50_ms": _ms(percentile(ttfts, 50)), "ttft_p99_ms": _ms(percentile(ttfts, 99)),
+            "ttft_mean_ms": _ms(sum(ttfts) / len(ttfts)) if ttfts else None,
             "requests": len(records), "failed": len(failed), "errors": failed[:3], "wall_s": wall_s,
             "ttft_ms_by_tenant": _by_tenant(requests, records), **hit_rates(before, after)}
 
