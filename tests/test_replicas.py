@@ -56,6 +56,14 @@ def started(model_path) -> tuple[ServerProcess, list[str], set[int]]:
     return server, replicas, descendants(server.process.pid)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def logs_in_a_test_folder(tmp_path_factory):
+    """The supervisor keeps its children's logs when one died or when it was killed: in pytest's folder, not /tmp."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmp_path_factory.mktemp("replica-logs")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def replicas(real_model_path):
     server, urls, children = started(real_model_path)

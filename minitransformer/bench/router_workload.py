@@ -143,8 +143,10 @@ def run_policy(policy: str, w: TenantWorkload, serve_options: list[str], replica
                log_dir: Path | None = None) -> dict:
     """Start `minitransformer serve --replicas N --router-policy policy` afresh, run the workload through it, stop
     it; the policy's numbers (TTFT percentiles, hit rate per replica and overall)."""
+    if log_dir is None:                      # the logs only matter while it runs (a failure quotes their tail)
+        with tempfile.TemporaryDirectory(prefix="router-workload-") as tmp:
+            return run_policy(policy, w, serve_options, replicas, Path(tmp))
     port = free_port()
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="router-workload-"))
     argv = [sys.executable, "-m", "minitransformer", "serve", "--port", str(port), "--replicas", str(replicas),
             "--router-policy", policy, *serve_options]
     with ManagedServer(f"{policy} router", argv, port, "/readiness", log_dir / f"{policy}.log") as router:
