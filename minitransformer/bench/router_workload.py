@@ -120,7 +120,7 @@ async def _measure(router_url: str, urls: list[str], w: TenantWorkload) -> dict:
         records, wall_s = await run_rate(client, f"{router_url}/v1/completions", model,
                                          [prompt for _, prompt in requests], w.rate, settings)
         after = await counters()
-    ttfts = [r.ttft_s for r in records if r.ok]
+    ttfts = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
     failed = [r.error for r in records if not r.ok]
     return {"ttft_p50_ms": _ms(percentile(ttfts, 50)), "ttft_p99_ms": _ms(percentile(ttfts, 99)),
             "ttft_mean_ms": _ms(sum(ttfts) / len(ttfts)) if ttfts else None,
