@@ -2,6 +2,7 @@
 
     free_port        a loopback port nobody listens on right now
     ManagedServer    start a server in its own session, poll it until ready, always stop it (terminate, wait, kill)
+    stop_all         stop several at once: SIGTERM to all, one shared grace, then SIGKILL
     Termination      SIGTERM ends the run the way Ctrl-C does, at a safe point, so every ManagedServer is stopped
 
 bench serve --compare (serve_compare.py) starts ours and the peers with these; the tests start ours the same way.
@@ -51,28 +52,46 @@ class ManagedServer:
 
     def __init__(self, name: str, argv: list[str], port: int, ready_path: str, log_path: Path,
                  ready_timeout_s: float = 300.0, env: dict[str, str] | None = None,
-                 check: Callable[[], None] | None = None):
-        """check: called at every readiness poll; it raises to give up the wait (a SIGTERM that came meanwhile)."""
+                 check: Callable[[], None] | None = None, preexec_fn: Callable[[], None] | None = None):
+        """check: called at every readiness poll; it raises to give up the wait (a SIGTERM that came meanwhile).
+        preexec_fn: run in the child between fork and exec (cli/replicas.py: die with the parent)."""
         self.name, self.argv, self.ready_path, self.log_path = name, argv, ready_path, Path(log_path)
         self.env = env                                 # the whole environment of the process; None: ours
-        self.check = check
+        self.check, self.preexec_fn = check, preexec_fn
         self.url = f"http://127.0.0.1:{port}"
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> ManagedServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            # A Ctrl-C between the fork and `self.process = ...` would leave a server nobody stops: it waits,
-            # blocked, until that is set, and then lands in this try.
-            with _signals_held(signal.SIGINT), open(self.log_path, "wb") as log:
-                self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
-            self._wait_ready(self.process)
+            self.start()
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start(self) -> None:
+        """Start the process and return at once (wait_ready() waits for it); __enter__ does both."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # A Ctrl-C or SIGTERM between the fork and `self.process = ...` would leave a server nobody stops: it waits,
+        # blocked, until that is set, and then lands in the caller's cleanup. The child inherits the blocked mask
+        # (exec keeps it), so it unblocks them first: a server that cannot receive SIGTERM cannot drain.
+        held = (signal.SIGINT, signal.SIGTERM)
+
+        def in_child() -> None:
+            if hasattr(signal, "pthread_sigmask"):
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+            if self.preexec_fn is not None:
+                self.preexec_fn()
+
+        with _signals_held(*held), open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
+                                            preexec_fn=in_child if os.name == "posix" else None)
+
+    def wait_ready(self) -> None:
+        self._wait_ready(self.running)
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -112,19 +131,32 @@ class ManagedServer:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM to the group, wait up to grace_s, then SIGKILL; idempotent."""
+        stop_all([self], grace_s)
+
+    def signal_group(self, signum: int) -> None:
+        """Send signum to the server's process group (itself and whatever it started), if it is still running."""
         proc = self.process
-        if proc is None or proc.poll() is not None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc is not None and proc.poll() is None:
             try:
-                os.killpg(proc.pid, sig)
+                os.killpg(proc.pid, signum)
             except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=grace_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+                pass
+
+
+def stop_all(servers: list[ManagedServer], grace_s: float) -> None:
+    """SIGTERM to every server's group at once, then wait up to grace_s for them all (each drains in parallel),
+    then SIGKILL to those still there; idempotent."""
+    for server in servers:
+        server.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for server in servers:
+        if server.process is None:
+            continue
+        try:
+            server.process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            server.signal_group(signal.SIGKILL)
+            server.process.wait()
 
 
 class Termination:

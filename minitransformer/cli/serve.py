@@ -9,6 +9,8 @@ With --tensor-parallel-size N the command runs again as N ranks (cli/tensor_para
 first process only checks the options and the port, then supervises; rank 0 loads its shard, binds, and serves with
 the engine on its DriverTransformer, whose every step reaches the other ranks (parallel/driver.py); they stop when
 rank 0 does.
+
+With --replicas N it runs again as N servers behind a router instead (cli/replicas.py); this process supervises.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .options import add_model_options, load_model_from_args
+from .replicas import add_replicas_options, check_replicas, serve_replicas, watch_supervisor
 from .tensor_parallel import add_tensor_parallel_option, launch_tensor_parallel, model_for_args
 
 ORIGIN = re.compile(r"https?://[^/\s?#]+")          # what a browser sends in Origin: scheme://host[:port], no path
@@ -33,6 +36,7 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     add_model_options(serve)
     add_tensor_parallel_option(serve)
+    add_replicas_options(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in the API (default: the GGUF file name without .gguf)")
     serve.add_argument("--max-num-seqs", type=int, default=16, metavar="N",
@@ -87,9 +91,13 @@ def cmd_serve(args) -> int:
     from ..server.tenants import load_api_keys
 
     _check_options(args)
+    check_replicas(args)
     keys = load_api_keys(args.api_keys) if args.api_keys else None
     hosts = AllowedHosts.for_binding(args.host, _split(args.allowed_hosts))
     origins = frozenset(_origins(args.allowed_origins))
+    if args.replicas > 1:                     # N of this command behind a router (cli/replicas.py)
+        return serve_replicas(args, _bind(args.host, args.port))
+    watch_supervisor()                        # a replica: exit if the supervisor above was killed
     if (args.tensor_parallel_size > 1 or args.disaggregated) and not in_rank_process():
         _bind(args.host, args.port).close()       # a port in use or a bad host: exit 2 before N processes start
     # --tensor-parallel-size N: this command again as N ranks; rank 0 serves, the others run its forwards. A signal

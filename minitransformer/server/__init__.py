@@ -5,7 +5,8 @@ connections.py (a request head in time, a cap on connections) -> guard.py (the H
 shutting down) -> errors.py (OpenAI's error objects) -> tenants.py (API keys, quotas, tenants kept apart)
 -> protocol.py (request bodies, checked and capped) -> engine_loop.py (the one thread that steps the Engine; handlers
 talk to it through queues) -> responses.py (whole responses and server-sent-event chunks) -> prometheus.py
-(/metrics) -> app.py (the routes) -> runner.py (uvicorn, and a graceful end on SIGTERM or Ctrl-C).
+(/metrics) -> router_info.py (what a router in front of replicas reads: load, settings, version) -> app.py (the
+routes) -> runner.py (uvicorn, and a graceful end on SIGTERM or Ctrl-C).
 """
 
 from .app import Server, ServerConfig

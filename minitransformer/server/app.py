@@ -5,6 +5,7 @@
     POST /tokenize, /detokenize                  text <-> token ids with the model's tokenizer (vLLM's extras)
     GET  /health                                 200 while the engine thread is healthy, 503 after it failed
     GET  /metrics                                Prometheus text (prometheus.py)
+    GET  /v1/loads, /server_info, /version       what a router reads from a replica (router_info.py)
     GET  /, /v1/engine/events                    the live page and the engine's state as events (live.py)
 
 One request's path: the Guard (guard.py: a Host this server answers to, else 403; 503 while shutting down) -> check
@@ -49,6 +50,7 @@ from .guard import AllowedHosts, Guard
 from .live import LiveFeed
 from .protocol import ApiRequest, PromptLimits, parse_generation, parse_json, parse_token_ids, with_max_tokens
 from .responses import SSE_DONE, ResponseBuilder, sse
+from .router_info import RouterInfo
 from .tenants import Tenant
 
 log = logging.getLogger("minitransformer.server")
@@ -95,6 +97,7 @@ class Server:
                   Route("/health", self._endpoint(self.health), methods=["GET"]),
                   Route("/metrics", self._endpoint(self.metrics), methods=["GET"])]
         routes += LiveFeed(self).routes(self._endpoint)
+        routes += RouterInfo(self).routes(self._endpoint)
         guard = Middleware(Guard, server=self, hosts=self.config.allowed_hosts, origins=self.config.allowed_origins)
         return Starlette(routes=routes, lifespan=self._lifespan, middleware=[guard],
                          # ignore: Starlette types every handler as taking Exception; http_error takes its key's type
@@ -328,16 +331,21 @@ class Server:
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus text. With --metrics-key only that key reads it; else with --api-keys any key does."""
-        if self.config.metrics_key is not None:
-            if not self._is_operator(request):
-                raise APIError(401, "/metrics needs the metrics key (--metrics-key): send 'Authorization: Bearer "
-                                    "METRICS_KEY'", code="invalid_api_key")
-        else:
-            self._authorize(request)
+        self.authorize_operator(request)
         return PlainTextResponse(self.loop.metrics.render(self.loop.stats),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ------------------------------------------------------------------ checks shared by the routes
+
+    def authorize_operator(self, request: Request) -> None:
+        """The rule of the operator's pages (/metrics, /v1/loads, /server_info): with --metrics-key only that key
+        reads them; else with --api-keys any key does; else anyone."""
+        if self.config.metrics_key is not None:
+            if not self._is_operator(request):
+                raise APIError(401, f"{request.url.path} needs the metrics key (--metrics-key): send "
+                                    "'Authorization: Bearer METRICS_KEY'", code="invalid_api_key")
+        else:
+            self._authorize(request)
 
     def _authorize(self, request: Request) -> Tenant | None:
         keys = self.config.api_keys
