@@ -2,6 +2,7 @@
 
     python lessons/16_disaggregated_serving.py [--rounds 3] [--chats 20] [--chat-rate 1] [--chat-tokens 32]
                                                [--long-prompts 2] [--long-words 900] [--chunk 128]
+                                               [--tenants 3] [--tenant-requests 6] [--router-rounds 2]
                                                [--figure figures/disaggregated_itl.png]
 
 A long prompt's prefill is one big forward. When the engine runs it in the same step as the other requests' decode
@@ -22,6 +23,12 @@ now and then a long prompt), against three servers on the same machine's cores:
 Part 1 times the chats' TTFT and inter-token latency (ITL) under each, in turns, round after round. Part 2 reads
 what the transfer cost off the disaggregated server's /metrics: bytes and seconds per prompt token. Part 3 does the
 same arithmetic for a pair of H200s running Llama 3.1 8B, over NVLink and over RDMA, from published figures.
+
+Part 4 is the other way past one server: whole replicas behind a router (`serve --replicas 2`, SGLang's model
+gateway, the `router` extra). Several tenants each send their own long system prompt with short questions; each
+replica has its own prefix cache, so where the router sends a tenant's next request decides whether its system
+prompt is found there or prefilled again. Round robin against cache aware, each on fresh replicas, in turns
+(minitransformer/bench/router_workload.py): the prefix-cache hit rate off the replicas' /metrics, and TTFT.
 
 Every server runs on this machine's cores: the colocated ones with every core for their matmuls, the disaggregated
 one with one core per process. The claims (claims() below) are decided from the printed numbers
@@ -45,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from
 from minitransformer.bench.interference import Traffic, arrivals, run_round, summarize, transfer_totals
 from minitransformer.bench.machine import H200, IB_NDR, NVLINK4
 from minitransformer.bench.managed_server import ManagedServer, Termination, free_port
+from minitransformer.bench.router_workload import TENANTS, TenantWorkload, run_policy
 from minitransformer.claims import NUMBER, Claim, cell_range, find_numbers, report, span, spread_cell, table_with
 from minitransformer.config import ModelConfig
 from minitransformer.errors import InputError, MiniTransformerError
@@ -59,12 +67,14 @@ PROJECTED_PROMPT = 4096                  # part 3: a 4,096-token prompt of Llama
 LLAMA_8B = ModelConfig(name="Llama 3.1 8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
                        ffn_dim=14336, norm_eps=1e-5, rope_base=5e5, context_length=131072, vocab_size=128256,
                        tied_embeddings=False)
+POLICIES = ("round_robin", "cache_aware")             # smg's --policy names, part 4's rows
 SMALL_SHARE = 0.05                       # "small next to the prefill": under 5% of its time
 WHAT_TO_LOOK_AT = (
-    "Table 1: `chat ITL p99` is how long a chat's worst gaps between tokens were; compare the three rows.",
-    "Table 1: `long TTFT p50` is what each fix costs the long prompts themselves.",
+    "Table 1b's `chat ITL p99` is how long the chats' worst gaps between tokens were: compare the three rows; 1a's "
+    "`long TTFT p50` is what each fix costs the long prompts themselves.",
     "Part 2's check lines: the bytes per prompt token are the model's shape; the seconds are the transfer's cost.",
     "Table 3 is arithmetic from published figures, no timing: the transfer next to the prefill it saves.",
+    "Table 4: `hit rate` is the share of prompt tokens found in a replica's prefix cache under each router policy.",
 )
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 
@@ -88,10 +98,15 @@ def claims(output: str) -> list[Claim]:
     projected = table_with(output, "link")
     share = {row[0]: float(dict(zip(projected.columns, row))["transfer / prefill %"]) for row in projected.rows}
     nv, ib = share[NVLINK4.name], share[IB_NDR.name]
+    routed = table_with(output, "hit rate")
+    policy = {row[0]: dict(zip(routed.columns, row)) for row in routed.rows}
+    hits = {name: cell_range(policy[name]["hit rate %"]) for name in POLICIES}
+    mean_ttft = {name: cell_range(policy[name]["TTFT mean ms"]) for name in POLICIES}
+    routed_failed = sum(float(r["failed"]) for r in policy.values())
     below = lambda a, b: a[1] < b[0]
     return [
-        Claim("no-request-lost", "every request of every round was answered", failed == 0,
-              f"{failed:.0f} failed", timed=False),
+        Claim("no-request-lost", "every request of every round was answered", failed + routed_failed == 0,
+              f"{failed + routed_failed:.0f} failed", timed=False),
         Claim("interference", "a long prompt prefilled in one step stalls the chats decoding next to it: their ITL p99 "
               "is many times their p50", cell_range(no_chunk["chat ITL p99 ms"])[0]
               > 4 * cell_range(no_chunk["chat ITL p50 ms"])[1],
@@ -115,6 +130,12 @@ def claims(output: str) -> list[Claim]:
               "(published figures)", nv < 100 * SMALL_SHARE, f"{nv:.1f}%", timed=False),
         Claim("rdma-costs-more", "over RDMA between machines it is a larger share: the link sets where disaggregation "
               "pays", ib > nv, f"{ib:.1f}% vs {nv:.1f}% over NVLink", timed=False),
+        Claim("cache-aware-hits", "a cache-aware router finds more of the prompts in the replicas' prefix caches than "
+              "round robin", below(hits["round_robin"], hits["cache_aware"]),
+              f"{span(hits['cache_aware'], '%')} vs {span(hits['round_robin'], '%')}", timed=False),
+        Claim("cache-aware-ttft", "and the tenants' first tokens come sooner on average",
+              below(mean_ttft["cache_aware"], mean_ttft["round_robin"]),
+              f"{span(mean_ttft['cache_aware'], 'ms')} vs {span(mean_ttft['round_robin'], 'ms')}"),
     ]
 
 
@@ -219,6 +240,37 @@ def part_projection() -> None:
                   "it is computed), hiding most of it.", highlight=False)
 
 
+# ------------------------------------------------------------------------------------------------ part 4
+
+def part_router(args) -> None:
+    """Round robin and cache aware on the same tenants, each on fresh replicas, in turns over --router-rounds."""
+    workload = TenantWorkload(tenants=args.tenants, rounds=args.tenant_requests, system_words=args.system_words,
+                              rate=args.tenant_rate, max_tokens=args.tenant_tokens)
+    options = ["--max-num-seqs", "4", "--num-blocks", "256", "--log-level", "warning",
+               *(["--model", args.model] if args.model else [])]
+    runs: dict[str, list[dict]] = {name: [] for name in POLICIES}
+    for r in range(args.router_rounds):
+        for name in (POLICIES if r % 2 == 0 else POLICIES[::-1]):
+            runs[name].append(run_policy(name, workload, options, replicas=2))
+            console.print(f"router round {r + 1} of {args.router_rounds}: {name} done", highlight=False)
+    table = Table(title=f"4. Two replicas behind smg: {workload.tenants} tenants x {workload.rounds} requests, each "
+                        f"a ~{workload.system_words}-word system prompt of its own + a question, {workload.rate:g}/s, "
+                        f"{args.router_rounds} runs per policy on fresh replicas: best (median, spread)")
+    for column in ("policy", "hit rate %", "TTFT mean ms", "TTFT p50 ms", "TTFT p99 ms", "failed"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name in POLICIES:
+        cells = [spread_cell([100 * run["hit_rate"] for run in runs[name]], ".1f")]
+        cells += [spread_cell([run[key] for run in runs[name]], ".0f")
+                  for key in ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms")]
+        table.add_row(name, *cells, str(sum(run["failed"] for run in runs[name])))
+    console.print(table)
+    for name in POLICIES:
+        replicas = [f"{100 * (r['hit_rate'] or 0):.0f}% of {r['queries']:,.0f}"
+                    for r in runs[name][-1]["replicas"].values()]
+        console.print(f"check replicas {name}: its last run's replicas found {' and '.join(replicas)} prompt tokens",
+                      highlight=False)
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 def main():
@@ -232,6 +284,13 @@ def main():
     ap.add_argument("--long-words", type=int, default=900, help="words per long prompt (default 900, ~1,200 tokens)")
     ap.add_argument("--chunk", type=int, default=128,
                     help="--max-num-batched-tokens of the chunked server (default 128)")
+    ap.add_argument("--tenants", type=int, default=3, help="tenants behind the router (1-5; default 3)")
+    ap.add_argument("--tenant-requests", type=int, default=6, help="requests per tenant (default 6)")
+    ap.add_argument("--system-words", type=int, default=300, help="words of each tenant's system prompt (default 300)")
+    ap.add_argument("--tenant-rate", type=float, default=0.5, help="the tenants' requests per second (default 0.5)")
+    ap.add_argument("--tenant-tokens", type=int, default=8, help="tokens each tenant request generates (default 8)")
+    ap.add_argument("--router-rounds", type=int, default=2,
+                    help="runs of the tenants per router policy, in turns, each on fresh replicas (>= 2; default 2)")
     ap.add_argument("--figure", type=Path, help="draw the chats' gaps of each server's last round here (PNG)")
     ap.add_argument("--model", default=None, help="the GGUF the servers load (default: the default model)")
     args = ap.parse_args()
@@ -242,10 +301,21 @@ def main():
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 < args.chat_rate < float("inf"):
         raise InputError(f"--chat-rate must be > 0, got {args.chat_rate}")
+    if args.router_rounds < 2:
+        raise InputError(f"--router-rounds must be at least 2 (one run has no spread), got {args.router_rounds}")
+    if not 1 <= args.tenants <= len(TENANTS):
+        raise InputError(f"--tenants must be in [1, {len(TENANTS)}], got {args.tenants}")
+    for name in ("tenant_requests", "system_words", "tenant_tokens"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 < args.tenant_rate < float("inf"):
+        raise InputError(f"--tenant-rate must be > 0, got {args.tenant_rate}")
     if not 16 <= args.chunk < NO_CHUNK_TOKENS:
         raise InputError(f"--chunk must be in [16, {NO_CHUNK_TOKENS}), got {args.chunk}")
+    from minitransformer.cli.replicas import find_smg
     from minitransformer.parallel.launch import find_mpiexec
     find_mpiexec()                                   # the disaggregated server's ranks: one line when MPI is missing
+    find_smg()                                       # part 4's router: one line when the router extra is missing
     traffic = Traffic(chats=args.chats, chat_rate=args.chat_rate, chat_tokens=args.chat_tokens,
                       long_prompts=args.long_prompts, long_words=args.long_words)
     with ExitStack() as stack, Termination() as termination, tempfile.TemporaryDirectory() as logs:
@@ -253,7 +323,8 @@ def main():
         stack.close()                                # every server stopped before anything else is timed
     part_transfer(measured["transfers"], args.model)
     part_projection()
-    console.rule("[bold]4. What this run shows")
+    part_router(args)
+    console.rule("[bold]5. What this run shows")
     quiet = measured["probe"].finish()
     console.print(quiet.line())
     shown = report(console, claims(console.export_text(clear=False)), quiet)
@@ -277,8 +348,8 @@ def answer(shown: dict) -> None:
         text.append("Disaggregation goes further: prefill runs on other hardware, so decode steps never carry it; "
                     "it lowered the ITL p99 too, on the same cores.")
     if shown["kv-bytes"]:
-        text.append("Its cost is shipping the KV cache: exactly layers x 2 x KV heads x head_dim x bytes per prompt "
-                    "token.")
+        text.append("The price of disaggregation is shipping the KV cache: exactly layers x 2 x KV heads x head_dim x "
+                    "bytes per prompt token.")
     if shown["transfer-small"]:
         text.append("Sending it took a small fraction of the time computing it took.")
     if shown["nvlink-cheap"] and shown["rdma-costs-more"]:
@@ -286,6 +357,16 @@ def answer(shown: dict) -> None:
                     "its prefill, over RDMA between machines in a larger one. Disaggregation pays when prompts are "
                     "long, decode latency has an SLO, and the link is fast; with short prompts or a slow link, chunked "
                     "prefill in one engine is simpler and as good.")
+    if shown["cache-aware-hits"]:
+        text.append("Past one machine, replicas behind a router: each replica's prefix cache holds only what was sent "
+                    "to it, so a router that sends a tenant back where its system prompt was seen (smg's cache-aware "
+                    "policy, matching the request's text against what it sent each replica) found more of the "
+                    "prompts cached than round robin.")
+        if shown["cache-aware-ttft"]:
+            text.append("Those tenants' first tokens came sooner on average.")
+        text.append("What such a router needs to know: which replica has seen which prefix (here guessed from the "
+                    "text it routed; llm-d and vLLM's production stack read KV-cache events from the engines) and how "
+                    "loaded each replica is, so one hot prefix does not pin all traffic to one replica.")
     console.print(" ".join(text))
 
 

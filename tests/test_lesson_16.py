@@ -1,8 +1,9 @@
 """Lesson 16 runs as a learner runs it (a subprocess on the real model, small settings: it starts three servers, one
-of them `serve --disaggregated` over MPI, and stops them all) and its numbers hold together: every request
-answered, the bytes sent per prompt token equal to the model's KV shape, the H200 table equal to the link formula
-worked by hand, claims decided from the printed numbers (and flipped by an edited one), the answer stating only
-what they showed, and no process left behind.
+of them `serve --disaggregated` over MPI, then `serve --replicas 2` behind smg per router policy, and stops them
+all) and its numbers hold together: every request answered, the bytes sent per prompt token equal to the model's
+KV shape, the H200 table equal to the link formula worked by hand, cache-aware routing finding more prompt tokens
+cached than round robin, claims decided from the printed numbers (and flipped by an edited one), the answer stating
+only what they showed, and no process left behind.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from test_lessons_08_10 import ROOT, load_lesson
 from test_transcripts import SMALL
 
 L16 = "16_disaggregated_serving.py"
-UNTIMED = {"no-request-lost", "kv-bytes", "nvlink-cheap", "rdma-costs-more"}
+UNTIMED = {"no-request-lost", "kv-bytes", "nvlink-cheap", "rdma-costs-more", "cache-aware-hits"}
 
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
                                reason="mpi4py is not installed: pip install '.[parallel]' (the dev extra has it)")
@@ -49,6 +50,8 @@ def decided(output: str) -> dict:
 @needs_mpi
 def test_every_request_is_answered_and_the_bytes_are_the_kv_shape(lesson_16):
     output = lesson_16.output
+    routed = table_with(output, "hit rate")
+    assert [row[0] for row in routed.rows] == ["round_robin", "cache_aware"] and routed.column("failed") == ["0", "0"]
     itl = table_with(output, "chat ITL p99")
     assert [row[0] for row in itl.rows] == ["no chunking", "chunked", "disaggregated"]
     assert itl.column("failed") == ["0", "0", "0"]
@@ -84,6 +87,7 @@ def test_claims_and_the_answer_follow_the_printed_numbers(lesson_16):
     assert ("it lowered the chats' ITL p99 here" in answer) == verdicts["chunking-cuts-itl"]
     assert ("it lowered the ITL p99 too" in answer) == verdicts["disaggregation-cuts-itl"]
     assert ("exactly layers x 2 x KV heads" in answer) == verdicts["kv-bytes"]
+    assert ("found more of the prompts cached than round robin" in answer) == verdicts["cache-aware-hits"]
 
 
 @needs_mpi
@@ -99,11 +103,13 @@ def test_an_edited_number_flips_its_claim(lesson_16):
     assert not decided(edit_cell(spiky, "chat ITL p99 ms", ("chunked",), "9999 (9999, 0)"))["chunking-cuts-itl"].holds
     assert not decided(edit_cell(output, "transfer / prefill %", ("NVLink 4 (H100/H200 SXM)",), "50.0"))[
         "nvlink-cheap"].holds
+    assert not decided(edit_cell(output, "hit rate %", ("cache_aware",), "0.0 (0.0, 0.0)"))["cache-aware-hits"].holds
+    assert not decided(edit_cell(output, "failed", ("round_robin",), "1", table="hit rate %"))["no-request-lost"].holds
 
 
 @needs_mpi
 def test_no_process_outlives_the_lesson(lesson_16):
-    """Three servers and two MPI ranks were started; none is left."""
+    """Three servers, two MPI ranks, and twice per policy two replicas and a router were started; none is left."""
     assert lesson_16.leftovers == ()
 
 
