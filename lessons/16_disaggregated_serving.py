@@ -1,7 +1,7 @@
 """Lesson 16: prefill/decode interference, and three fixes: chunked prefill, disaggregation, replicas behind a router.
 
-    python lessons/16_disaggregated_serving.py [--rounds 3] [--chats 20] [--chat-rate 1] [--chat-tokens 32]
-                                               [--long-prompts 2] [--long-words 900] [--chunk 128]
+    python lessons/16_disaggregated_serving.py [--rounds 3] [--chats 20] [--chat-rate 2] [--chat-tokens 24]
+                                               [--long-prompts 4] [--long-words 900] [--chunk 128]
                                                [--tenants 3] [--tenant-requests 6] [--router-rounds 2]
                                                [--figure figures/disaggregated_itl.png]
 
@@ -49,7 +49,14 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.bench.interference import Traffic, arrivals, run_round, summarize, transfer_totals
+from minitransformer.bench.interference import (
+    Traffic,
+    arrivals,
+    run_round,
+    summarize,
+    transfer_totals,
+    warm_up_plan,
+)
 from minitransformer.bench.machine import H200, IB_NDR, NVLINK4
 from minitransformer.bench.managed_server import ManagedServer, Termination, free_port
 from minitransformer.bench.router_workload import TENANTS, TenantWorkload, run_policy
@@ -157,6 +164,11 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
         servers[config] = stack.enter_context(ManagedServer(
             config, server_argv(config, port, args.chunk, args.model), port, "/health", logs / f"server-{i}.log",
             check=termination.check))
+    for server in servers.values():                # first requests, and the prefill rank's start, not measured
+        warm = asyncio.run(termination.run(run_round(server.url, warm_up_plan(traffic, args.rounds))))
+        failed = [record.error for _, record in warm if not record.ok]
+        if failed:
+            raise InputError(f"the warm-up request to the {server.name} server failed: {failed[0]}")
     groups = sorted({g for server in servers.values() for g in descendant_groups(server.running.pid)})
     probe = Probe(process_groups=groups)           # the servers' CPU (all their processes) is this run's own work
     runs: dict[str, list] = {config: [] for config in CONFIGS}
@@ -278,9 +290,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of the traffic per server, in turns (at least 2; default 3)")
     ap.add_argument("--chats", type=int, default=20, help="short chats per round (default 20)")
-    ap.add_argument("--chat-rate", type=float, default=1.0, help="chats per second, Poisson (default 1)")
-    ap.add_argument("--chat-tokens", type=int, default=32, help="tokens each chat generates (default 32)")
-    ap.add_argument("--long-prompts", type=int, default=2, help="long prompts per round (default 2)")
+    ap.add_argument("--chat-rate", type=float, default=2.0, help="chats per second, Poisson (default 2)")
+    ap.add_argument("--chat-tokens", type=int, default=24, help="tokens each chat generates (default 24)")
+    ap.add_argument("--long-prompts", type=int, default=4,
+                    help="long prompts per round (default 4: enough stalled gaps for the ITL p99 to see them)")
     ap.add_argument("--long-words", type=int, default=900, help="words per long prompt (default 900, ~1,200 tokens)")
     ap.add_argument("--chunk", type=int, default=128,
                     help="--max-num-batched-tokens of the chunked server (default 128)")

@@ -3,6 +3,7 @@
     Traffic          what is sent: short chats at Poisson times, long prompts spread evenly over the same span
     arrivals         one round of it: (time, kind, prompt, max_tokens) in sending order, text no other round uses
     run_round        every arrival at its time through the streaming API (bench/serve.py's client) -> RequestRecords
+    warm_up_plan     what to send each server once before the measured rounds
     summarize        one round -> the chats' TTFT and ITL percentiles, the long prompts' TTFT
     transfer_totals  a disaggregated server's /metrics: KV transfers, bytes and seconds, prefill time so far
 
@@ -30,11 +31,11 @@ CHAT, LONG = "chat", "long"
 @dataclass(frozen=True)
 class Traffic:
     """One round's requests. The chats ask for chat_tokens each, EOS ignored, so every run decodes the same tokens."""
-    chats: int = 24
+    chats: int = 20
     chat_rate: float = 2.0           # chats per second, Poisson
     chat_words: int = 24
-    chat_tokens: int = 32
-    long_prompts: int = 3
+    chat_tokens: int = 24
+    long_prompts: int = 4
     long_words: int = 900            # ~1,200 tokens of SmolLM2's tokenizer
     long_tokens: int = 4
     seed: int = 0
@@ -78,6 +79,15 @@ async def run_round(url: str, plan: list[Arrival], timeout_s: float = 300.0) -> 
             return arrival, await send_request(client, f"{base}/v1/completions", payload, "completions", record)
 
         return list(await asyncio.gather(*(one(a) for a in plan)))
+
+
+def warm_up_plan(t: Traffic, rounds: int) -> list[Arrival]:
+    """One chat and one long prompt at once, with text of a round the measured ones do not use (their round
+    numbers run from 0 to rounds - 1): a server's first request of each size, and the rest of its start (the second
+    rank of a disaggregated server loading its model), happen here and not in the first round."""
+    plan = arrivals(Traffic(chats=1, chat_rate=t.chat_rate, chat_words=t.chat_words, chat_tokens=4, long_prompts=1,
+                            long_words=t.long_words, long_tokens=t.long_tokens, seed=t.seed), rounds)
+    return [Arrival(0.0, a.kind, a.prompt, a.max_tokens) for a in plan]
 
 
 @dataclass(frozen=True)
