@@ -39,8 +39,10 @@ Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -64,7 +66,7 @@ from minitransformer.claims import NUMBER, Claim, cell_range, find_numbers, repo
 from minitransformer.config import ModelConfig
 from minitransformer.errors import InputError, MiniTransformerError
 from minitransformer.kv_cache import kv_bytes_per_token
-from minitransformer.measure import Probe, descendant_groups
+from minitransformer.measure import Probe, descendant_groups, descendants
 from minitransformer.weights import open_gguf, resolve_model_path
 
 CONFIGS = ("no chunking", "chunked", "disaggregated")          # the servers of part 1, in that order
@@ -338,10 +340,21 @@ def main():
     part_projection()
     part_router(args)
     console.rule("[bold]5. What this run shows")
+    settle_after_servers()
     quiet = measured["probe"].finish()
     console.print(quiet.line())
     shown = report(console, claims(console.export_text(clear=False)), quiet)
     answer(shown)
+
+
+def settle_after_servers(timeout_s: float = 15.0, settle_s: float = 1.0) -> None:
+    """Wait until every process this lesson started has exited (a server's ranks and replicas leave a moment after
+    the server is stopped), then settle_s more: the probe's closing calibration must not time our own servers'
+    exit as another program's load."""
+    deadline = time.monotonic() + timeout_s
+    while descendants(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(settle_s)
 
 
 def answer(shown: dict) -> None:

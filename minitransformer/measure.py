@@ -159,10 +159,9 @@ def _proc_stats() -> dict[int, list[str]]:
     return stats
 
 
-def descendant_groups(pid: int) -> list[int]:
-    """The process groups of `pid` and of every process below it: a server that starts its own process groups
-    (`serve --disaggregated` runs mpiexec in a session of its own) is all its groups' work, for Probe."""
-    stats = _proc_stats()
+def descendants(pid: int, stats: dict[int, list[str]] | None = None) -> set[int]:
+    """Every live process below `pid` (children, their children, ...); empty off Linux."""
+    stats = _proc_stats() if stats is None else stats
     below, found = {pid}, True
     while found:
         found = False
@@ -170,7 +169,14 @@ def descendant_groups(pid: int) -> list[int]:
             if child not in below and int(fields[1]) in below:             # fields[1]: ppid
                 below.add(child)
                 found = True
-    return sorted({int(stats[p][2]) for p in below if p in stats})         # fields[2]: pgrp
+    return below - {pid}
+
+
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of `pid` and of every process below it: a server that starts its own process groups
+    (`serve --disaggregated` runs mpiexec in a session of its own) is all its groups' work, for Probe."""
+    stats = _proc_stats()
+    return sorted({int(stats[p][2]) for p in descendants(pid, stats) | {pid} if p in stats})   # fields[2]: pgrp
 
 
 def _cpu_ticks(fields: list[str]) -> int:
