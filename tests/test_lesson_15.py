@@ -16,16 +16,17 @@ import sys
 
 import pytest
 
+from lesson_runs import small_run
 from minitransformer.bench.machine import H200
 from minitransformer.claims import printed_verdicts, table_with
 from minitransformer.measure import Quietness
 from printed_output import edit_cell
-from test_lessons_08_10 import ROOT, load_lesson, run_lesson
-from test_tensor_parallel import process_tag, smollm_config  # noqa: F401  (process_tag: a fixture)
+from test_lessons_08_10 import ROOT, load_lesson
+from test_tensor_parallel import smollm_config
+from test_transcripts import SMALL
 
 L15 = "15_tensor_parallelism.py"
-TOKENS = 4
-ARGS = ["--tokens", str(TOKENS), "--repeats", "2", "--prefill-rows", "16"]
+TOKENS = int(SMALL["15"][SMALL["15"].index("--tokens") + 1])
 UNTIMED = {"same-tokens", "kv-split", "two-per-layer", "decode-latency", "fast-links", "crossover"}
 
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
@@ -33,11 +34,13 @@ needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
 
 
 @pytest.fixture(scope="module")
-def lesson_15(real_model_path, tmp_path_factory):
+def lesson_15(real_model_path):
+    """The lesson at test_transcripts' small settings (that test compares the same run with the transcript)."""
     if importlib.util.find_spec("mpi4py") is None:
         pytest.skip("mpi4py is not installed: pip install '.[parallel]' (the dev extra has it)")
-    figure = tmp_path_factory.mktemp("fig") / "tp.png"
-    return run_lesson(L15, real_model_path, *ARGS, "--figure", str(figure)), figure
+    run = small_run(ROOT / "lessons" / L15, tuple(SMALL["15"]), str(real_model_path), figure=True)
+    assert run.code == 0, run.stderr[-3000:]
+    return run.output, run.figure, run.leftovers
 
 
 def flat(output: str) -> str:
@@ -50,7 +53,7 @@ def decided(output: str) -> dict:
 
 @needs_mpi
 def test_the_split_model_gives_the_same_tokens_and_each_rank_a_third_of_the_cache(lesson_15):
-    output, figure = lesson_15
+    output, figure, _ = lesson_15
     assert f"check tokens: size 3 gave {TOKENS} of {TOKENS} token ids of size 1" in flat(output)
     prompt, = (int(x) for x in re.findall(r"decode steps after the (\d+)-token prompt", flat(output)))
     one = 46_080 * (prompt + TOKENS - 1)          # SmolLM2's 46,080 bytes a token (lesson 03) x the tokens cached
@@ -60,7 +63,7 @@ def test_the_split_model_gives_the_same_tokens_and_each_rank_a_third_of_the_cach
 
 @needs_mpi
 def test_every_rank_runs_two_all_reduces_of_one_hidden_state_per_layer(lesson_15):
-    output, _ = lesson_15
+    output, _, _ = lesson_15
     ranks = table_with(output, "all-reduces per token")
     rows = {row[0]: dict(zip(ranks.columns, row)) for row in ranks.rows}
     assert set(rows) == {"1 process", "0", "1", "2"}
@@ -80,7 +83,7 @@ def test_every_rank_runs_two_all_reduces_of_one_hidden_state_per_layer(lesson_15
 def test_the_8b_table_is_the_ring_formula_worked_by_hand(lesson_15):
     """compute = the H200 roofline / n; 64 all-reduces of tokens x 4096 x 2 bytes, each 6.6 us + 2(n-1) hops +
     2(n-1)/n x bytes / bandwidth, with 0.6 us and 450 GB/s for NVLink, 1.0 us and 64 GB/s for PCIe."""
-    output, _ = lesson_15
+    output, _, _ = lesson_15
     table = table_with(output, "link")
     rows = {(r[0], r[1], r[2]): dict(zip(table.columns, r)) for r in table.rows}
     llama = dataclasses.replace(smollm_config(), **load_lesson(L15).LLAMA_8B)
@@ -100,7 +103,7 @@ def test_the_8b_table_is_the_ring_formula_worked_by_hand(lesson_15):
 
 @needs_mpi
 def test_claims_and_the_answer_follow_the_printed_numbers(lesson_15):
-    output, _ = lesson_15
+    output, _, _ = lesson_15
     found = decided(output)
     assert set(found) == UNTIMED | {"small-is-latency", "no-faster-here", "joins-cost-more", "joins-are-waiting"}
     for key in UNTIMED:                                       # arithmetic and token ids: whatever the machine's load
@@ -118,7 +121,7 @@ def test_claims_and_the_answer_follow_the_printed_numbers(lesson_15):
 
 @needs_mpi
 def test_an_edited_number_flips_its_claim(lesson_15):
-    output, _ = lesson_15
+    output, _, _ = lesson_15
     fewer = output.replace(f"size 3 gave {TOKENS} of {TOKENS}", f"size 3 gave {TOKENS - 1} of {TOKENS}")
     assert not decided(fewer)["same-tokens"].holds
     assert not decided(edit_cell(output, "all-reduces per token", ("1",), "59"))["two-per-layer"].holds
@@ -133,9 +136,9 @@ def test_an_edited_number_flips_its_claim(lesson_15):
 
 
 @needs_mpi
-def test_no_process_outlives_the_lesson(real_model_path, process_tag):  # noqa: F811
-    """The fixture checks every process that inherited the tag (the CLI's ranks, the lesson's ranks) is gone."""
-    run_lesson(L15, real_model_path, "--tokens", "2", "--repeats", "2", "--prefill-rows", "2")
+def test_no_process_outlives_the_lesson(lesson_15):
+    """Every process the run started (the CLI's ranks, the lesson's own ranks) is gone."""
+    assert lesson_15[2] == ()
 
 
 @pytest.mark.parametrize("flags, message", [(["--repeats", "1"], "--repeats must be at least 2"),

@@ -70,7 +70,9 @@ class Engine:
     cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU with the paged_decode kernel; on the
     CPU True runs the same static-buffer step without capture, which is how its equivalence is tested; refused under
     tensor parallelism). `model` may be rank 0's DriverTransformer (parallel/driver.py): each step's forward then
-    reaches the other ranks' shards and pools, and nothing here changes.
+    reaches the other ranks' shards and pools, and nothing here changes. kv_connector: one side of a disaggregated
+    pair (kv_transfer.py): a kv_producer engine only prefills and hands each prompt's KV off at its first token; a
+    kv_consumer engine sends its prompts away and decodes what comes back (lesson 16).
     """
 
     def __init__(self, model, max_num_seqs: int = 16, num_blocks: int | None = None, block_size: int = 16,
