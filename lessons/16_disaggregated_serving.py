@@ -62,6 +62,7 @@ from minitransformer.bench.interference import (
 from minitransformer.bench.machine import H200, IB_NDR, NVLINK4
 from minitransformer.bench.managed_server import ManagedServer, Termination, free_port
 from minitransformer.bench.router_workload import TENANTS, TenantWorkload, run_policy
+from minitransformer.bench.serve import BenchServeError
 from minitransformer.claims import NUMBER, Claim, cell_range, find_numbers, report, span, spread_cell, table_with
 from minitransformer.config import ModelConfig
 from minitransformer.errors import InputError, MiniTransformerError
@@ -170,7 +171,7 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
         warm = asyncio.run(termination.run(run_round(server.url, warm_up_plan(traffic, args.rounds))))
         failed = [record.error for _, record in warm if not record.ok]
         if failed:
-            raise InputError(f"the warm-up request to the {server.name} server failed: {failed[0]}")
+            raise BenchServeError(f"the warm-up request to the {server.name} server failed: {failed[0]}")
     groups = sorted({g for server in servers.values() for g in descendant_groups(server.running.pid)})
     probe = Probe(process_groups=groups)           # the servers' CPU (all their processes) is this run's own work
     runs: dict[str, list] = {config: [] for config in CONFIGS}
@@ -213,7 +214,7 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
         from minitransformer.viz_interference import draw_interference
         draw_interference({config: last[config] for config in CONFIGS}, args.figure)
         console.print(f"figure written: {args.figure}")
-    return {"runs": runs, "transfers": transfers, "probe": probe}
+    return {"transfers": transfers, "probe": probe}
 
 
 # ------------------------------------------------------------------------------------------------ part 2

@@ -97,7 +97,7 @@ def test_the_pair_gives_the_colocated_tokens(model_name, request):
         if want.logprobs is not None:
             assert [e["token_id"] for e in got.logprobs] == [e["token_id"] for e in want.logprobs]
     assert pair.producer.stats.prefix_cache_hits > 0
-    stats = pair.consumer.kv_transfer_stats
+    stats = pair.consumer.take_kv_transfer_stats()
     assert stats.transfers == len(prompts) and stats.discarded == 0 and stats.in_flight == 0
     per_token = model.config.n_layers * 2 * model.config.n_kv_heads * model.config.head_dim * 4
     assert stats.bytes == per_token * sum(r.usage.prompt_tokens for r in results.values())
@@ -122,7 +122,7 @@ def test_aborts_at_every_point_free_both_pools(tiny_model):
     results = pair.run()
     assert [results[i].finish_reason for i in ids] == ["abort", "abort", "abort", "abort", "length"]
     assert results[ids[2]].token_ids and results[ids[4]].token_ids
-    stats = consumer.kv_transfer_stats
+    stats = consumer.take_kv_transfer_stats()
     assert (stats.transfers, stats.discarded, stats.in_flight) == (3, 1, 0)
     pair.assert_all_free()
 

@@ -173,7 +173,7 @@ class EngineLoop:
     def _publish(self) -> None:
         """Snapshots for readers on other threads (assigning a reference is atomic)."""
         self.stats = self.engine.stats
-        self.metrics.observe_transfers(self.engine.kv_transfer_stats)
+        self.metrics.observe_transfers(self.engine.take_kv_transfer_stats())
         for hook in self.publish_hooks:                  # live.py: the live page's snapshot, only while watched
             hook(self)
 

@@ -107,7 +107,7 @@ class ServerMetrics:
                                         MASK_BUCKETS)
 
     def observe_transfers(self, stats: TransferStats | None) -> None:
-        """The engine's kv_transfer_stats after a step (None: not disaggregated): each new transfer observed."""
+        """Engine.take_kv_transfer_stats() after a step (None: not disaggregated): each new transfer observed."""
         if stats is None:
             return
         with self.lock:

@@ -351,16 +351,15 @@ class Engine:
                            self.num_steps, self._num_prompt_tokens, self._num_generation_tokens,
                            bm.num_free_blocks, bm.num_blocks)
 
-    @property
-    def kv_transfer_stats(self) -> TransferStats | None:
-        """A consumer's transfers so far (None for an engine without a kv_connector); `last` holds the (bytes,
-        seconds) of each transfer since the previous call, which takes them (the server's histograms do)."""
+    def take_kv_transfer_stats(self) -> TransferStats | None:
+        """A consumer's transfers so far (None for an engine without a kv_connector). `last` holds the (bytes,
+        seconds) of each transfer since the previous call: this call takes them (the server's histograms do)."""
         if self.kv_connector is None:
             return None
         self.kv_connector.refresh()
         stats = self._transfer_stats
         last, stats.last = stats.last, []
-        pool = getattr(self.kv_connector, "producer_pool", None)         # (blocks used, blocks) as last reported
+        pool = self.kv_connector.producer_pool                           # (blocks used, blocks) as last reported
         return dataclasses.replace(stats, last=last, in_flight=len(self._remote) + len(self._arrived),
                                    producer_blocks_used=None if pool is None else pool[0],
                                    producer_num_blocks=None if pool is None else pool[1])

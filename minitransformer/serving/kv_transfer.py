@@ -83,6 +83,7 @@ class TransferStats:
 class KVConnector(Protocol):
     """The transport between a prefill engine and a decode engine (one object per side)."""
     role: str                        # PRODUCER or CONSUMER
+    producer_pool: tuple[int, int] | None    # the prefill pool's (blocks used, blocks), as last reported (or None)
 
     # the decode engine's side
     def request_prefill(self, request: PrefillRequest) -> None: ...
@@ -126,6 +127,7 @@ class LocalConnector:
 class _LocalSide:
     def __init__(self, pair: LocalConnector, role: str):
         self.pair, self.role = pair, role
+        self.producer_pool = None            # nothing reports: the caller reads the prefill engine's stats itself
 
     def request_prefill(self, request: PrefillRequest) -> None:
         self.pair.requests.append(request)
