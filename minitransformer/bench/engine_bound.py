@@ -12,7 +12,8 @@ request max_tokens 48 with ignore_eos, all of them queued at once, max_num_seqs 
                       rates and summed (a pure function: the tests feed it a synthetic log)
     measure_engine    Engine(model, max_num_seqs).run() on the workload, timed by measure.time_calls' rules (one
                       untimed run, then repeats: fastest, median, spread), each on a fresh Engine
-    measure_server    optional: the same prompts all at once through bench serve's client against a URL
+    measure_server    optional: the same workload all at once through bench serve's client against a URL, as
+                      many runs as the engine's (each with fresh text of the same lengths), the fastest kept
     run_engine_bench  all of it -> one dict, which print_table and write_json show
 
 Quietness (measure.Probe) is watched twice: over the engine and its offline rates, and over the server's run, where
@@ -171,19 +172,24 @@ def measure_engine(model, prompts: list[str], max_num_seqs: int, max_tokens: int
 
 
 def measure_server(url: str, settings: ServeSettings) -> tuple[dict, Quietness]:
-    """The same prompts, all at once, through bench serve's client -> ({"wall_s", "completed", ...}, the quietness
-    over it). A server on this machine is not another program: its CPU time is taken out of the others' share."""
+    """The same prompts, all at once, through bench serve's client, once per rate in settings.rates (the caller
+    asks for as many runs as the engine had: the fastest of N on both sides) -> ({"wall_s": the fastest run,
+    "samples_s", "completed", ...} over all runs, the quietness over them). Each run sends text of its own
+    (bench serve's rule: a rerun of the same prompts would be served from the prefix cache), of the same lengths.
+    A server on this machine is not another program: its CPU time is taken out of the others' share."""
     from .serve import run_sweep
     from .serve_report import summarize
 
     pid = listening_pid(url)
     probe = Probe(pids=(pid,) if pid else ())
-    run = asyncio.run(run_sweep(url, settings))["runs"][0]
+    runs = asyncio.run(run_sweep(url, settings))["runs"]
     quiet = probe.finish()
-    summary = summarize(run["records"], run["wall_s"], settings)
-    return ({"url": url, "wall_s": run["wall_s"], "completed": summary["completed"], "failed": summary["failed"],
-             "output_tokens": summary["output_tokens"], "errors": summary["errors"],
-             "server_pid": pid}, quiet)
+    summaries = [summarize(run["records"], run["wall_s"], settings) for run in runs]
+    walls = [run["wall_s"] for run in runs]
+    return ({"url": url, "wall_s": min(walls), "samples_s": walls,
+             "completed": sum(s["completed"] for s in summaries), "failed": sum(s["failed"] for s in summaries),
+             "output_tokens": sum(s["output_tokens"] for s in summaries),
+             "errors": [e for s in summaries for e in s["errors"]][:3], "server_pid": pid}, quiet)
 
 
 def listening_pid(url: str) -> int | None:
@@ -240,9 +246,9 @@ def run_engine_bench(model, num_prompts: int = 32, seed: int = 0, max_tokens: in
     quiet = probe.finish()
     server = server_quiet = None
     if url:
-        progress(f"server: the same prompts at once through {url}")
+        progress(f"server: the same workload at once through {url}, {repeats} runs")
         server, server_quiet = measure_server(url, ServeSettings(
-            rates=(float("inf"),), num_prompts=num_prompts, seed=seed, max_tokens=max_tokens, ignore_eos=True,
+            rates=(float("inf"),) * repeats, num_prompts=num_prompts, seed=seed, max_tokens=max_tokens, ignore_eos=True,
             prompt_words=prompt_words))
     return {
         "settings": {"num_prompts": num_prompts, "seed": seed, "max_tokens": max_tokens, "max_num_seqs": max_num_seqs,
@@ -283,12 +289,15 @@ def table_cells(result: dict) -> dict[str, str]:
     engine, server, r = result["engine"], result["server"], result["ratios"]
     return {
         "bound s": seconds(result["bound"]["total_s"]),
-        "engine s (median, spread)": f"{seconds(engine['min_s'])} ({seconds(engine['median_s'])}, "
-                                     f"{seconds(engine['spread_s'])})",
+        "engine s (median, spread)": _spread_cell(Timing(tuple(engine["samples_s"]))),
         "engine / bound": f"{r['engine_over_bound']:.2f}",
-        "server s": "-" if server is None else seconds(server["wall_s"]),
+        "server s (median, spread)": "-" if server is None else _spread_cell(Timing(tuple(server["samples_s"]))),
         "server / engine": "-" if r["server_over_engine"] is None else f"{r['server_over_engine']:.2f}",
     }
+
+
+def _spread_cell(t: Timing) -> str:
+    return f"{seconds(t.min)} ({seconds(t.median)}, {seconds(t.spread)})"
 
 
 def verdicts(result: dict) -> list[str]:
