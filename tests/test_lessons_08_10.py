@@ -35,6 +35,19 @@ def run_lesson(name: str, model_path, *args) -> str:
     return result.stdout
 
 
+def shared_run(name: str, args: list[str], model_path, figure: bool = True):
+    """A lesson at test_transcripts' small settings, run once per session for both: that test compares its outline
+    with the transcript, this module reads its numbers (lesson_runs.small_run). Run as make_transcripts runs a
+    lesson: piped, 120 columns."""
+    from lesson_runs import small_run
+    from test_transcripts import SMALL
+
+    assert SMALL[name[:2]] == args, f"test_transcripts' SMALL[{name[:2]!r}] and this module's arguments differ"
+    run = small_run(ROOT / "lessons" / name, tuple(args), str(model_path), figure=figure)
+    assert run.code == 0, run.stderr[-3000:]
+    return run
+
+
 def check(output: str, pattern: str) -> tuple[float, ...]:
     match = re.search(pattern, output)
     assert match, f"{pattern!r} not in the lesson's output:\n{output[-4000:]}"
@@ -80,15 +93,17 @@ def edit_cell(output: str, row: str, column: int, text: str, after: str = "") ->
 # ---------------------------------------------------------------------------------------------------- lesson 08
 
 L08 = "08_static_vs_continuous_batching.py"
-SLOTS, N08, SWEEP, MAX_PROMPT, MAX_OUTPUT = 2, 5, [1, 3], 24, 6
+SLOTS, N08, SWEEP, MAX_PROMPT, MAX_OUTPUT, REPEATS08, STEP_REPEATS = 2, 5, [3, 4], 24, 6, 2, 4
 L08_ARGS = ["--requests", str(N08), "--max-num-seqs", str(SLOTS), "--sweep", ",".join(map(str, SWEEP)),
-            "--max-prompt", str(MAX_PROMPT), "--max-output", str(MAX_OUTPUT)]
+            "--max-prompt", str(MAX_PROMPT), "--max-output", str(MAX_OUTPUT), "--repeats", str(REPEATS08),
+            "--step-repeats", str(STEP_REPEATS)]
 
 
 @pytest.fixture(scope="module")
-def lesson_08(real_model_path, tmp_path_factory):
-    figure = tmp_path_factory.mktemp("fig") / "timeline.png"
-    return run_lesson(L08, real_model_path, *L08_ARGS, "--figure", str(figure)), figure
+def lesson_08(real_model_path):
+    """The lesson at test_transcripts' small settings (that test compares the same run with the transcript)."""
+    run = shared_run(L08, L08_ARGS, real_model_path)
+    return run.output, run.figure
 
 
 def lanes_of(out: str, policy: str) -> dict[str, tuple[int, int, str]]:
@@ -164,15 +179,16 @@ def test_08_clock_table_schedule_answer_and_figure(lesson_08, real_model):
     st, co = cols["static", SLOTS], cols["continuous", SLOTS]
     assert f"here {st['steps'][0]:.0f} steps at {st['slot util'][0]:.0%} slot utilization" in flat
     assert f"{co['steps'][0]:.0f} steps at {co['slot util'][0]:.0%}" in flat
-    lo, hi = cols["continuous", min(SWEEP)]["tok/s"][0], cols["continuous", max(SWEEP)]["tok/s"][0]
-    assert f"From max_num_seqs {min(SWEEP)} to {max(SWEEP)} (best of 3 runs each): throughput {lo:.1f} -> {hi:.1f} " \
-           "tok/s" in flat
+    sizes = sorted(set(SWEEP) | {SLOTS})                                # the sweep runs at --max-num-seqs too
+    lo, hi = cols["continuous", sizes[0]]["tok/s"][0], cols["continuous", sizes[-1]]["tok/s"][0]
+    assert f"From max_num_seqs {sizes[0]} to {sizes[-1]} (best of {REPEATS08} runs each): throughput {lo:.1f} -> " \
+           f"{hi:.1f} tok/s" in flat
     data = figure.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 400_000
 
 
 def test_08_step_cost_table(lesson_08):
-    """Part 3: one row per batch size up to max_num_seqs and one mixed row, each timed 10 times in turns; the ratio
+    """Part 3: one row per batch size up to max_num_seqs and one mixed row, each timed STEP_REPEATS times in turns; the ratio
     and tok/s columns are the printed mins', the H200 column stays near 1 (weights read once), and every timed step
     held the tokens its row names."""
     out, _ = lesson_08
@@ -190,7 +206,7 @@ def test_08_step_cost_table(lesson_08):
         if "prefill" not in label:
             assert 1.0 <= float(h200) <= 1 + 0.02 * b
     good, total = check(out, r"check step shapes: (\d+) of (\d+) timed steps")
-    assert good == total == 10 * len(rows)                          # --step-repeats 10 (default)
+    assert good == total == STEP_REPEATS * len(rows)
 
 
 def test_08_claims_follow_the_printed_numbers(lesson_08):
@@ -221,10 +237,13 @@ B09, N09, MAX09, CTX09, SHARED = 4, 3, 12, 512, 3
 MIB = r"([0-9,.]+) MiB"
 
 
+L09_ARGS = ["--requests", str(N09), "--max-tokens", str(MAX09), "--block-size", str(B09), "--shared", str(SHARED),
+            "--every", "1", "--max-model-len", str(CTX09)]
+
+
 @pytest.fixture(scope="module")
 def lesson_09(real_model_path):
-    return run_lesson(L09, real_model_path, "--requests", str(N09), "--max-tokens", str(MAX09), "--block-size",
-                      str(B09), "--shared", str(SHARED), "--every", "1", "--max-model-len", str(CTX09))
+    return shared_run(L09, L09_ARGS, real_model_path, figure=False).output
 
 
 def test_09_memory_table_matches_the_kv_formula(lesson_09, real_model):
@@ -325,12 +344,14 @@ SLOTS10, FLOOD, URGENT, LOW_TOKENS, URGENT_TOKENS, STREAM, AGING = 2, 4, 1, 3, 2
 HOG, CAP, CANCEL_AT = 24, 48, 3             # part 4's long request and max_model_len; part 6's cancelling step
 
 
+L10_ARGS = ["--slots", str(SLOTS10), "--flood", str(FLOOD), "--urgent", str(URGENT), "--low-tokens", str(LOW_TOKENS),
+            "--urgent-tokens", str(URGENT_TOKENS), "--stream", str(STREAM), "--aging", str(AGING), "--hog-tokens",
+            str(HOG), "--cap", str(CAP), "--cancel-at", str(CANCEL_AT)]
+
+
 @pytest.fixture(scope="module")
 def lesson_10(real_model_path):
-    return run_lesson(L10, real_model_path, "--slots", str(SLOTS10), "--flood", str(FLOOD), "--urgent", str(URGENT),
-                      "--low-tokens", str(LOW_TOKENS), "--urgent-tokens", str(URGENT_TOKENS), "--stream", str(STREAM),
-                      "--aging", str(AGING), "--hog-tokens", str(HOG), "--cap", str(CAP), "--cancel-at",
-                      str(CANCEL_AT))
+    return shared_run(L10, L10_ARGS, real_model_path, figure=False).output
 
 
 def simulate(arrivals, slots, policy, aging=10**9):

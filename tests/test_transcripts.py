@@ -31,7 +31,8 @@ SMALL = {
     "05": ["--tokens", "3", "--repeats", "3", "--json-tokens", "24"],
     "06": ["--cancel-after", "2", "--emoji-tokens", "6"],
     "07": ["--tokens", "4", "--lengths", "16,48", "--outputs", "2,4"],
-    "08": ["--requests", "5", "--max-num-seqs", "2", "--sweep", "3,4", "--max-prompt", "24", "--max-output", "6"],
+    "08": ["--requests", "5", "--max-num-seqs", "2", "--sweep", "3,4", "--max-prompt", "24", "--max-output", "6",
+           "--repeats", "2", "--step-repeats", "4"],
     "09": ["--requests", "3", "--max-tokens", "12", "--block-size", "4", "--shared", "3", "--every", "1",
            "--max-model-len", "512"],
     "10": ["--slots", "2", "--flood", "4", "--urgent", "1", "--low-tokens", "3", "--urgent-tokens", "2", "--stream",
@@ -40,7 +41,8 @@ SMALL = {
     "12": ["--tokens", "6", "--ks", "1,2", "--prompts", "repeat,code,free", "--repeats", "1", "--draws", "400",
            "--temperatures", "0.7,1.0"],
     "13": ["--tokens", "48", "--window", "24", "--greedy-tokens", "4", "--kv-tokens", "256"],
-    "14": ["--requests", "4", "--rates", "2,8", "--max-num-seqs", "1,4", "--max-tokens", "4", "--max-prompt", "32"],
+    "14": ["--requests", "4", "--rates", "2,8", "--max-num-seqs", "1,4", "--max-tokens", "4", "--max-prompt", "32",
+           "--repeats", "2"],
     "15": ["--tokens", "3", "--repeats", "2", "--prefill-rows", "16"],
     "16": ["--rounds", "2", "--chats", "2", "--chat-rate", "4", "--chat-tokens", "4", "--long-prompts", "1",
            "--long-words", "120", "--tenant-requests", "2", "--system-words", "40", "--tenant-rate", "2",
@@ -49,7 +51,7 @@ SMALL = {
 }
 LESSONS = mt.lessons()
 # Lessons whose own test module reads this same small run (lesson_runs.small_run makes it once per session).
-SHARED_RUNS = {"15", "16"}
+SHARED_RUNS = {"08", "09", "10", "15", "16"}
 # Lessons merged before their first transcript: a transcript is made only on a quiet machine, by whoever merges
 # (python scripts/make_transcripts.py --only NN), and the number is removed from here in the same commit. Until
 # then the checks that read a transcript skip the lesson, saying why; the test below fails once the transcript
@@ -124,7 +126,8 @@ def test_the_writer_puts_the_note_under_the_title_and_above_the_output(tmp_path)
 def test_transcript_matches_a_fresh_run_of_its_lesson(lesson, real_model_path):
     awaiting(lesson)
     if lesson.stem[:2] in SHARED_RUNS:                   # the lesson's own tests read the same run
-        run = small_run(lesson, tuple(SMALL[lesson.stem[:2]]), str(real_model_path), figure=True)
+        run = small_run(lesson, tuple(SMALL[lesson.stem[:2]]), str(real_model_path),
+                        figure='"--figure"' in lesson.read_text())     # the lesson tests read its figure too
         code, out, err = run.code, run.output, run.stderr
     else:
         code, out, err, _ = mt.run(lesson, SMALL[lesson.stem[:2]], timeout=600,
