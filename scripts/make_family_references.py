@@ -77,7 +77,10 @@ def write_tokenizer(folder: Path) -> None:
     (folder / "tokenizer.vocab").unlink()
 
 
-def build(family: str, out: Path, converter: Path) -> None:
+def build(family: str, out: Path, converter: Path) -> subprocess.Popen:
+    """Build and save one family's model, start its converter (a process of its own), write HF's logits while it
+    runs. -> the converter's process, for main() to wait on: the conversions overlap instead of taking turns (each
+    one mostly imports torch)."""
     import numpy as np
     import torch
     import transformers
@@ -92,11 +95,8 @@ def build(family: str, out: Path, converter: Path) -> None:
     model.save_pretrained(folder, safe_serialization=True)
     write_tokenizer(folder)
     gguf = out / f"{family}.gguf"
-    done = subprocess.run([sys.executable, str(converter), str(folder), "--outfile", str(gguf), "--outtype", "f32"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"{family}: convert_hf_to_gguf.py failed (exit {done.returncode}): "
-                 + " | ".join(done.stderr.strip().splitlines()[-3:]))
+    converting = subprocess.Popen([sys.executable, str(converter), str(folder), "--outfile", str(gguf), "--outtype",
+                                   "f32"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ids = np.random.default_rng(SEED).integers(0, VOCAB, N_IDS).tolist()
     model.config._attn_implementation = "eager"
     with torch.no_grad():
@@ -104,7 +104,16 @@ def build(family: str, out: Path, converter: Path) -> None:
     meta = {"transformers": transformers.__version__, "torch": torch.__version__, "dtype": str(logits.dtype),
             "hf": config.to_dict()}
     (out / f"{family}.json").write_text(json.dumps({"meta": meta, "ids": ids, "logits": logits.tolist()}))
-    print(f"{family}: wrote {gguf} and {family}.json", file=sys.stderr)
+    return converting
+
+
+def finish(family: str, out: Path, converting: subprocess.Popen) -> None:
+    """Wait for a family's converter; one line naming the family and the converter's last words if it failed."""
+    _, stderr = converting.communicate()
+    if converting.returncode != 0:
+        sys.exit(f"{family}: convert_hf_to_gguf.py failed (exit {converting.returncode}): "
+                 + " | ".join(stderr.strip().splitlines()[-3:]))
+    print(f"{family}: wrote {out / f'{family}.gguf'} and {family}.json", file=sys.stderr)
 
 
 def main() -> None:
@@ -113,8 +122,9 @@ def main() -> None:
     parser.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
     args = parser.parse_args()
-    for family in args.family or FAMILIES:
-        build(family, args.out, args.converter)
+    converting = {family: build(family, args.out, args.converter) for family in args.family or FAMILIES}
+    for family, process in converting.items():
+        finish(family, args.out, process)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Run by tests/test_serving_engine.py in a process of its own: the minor page faults of three Engine rounds run in a
+"""Run by tests/test_serving_engine.py in a process of its own: the minor page faults of two Engine rounds run in a
 thread, the way the HTTP server runs its engine (server/engine_loop.py).
 
     python tests/engine_page_faults.py MODEL keep|return    -> prints a JSON list: faults per round
@@ -17,7 +17,9 @@ from minitransformer.bench.serve_workload import make_prompts
 from minitransformer.serving import engine as engine_module
 
 
-def faults_per_round(model, rounds: int = 3) -> list[int]:
+def faults_per_round(model, rounds: int = 2) -> list[int]:
+    """Two rounds are enough: the first pays for memory the process never had, the second shows whether memory the
+    first round freed was kept (a few faults) or handed back and faulted in again (as many as the first)."""
     faults = []
     for round_ in range(rounds):
         engine = engine_module.Engine(model, max_num_seqs=8)

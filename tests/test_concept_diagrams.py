@@ -58,13 +58,19 @@ def test_paged_attention_diagram_shows_the_engines_tables(real_model, tmp_path):
     assert not set(tables["C"]) & set(tables["A"] + tables["B"])
 
 
-def test_draft_and_verify_diagram_adds_up_to_the_run(real_model, tmp_path):
+def test_draft_and_verify_diagram_adds_up_to_the_run(real_model, tmp_path, monkeypatch):
+    """The diagram against the very run it drew (kept as run_speculative returns it rather than run a second time:
+    that is the run the figure must add up to) and against plain greedy decoding of the same prompt."""
+    runs = []
+    speculative_run = vc.run_speculative
+    monkeypatch.setattr(vc, "run_speculative", lambda model: runs.append(speculative_run(model)) or runs[-1])
     path = tmp_path / "draft_and_verify.png"
     data = vc.draw_draft_and_verify(real_model, path)
     assert min(png_size(path)) > 300
-    run = generate(real_model, vc.SPEC_PROMPT, vc.SPEC_PARAMS, speculative="ngram", num_speculative_tokens=vc.SPEC_K)
+    (run,) = runs                                                             # the diagram ran it once
     plain = generate(real_model, vc.SPEC_PROMPT, vc.SPEC_PARAMS)
     passes, spec = data["passes"], run.speculative
+    assert (spec["method"], spec["num_speculative_tokens"]) == ("ngram", vc.SPEC_K)     # what the title says
     assert data["token_ids"] == run.token_ids == plain.token_ids             # speculative greedy == plain greedy
     assert sum(p["accepted"] for p in passes) == spec["accepted_tokens"] == data["speculative"]["accepted_tokens"]
     assert len(passes) == spec["target_passes"]

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,9 +210,13 @@ def run_compile_check(arch: str = DEFAULT_ARCH, compiler: str = "auto") -> tuple
                     "or libnvrtc ($MINITRANSFORMER_NVRTC, the CUDA toolkit, NVIDIA's pip wheels)"]
     kind, path = found
     compile_one = compile_with_nvcc if kind == "nvcc" else compile_with_nvrtc
+    # nvcc runs as a process per file, so the files compile side by side, one per core (results in file order);
+    # NVRTC runs inside this process through ctypes, one file at a time
+    workers = (os.cpu_count() or 1) if kind == "nvcc" else 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        compiled = list(pool.map(lambda item: compile_one(path, item[0], item[1], arch), KERNEL_FILES.items()))
     reports, errors = [], []
-    for filename, expressions in KERNEL_FILES.items():
-        stats, log, ok = compile_one(path, filename, expressions, arch)
+    for (filename, expressions), (stats, log, ok) in zip(KERNEL_FILES.items(), compiled):
         if not ok:
             errors.append(f"{filename}: {kind} failed:\n{log.strip()}")
             continue
