@@ -188,9 +188,9 @@ def test_08_clock_table_schedule_answer_and_figure(lesson_08, real_model):
 
 
 def test_08_step_cost_table(lesson_08):
-    """Part 3: one row per batch size up to max_num_seqs and one mixed row, each timed STEP_REPEATS times in turns; the ratio
-    and tok/s columns are the printed mins', the H200 column stays near 1 (weights read once), and every timed step
-    held the tokens its row names."""
+    """Part 3: one row per batch size up to max_num_seqs and one mixed row, each timed STEP_REPEATS times in turns;
+    the ratio and tok/s columns are the printed mins', the H200 column stays near 1 (weights read once), and every
+    timed step held the tokens its row names."""
     out, _ = lesson_08
     section = out.split("3. What one engine step costs")[1].split("4. The clock")[0]
     rows = re.findall(r"│ ([^│]+?) +│ ([0-9.]+) +│ ([0-9.]+) +│ ([0-9.]+) +│ ([0-9.]+) +│ (\d+) +│ "
