@@ -240,11 +240,60 @@ def test_result_says_how_quiet_the_machine_was():
                                   [], ["--url", "http://x", "--request-rate", "0"],
                                   ["--url", "http://x", "--seed", "x"], ["--url", "http://x", "--num-prompts", "0"],
                                   ["--compare", "--endpoint", "edit"], ["--compare", "--prompt-words", "8,0"],
-                                  ["--compare", "llama-server,sglang"]])
+                                  ["--compare", "llama-server,sglang"], ["--compare", "--repeats", "0"]])
 def test_bad_flags_are_one_line_exit_2(argv):
     result = subprocess.run([sys.executable, "-m", "minitransformer", "bench", "serve", *argv], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_repeats_run_the_whole_list_of_rates_again_and_warn_before_prompts_repeat(capsys):
+    from minitransformer.bench.serve_workload import distinct_rounds, shipped_words
+    from minitransformer.cli.bench_serve import settings_from_args
+
+    def settings(*argv):
+        return settings_from_args(cli.build_parser().parse_args(["bench", "serve", "--compare", *argv]))
+
+    s = settings("--request-rate", "inf,8", "--repeats", "3")
+    assert s.rates == (float("inf"), 8.0) * 3 and capsys.readouterr().err == ""
+    assert distinct_rounds(32) == len(shipped_words()) // 32 == 16
+    # 7 runs + the warm-up fit the text's 16 rounds of 32 prompts; 8 x 2 runs + the warm-up do not
+    settings("--request-rate", "inf", "--repeats", "7")
+    assert capsys.readouterr().err == ""
+    settings("--request-rate", "inf,8", "--repeats", "8")
+    warning = capsys.readouterr().err
+    assert warning.startswith("warning: 16 runs of 32 prompts plus the warm-up need 17 rounds") and "has 16" in warning
+    prompts = [p for r in range(16) for p in make_prompts(32, 0, round=r)]           # what 15 runs + warm-up send
+    assert len({" ".join(p.split()[:3]) for p in prompts}) == len(prompts)            # no start sent twice
+
+
+def test_repeats_give_each_ratio_a_median_and_a_range(tmp_path):
+    """--repeats N: a ratio per turn, then per peer and rate the median, lowest and highest of the N; the figure
+    draws each rate once, at the median of its runs."""
+    from rich.console import Console
+
+    s = ServeSettings(rates=(float("inf"), 8.0) * 3, num_prompts=1)
+
+    def sweep(walls):
+        runs = [{"rate": rate, "wall_s": wall, "records": [_record(0.1 * wall, 0.5, 10)]}
+                for rate, wall in zip(s.rates, walls)]
+        return {"url": "u", "model": "m", "endpoint": "e", "runs": runs}
+
+    # ours: 10 tokens in 1, 2, 1, 1, 1, 4 s; the peer: 10 tokens in 2 s every run
+    result = serve_report.build_result({"ours": sweep([1, 2, 1, 1, 1, 4]),
+                                        serve_report.LLAMA_SERVER: sweep([2] * 6)}, s)
+    assert [r["output_throughput"] for r in result["ratios"]] == [2.0, 1.0, 2.0, 2.0, 2.0, 0.5]
+    spread = {row["request_rate"]: row for row in result["ratio_spread"]}
+    assert spread["inf"]["runs"] == 3 and spread["inf"]["output_throughput"] == {"median": 2.0, "min": 2.0, "max": 2.0}
+    assert spread[8.0]["output_throughput"] == {"median": 1.0, "min": 0.5, "max": 2.0}
+    assert spread[8.0]["ttft_p99"]["median"] == pytest.approx(1.0)                 # TTFT 0.1 x wall: same ratios
+    console = Console(record=True, width=220)
+    serve_report.print_tables(result, console)
+    text = " ".join(console.export_text().split())
+    assert "median (lowest-highest)" in text and "1.00x (0.50-2.00)" in text and "no spread of its own" not in text
+    assert serve_report.ratio_spread(result["ratios"][:2]) == []                    # one run per rate: no spread
+    paths = serve_report.write_outputs(result, tmp_path)
+    assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plain_bench_still_parses_without_serve():

@@ -79,8 +79,9 @@ def build_result(sweeps: dict, s, note: str | None = None, quiet=None) -> dict:
         servers[name] = {"url": sweep["url"], "model": sweep["model"], "endpoint": sweep["endpoint"], "runs": runs,
                          "exited": sweep.get("exited"), "command": sweep.get("command")}
     settings = asdict(s) | {"rates": [_rate_json(r) for r in s.rates]}
+    per_run = ratios(servers)
     result = {"schema": "minitransformer-bench-serve/1", "settings": settings, "servers": servers,
-              "ratios": ratios(servers)}
+              "ratios": per_run, "ratio_spread": ratio_spread(per_run)}
     if quiet is not None:
         result["quietness"] = {"line": quiet.line(), "quiet": quiet.quiet, "why_busy": quiet.why_busy()}
     if note:
@@ -121,6 +122,29 @@ def ratios(servers: dict) -> list[dict]:
     return out
 
 
+def ratio_spread(per_run: list[dict]) -> list[dict]:
+    """Per peer and rate that ran more than once (--repeats): the median, lowest and highest of its per-run ratios.
+
+    Each ratio pairs ours with the peer in the same turn at that rate, so it is taken between two runs close in
+    time; how far the ratios of N turns spread is how much one comparison on this machine can be trusted. The
+    median is what to quote; a target is met for sure only when the lowest meets it.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in per_run:
+        groups.setdefault((row["peer"], row["request_rate"]), []).append(row)
+    out = []
+    for (peer, rate), rows in groups.items():
+        if len(rows) < 2:
+            continue
+        entry: dict = {"peer": peer, "request_rate": rate, "runs": len(rows)}
+        for key in ("output_throughput", "ttft_p99"):
+            values = [row[key] for row in rows if row[key] is not None]
+            entry[key] = ({"median": float(np.median(values)), "min": min(values), "max": max(values)}
+                          if values else None)
+        out.append(entry)
+    return out
+
+
 def _f(value, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -131,6 +155,10 @@ def _rate_label(rate) -> str:
 
 def _ratio(value) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _spread(stats: dict | None) -> str:
+    return "n/a" if stats is None else f"{stats['median']:.2f}x ({stats['min']:.2f}-{stats['max']:.2f})"
 
 
 def _trio(stats: dict) -> str:
@@ -172,8 +200,18 @@ def print_tables(result: dict, console) -> None:
             ratio_table.add_row(row["peer"], _rate_label(row["request_rate"]), _ratio(row["output_throughput"]),
                                 _ratio(row["ttft_p99"]))
         console.print(ratio_table)
-        console.print("one run of each server per rate, the servers in turns: a ratio has no spread of its own; run "
-                      "the comparison again to see how much it moves")
+        if result.get("ratio_spread"):
+            spread_table = Table(title="ours / each peer over the repeats: median (lowest-highest)",
+                                 title_justify="left")
+            for name in ("peer", "rate (req/s)", "runs", "out tok/s", "TTFT p99"):
+                spread_table.add_column(name, justify="left" if name == "peer" else "right")
+            for row in result["ratio_spread"]:
+                spread_table.add_row(row["peer"], _rate_label(row["request_rate"]), str(row["runs"]),
+                                     _spread(row["output_throughput"]), _spread(row["ttft_p99"]))
+            console.print(spread_table)
+        else:
+            console.print("one run of each server per rate, the servers in turns: a ratio has no spread of its own; "
+                          "--repeats N measures how much it moves")
     if result.get("note"):
         console.print(result["note"], markup=False, highlight=False)
     q = result.get("quietness")
@@ -184,21 +222,26 @@ def print_tables(result: dict, console) -> None:
 
 
 def plot(result: dict, path: Path) -> Path:
-    """Two panels against request rate (evenly spaced, `inf` last): TTFT p50 (solid) and p99 (dashed); out tok/s."""
+    """Two panels against request rate (evenly spaced, in the order given): TTFT p50 (solid) and p99 (dashed); out
+    tok/s. A rate run several times (--repeats) is drawn at the median of its runs, each run a faint dot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [_rate_label(r) for r in result["settings"]["rates"]]
+    rates = list(dict.fromkeys(result["settings"]["rates"]))      # each rate once (--repeats runs it again)
+    labels = [_rate_label(r) for r in rates]
     x = list(range(len(labels)))
     fig, (ax_ttft, ax_tput) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (server, data) in enumerate(result["servers"].items()):
         color = f"C{i}"
-        summaries = [run["summary"] for run in data["runs"]]
+        by_rate: dict = {rate: [] for rate in rates}                  # rate -> the summaries of its runs
+        for run in data["runs"]:
+            by_rate[run["request_rate"]].append(run["summary"])
         for q, style in (("p50", "-"), ("p99", "--")):
-            ys = [m["ttft_ms"][q] if m["ttft_ms"][q] is not None else np.nan for m in summaries]
-            ax_ttft.plot(x, ys, style, marker="o", color=color, label=f"{server} TTFT {q}")
-        ax_tput.plot(x, [m["output_throughput"] for m in summaries], "-", marker="o", color=color, label=server)
+            _plot_runs(ax_ttft, x, [[np.nan if m["ttft_ms"][q] is None else m["ttft_ms"][q] for m in by_rate[rate]]
+                                    for rate in rates], style, color, f"{server} TTFT {q}")
+        _plot_runs(ax_tput, x, [[m["output_throughput"] for m in by_rate[rate]] for rate in rates], "-", color,
+                   server)
     for ax, ylabel in ((ax_ttft, "time to first token (ms)"), (ax_tput, "output tokens/s")):
         ax.set_xticks(x, labels)
         ax.set_xlabel("request rate (requests/s, Poisson arrivals)")
@@ -214,6 +257,14 @@ def plot(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _plot_runs(ax, x, runs: list[list[float]], style: str, color: str, label: str) -> None:
+    """One line through the median of each rate's runs; where a rate ran more than once, each run as a faint dot."""
+    ax.plot(x, [np.nanmedian(ys) if ys else np.nan for ys in runs], style, marker="o", color=color, label=label)
+    for xi, ys in zip(x, runs):
+        if len(ys) > 1:
+            ax.plot([xi] * len(ys), ys, ".", color=color, alpha=0.35)
 
 
 def write_outputs(result: dict, out_dir: Path, json_path: Path | None = None) -> dict[str, Path]:

@@ -47,7 +47,7 @@ def make_prompts(n: int, seed: int, lengths: tuple[int, ...] = ServeSettings.pro
     of a run starts at its own word of the text (a shuffle of the start words, dealt out round by round), so no two
     prompts share their first block of tokens until the text's words are used up (542 starts: 16 rounds of 32).
     """
-    words = files(__package__).joinpath("serve_text.txt").read_text(encoding="utf-8").split()
+    words = shipped_words()
     rng = random.Random(seed)
     starts = list(range(len(words)))
     rng.shuffle(starts)                                    # first, so a round's starts do not depend on n's draws
@@ -55,6 +55,18 @@ def make_prompts(n: int, seed: int, lengths: tuple[int, ...] = ServeSettings.pro
     first = round * n
     return [" ".join(words[(starts[(first + i) % len(starts)] + j) % len(words)] for j in range(size))
             for i, size in enumerate(sizes)]
+
+
+def shipped_words() -> list[str]:
+    """The words of the text every prompt is a slice of (serve_text.txt); each one can start a prompt."""
+    return files(__package__).joinpath("serve_text.txt").read_text(encoding="utf-8").split()
+
+
+def distinct_rounds(n: int) -> int:
+    """How many rounds of n prompts make_prompts deals before a prompt's start repeats an earlier one's (16 of 32):
+    past that, a run's later prompts share their first tokens with its earlier ones, and every server's prefix
+    cache skips part of their prefill."""
+    return len(shipped_words()) // n
 
 
 def poisson_gaps(rate: float, n: int, seed: int) -> np.ndarray:

@@ -33,6 +33,9 @@ def add_bench_serve_parser(bench, parser_class):
                    help="POST /v1/completions (default) or /v1/chat/completions")
     p.add_argument("--request-rate", default="1,2,4", metavar="R,R,...",
                    help="Poisson arrival rates in requests/s, `inf` = all at once (default 1,2,4)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="run the whole list of rates N times (every time with fresh prompts), so each ratio gets "
+                        "a median and a range over N runs instead of one number (default 1)")
     p.add_argument("--num-prompts", type=int, default=32, metavar="N", help="requests per rate (default 32)")
     p.add_argument("--prompt-words", default="16,64,200", metavar="W,W,...",
                    help="each prompt is a slice of a shipped text, its length in words drawn from these "
@@ -92,8 +95,10 @@ def parse_words(text: str) -> tuple[int, ...]:
 
 def settings_from_args(args):
     from ..bench.serve import ServeSettings
+    from ..bench.serve_workload import distinct_rounds
 
-    for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--max-tokens", args.max_tokens, 1),
+    for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--repeats", args.repeats, 1),
+                             ("--max-tokens", args.max_tokens, 1),
                              ("--max-concurrency", args.max_concurrency, 1), ("--max-num-seqs", args.max_num_seqs, 1),
                              ("--n-threads", args.n_threads, 1)):
         if value is not None and value < low:
@@ -103,7 +108,13 @@ def settings_from_args(args):
                         ("--slo-e2el-ms", args.slo_e2el_ms)):
         if value is not None and (value < 0 or math.isnan(value) or (flag == "--timeout" and value == 0)):
             raise InputError(f"{flag} must be {'> 0' if flag == '--timeout' else '>= 0'}, got {value}")
-    return ServeSettings(rates=parse_rates(args.request_rate), num_prompts=args.num_prompts,
+    rates = parse_rates(args.request_rate) * args.repeats            # (1, inf) twice: (1, inf, 1, inf)
+    rounds = distinct_rounds(args.num_prompts)                        # each run and the warm-up take one round
+    if len(rates) + 1 > rounds:
+        print(f"warning: {len(rates)} runs of {args.num_prompts} prompts plus the warm-up need {len(rates) + 1} "
+              f"rounds of distinct prompts; the shipped text has {rounds}, so later runs partly resend earlier "
+              "prompts and every server's prefix cache skips part of their prefill", file=sys.stderr)
+    return ServeSettings(rates=rates, num_prompts=args.num_prompts,
                          prompt_words=parse_words(args.prompt_words), max_concurrency=args.max_concurrency,
                          seed=args.seed, endpoint=args.endpoint,
                          max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
