@@ -255,7 +255,11 @@ def test_repeats_run_the_whole_list_of_rates_again_and_warn_before_prompts_repea
         return settings_from_args(cli.build_parser().parse_args(["bench", "serve", "--compare", *argv]))
 
     s = settings("--request-rate", "inf,8", "--repeats", "3")
-    assert s.rates == (float("inf"), 8.0) * 3 and capsys.readouterr().err == ""
+    inf = float("inf")
+    assert s.rates == (inf, 8.0, 8.0, inf, inf, 8.0) and capsys.readouterr().err == ""
+    # run_sweeps puts ours first at even turns: each rate gets ours first, then second, then first again
+    assert [i % 2 for i, rate in enumerate(s.rates) if rate == inf] == [0, 1, 0]
+    assert [i % 2 for i, rate in enumerate(s.rates) if rate == 8.0] == [1, 0, 1]
     assert distinct_rounds(32) == len(shipped_words()) // 32 == 16
     # 7 runs + the warm-up fit the text's 16 rounds of 32 prompts; 8 x 2 runs + the warm-up do not
     settings("--request-rate", "inf", "--repeats", "7")

@@ -34,8 +34,8 @@ def add_bench_serve_parser(bench, parser_class):
     p.add_argument("--request-rate", default="1,2,4", metavar="R,R,...",
                    help="Poisson arrival rates in requests/s, `inf` = all at once (default 1,2,4)")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
-                   help="run the whole list of rates N times (every time with fresh prompts), so each ratio gets "
-                        "a median and a range over N runs instead of one number (default 1)")
+                   help="run the list of rates N times (every other time in reverse, always with fresh prompts), "
+                        "so each ratio gets a median and a range over N runs instead of one number (default 1)")
     p.add_argument("--num-prompts", type=int, default=32, metavar="N", help="requests per rate (default 32)")
     p.add_argument("--prompt-words", default="16,64,200", metavar="W,W,...",
                    help="each prompt is a slice of a shipped text, its length in words drawn from these "
@@ -108,7 +108,10 @@ def settings_from_args(args):
                         ("--slo-e2el-ms", args.slo_e2el_ms)):
         if value is not None and (value < 0 or math.isnan(value) or (flag == "--timeout" and value == 0)):
             raise InputError(f"{flag} must be {'> 0' if flag == '--timeout' else '>= 0'}, got {value}")
-    rates = parse_rates(args.request_rate) * args.repeats            # (1, inf) twice: (1, inf, 1, inf)
+    once = parse_rates(args.request_rate)
+    # every other repeat in reverse, (1, inf) three times: (1, inf, inf, 1, 1, inf). run_sweeps flips which server
+    # goes first from one run to the next, so this way each rate is measured with each server first about as often
+    rates = tuple(rate for k in range(args.repeats) for rate in (once if k % 2 == 0 else once[::-1]))
     rounds = distinct_rounds(args.num_prompts)                        # each run and the warm-up take one round
     if len(rates) + 1 > rounds:
         print(f"warning: {len(rates)} runs of {args.num_prompts} prompts plus the warm-up need {len(rates) + 1} "
