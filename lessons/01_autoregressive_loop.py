@@ -26,14 +26,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import KVCache, SamplingParams, load_model
-from minitransformer.claims import NUMBER, Claim, find_numbers, report
-from minitransformer.decode import decode_step
-from minitransformer.detokenizer import IncrementalDetokenizer
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, interleaved
-from minitransformer.prefill import prefill
-from minitransformer.sampling import compute_logprobs, make_generator, sample
-from minitransformer.stopping import check_stop
+from minitransformer.core.decode import decode_step
+from minitransformer.core.detokenizer import IncrementalDetokenizer
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.prefill import prefill
+from minitransformer.core.sampling import compute_logprobs, make_generator, sample
+from minitransformer.core.stopping import check_stop
+from minitransformer.lab.claims import NUMBER, Claim, find_numbers, report
+from minitransformer.lab.measure import Probe, interleaved
 
 PROMPT = "The printing press changed Europe because"
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):

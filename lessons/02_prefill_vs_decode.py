@@ -25,19 +25,20 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, generate, load_model
-from minitransformer.bench.machine import (
+from minitransformer import KVCache, SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.prefill import prefill
+from minitransformer.lab.claims import Claim, find_numbers, flat, report
+from minitransformer.lab.machine import (
     H200,
     forward_cost,
     measure_copy_bandwidth,
     measure_gemm_flops,
     roofline_tokens_per_s,
 )
-from minitransformer.claims import Claim, find_numbers, flat, report
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, Timing, interleaved, machine_peaks
-from minitransformer.prefill import prefill
+from minitransformer.lab.measure import Probe, Timing, interleaved, machine_peaks
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")

@@ -23,12 +23,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, load_model
-from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe
-from minitransformer.prefill import prefill
-from minitransformer.sampling import sample
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.prefill import prefill
+from minitransformer.core.sampling import sample
+from minitransformer.lab.claims import NUMBER, Claim, find_numbers, flat, report
+from minitransformer.lab.measure import Probe
 
 PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):

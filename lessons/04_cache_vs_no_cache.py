@@ -20,10 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import SamplingParams, generate, load_model
-from minitransformer.claims import Claim, find_numbers, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe
+from minitransformer import SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.lab.claims import Claim, find_numbers, report, table_with
+from minitransformer.lab.measure import Probe
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")

@@ -31,14 +31,15 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, generate, load_model
-from minitransformer.backend import synchronize
-from minitransformer.claims import Claim, flat, report, table_with
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, Timing, interleaved
-from minitransformer.prefill import prefill
-from minitransformer.sampling import filtered_probs, make_generator, mask_tokens, sample
+from minitransformer import KVCache, SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.backend import synchronize
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.prefill import prefill
+from minitransformer.core.sampling import filtered_probs, make_generator, mask_tokens, sample
+from minitransformer.lab.claims import Claim, flat, report, table_with
+from minitransformer.lab.measure import Probe, Timing, interleaved
 from minitransformer.structured import Constraint
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived a"

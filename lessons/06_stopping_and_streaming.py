@@ -25,11 +25,12 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import SamplingParams, generate, load_model, stream
-from minitransformer.claims import Claim, find_numbers, flat, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.generate import CachedRunner
-from minitransformer.measure import Probe
+from minitransformer import SamplingParams, load_model, stream
+from minitransformer.core import generate
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.generate import CachedRunner
+from minitransformer.lab.claims import Claim, find_numbers, flat, report, table_with
+from minitransformer.lab.measure import Probe
 
 PROMPT = "What is 2+2?"
 STOP = "math problem"
@@ -193,7 +194,7 @@ def main() -> None:
             runners.append(self)
 
     cancel, reserved = threading.Event(), 0
-    with unittest.mock.patch("minitransformer.generate.CachedRunner", RecordedRunner):
+    with unittest.mock.patch("minitransformer.core.generate.CachedRunner", RecordedRunner):
         for n, delta in enumerate(stream(model, args.prompt, greedy(64, ignore_eos=True), chat=True, cancel=cancel)):
             reserved = max(reserved, runners[0].cache.bytes_reserved)
             if n + 1 == args.cancel_after:

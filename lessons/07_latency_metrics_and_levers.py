@@ -24,15 +24,16 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, generate, load_model, stream
-from minitransformer.bench.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops
-from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.generate import _run, make_request, make_runner
-from minitransformer.measure import Probe, Timing, interleaved, machine_peaks, time_calls
-from minitransformer.metrics import now
-from minitransformer.prefill import prefill
-from minitransformer.sampling import make_generator, sample
+from minitransformer import KVCache, SamplingParams, load_model, stream
+from minitransformer.core import generate
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.generate import _run, make_request, make_runner
+from minitransformer.core.metrics import now
+from minitransformer.core.prefill import prefill
+from minitransformer.core.sampling import make_generator, sample
+from minitransformer.lab.claims import NUMBER, Claim, find_numbers, flat, report, table_with
+from minitransformer.lab.machine import H200, forward_cost, measure_copy_bandwidth, measure_gemm_flops
+from minitransformer.lab.measure import Probe, Timing, interleaved, machine_peaks, time_calls
 
 REQUESTS = ["What is 2+2?", "Name three colors of the rainbow.", "Write one sentence about the sea."]
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "

@@ -32,10 +32,10 @@ from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import SamplingParams, load_model
-from minitransformer.bench.machine import H200
-from minitransformer.claims import Claim, find_numbers, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, interleaved
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.lab.claims import Claim, find_numbers, report, table_with
+from minitransformer.lab.machine import H200
+from minitransformer.lab.measure import Probe, interleaved
 from minitransformer.serving import Engine
 
 TEXT = ("A serving engine keeps many requests in flight at once. Each step it decides which requests run, gives each "

@@ -22,9 +22,9 @@ from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import SamplingParams, estimate_kv_bytes, load_model
-from minitransformer.claims import Claim, find_numbers, flat, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.lab.claims import Claim, find_numbers, flat, report, table_with
+from minitransformer.lab.measure import Probe
 from minitransformer.serving import Engine
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a GPU does.",

@@ -36,10 +36,20 @@ from rich.table import Column, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import SamplingParams, load_model
-from minitransformer.claims import Claim, below, cell_range, find_numbers, flat, report, span, spread_cell, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, in_turns
-from minitransformer.metrics import now
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.metrics import now
+from minitransformer.lab.claims import (
+    Claim,
+    below,
+    cell_range,
+    find_numbers,
+    flat,
+    report,
+    span,
+    spread_cell,
+    table_with,
+)
+from minitransformer.lab.measure import Probe, in_turns
 from minitransformer.server import EngineLoop, ServerMetrics
 from minitransformer.server.responses import finish
 from minitransformer.serving import Engine

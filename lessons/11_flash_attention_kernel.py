@@ -24,17 +24,17 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-import minitransformer.attention_backend
+import minitransformer.core.attention
 from minitransformer import KVCache, load_model
-from minitransformer.claims import NUMBER, Claim, find_numbers, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.layers import attention
+from minitransformer.core.prefill import prefill
 from minitransformer.kernels import flash_prefill, paged_decode
 from minitransformer.kernels.attention import PREFILL_FILE, plan_flash_prefill, plan_paged_decode, prefill_shared_bytes
 from minitransformer.kernels.loader import source_constant
 from minitransformer.kernels.prefill_wmma import WMMA_FILE, wmma_shared_bytes
-from minitransformer.layers import attention
-from minitransformer.measure import Probe, interleaved
-from minitransformer.prefill import prefill
+from minitransformer.lab.claims import NUMBER, Claim, find_numbers, report, table_with
+from minitransformer.lab.measure import Probe, interleaved
 
 PROMPT = ("Attention lets every token look back at the tokens before it. A GPU kernel computes it in tiles: a block of "
           "threads loads a few queries, streams the keys and values through fast shared memory one tile at a time, "
@@ -111,12 +111,12 @@ def claims(output: str) -> list[Claim]:
 def record_attention(model, ids):
     """Prefill `ids` with every layer's call of layers.causal_attention recorded.
     Returns [(q, k, v, q_pos, k_pos, out)], cache."""
-    calls, real = [], minitransformer.attention_backend.causal_attention
+    calls, real = [], minitransformer.core.attention.causal_attention
     def spy(*args):
         calls.append([np.ascontiguousarray(a) for a in args] + [real(*args)])
         return calls[-1][-1]
     cache = KVCache(model.config, max_len=len(ids))
-    with unittest.mock.patch.object(minitransformer.attention_backend, "causal_attention", spy):
+    with unittest.mock.patch.object(minitransformer.core.attention, "causal_attention", spy):
         prefill(model, ids, cache)
     return calls, cache
 

@@ -35,14 +35,15 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, generate, load_model
-from minitransformer.bench.machine import H200
-from minitransformer.claims import Claim, find_numbers, report, table_with, to_float
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, Timing, interleaved
-from minitransformer.prefill import prefill
+from minitransformer import KVCache, SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.prefill import prefill
+from minitransformer.lab.claims import Claim, find_numbers, report, table_with, to_float
+from minitransformer.lab.machine import H200
+from minitransformer.lab.measure import Probe, Timing, interleaved
+from minitransformer.lab.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT
 from minitransformer.speculative.acceptance import accept_or_resample, processed_probs
-from minitransformer.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT
 
 PROMPTS = {
     "repeat": SPEC_PROMPT,          # the list the prompt holds; figures/draft_and_verify.png draws this prompt's run

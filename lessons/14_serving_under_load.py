@@ -36,7 +36,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import load_model
-from minitransformer.bench.engine_load import (
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.lab.claims import Claim, find_numbers, report, table_with
+from minitransformer.lab.engine_load import (
     AT_BOUND,
     arrival_bound,
     arrival_offsets,
@@ -46,10 +48,8 @@ from minitransformer.bench.engine_load import (
     sweep,
     workload,
 )
-from minitransformer.bench.machine import H200
-from minitransformer.claims import Claim, find_numbers, report, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe
+from minitransformer.lab.machine import H200
+from minitransformer.lab.measure import Probe
 
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
 # where to look and what the numbers there decide, never which way a timing went.

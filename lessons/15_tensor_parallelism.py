@@ -46,10 +46,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import KVCache, load_model
-from minitransformer.bench.machine import H200, NVLINK4, PCIE5, split_step
-from minitransformer.claims import Claim, cell_range, find_numbers, report, spread_cell, table_with
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.measure import Probe, time_calls
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.lab.claims import Claim, cell_range, find_numbers, report, spread_cell, table_with
+from minitransformer.lab.machine import H200, NVLINK4, PCIE5, split_step
+from minitransformer.lab.measure import Probe, time_calls
 from minitransformer.parallel.launch import in_rank_process, run_ranks
 from minitransformer.parallel.plan import ShardPlan, check_tensor_parallel_size, supported_sizes
 
@@ -428,7 +428,7 @@ def main():
     costs = part_costs(args, model, first)
     part_projection(model.config)
     if args.figure:
-        from minitransformer.viz_parallel import draw_tensor_parallel_layer
+        from minitransformer.lab.viz_parallel import draw_tensor_parallel_layer
         draw_tensor_parallel_layer(model.config, args.size, args.figure)
         console.print(f"figure written: {args.figure}")
     console.rule("[bold]4. What this run shows")

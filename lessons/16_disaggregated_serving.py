@@ -51,24 +51,17 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer.bench.interference import (
-    Traffic,
-    arrivals,
-    run_round,
-    summarize,
-    transfer_totals,
-    warm_up_plan,
-)
-from minitransformer.bench.machine import H200, IB_NDR, NVLINK4
+from minitransformer.bench.interference import Traffic, arrivals, run_round, summarize, transfer_totals, warm_up_plan
 from minitransformer.bench.managed_server import ManagedServer, Termination, free_port
 from minitransformer.bench.router_workload import TENANTS, TenantWorkload, run_policy
 from minitransformer.bench.serve import BenchServeError
-from minitransformer.claims import NUMBER, Claim, cell_range, find_numbers, report, span, spread_cell, table_with
-from minitransformer.config import ModelConfig
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.kv_cache import kv_bytes_per_token
-from minitransformer.measure import Probe, descendant_groups, descendants
-from minitransformer.weights import open_gguf, resolve_model_path
+from minitransformer.core.config import ModelConfig
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.kv_cache import kv_bytes_per_token
+from minitransformer.lab.claims import NUMBER, Claim, cell_range, find_numbers, report, span, spread_cell, table_with
+from minitransformer.lab.machine import H200, IB_NDR, NVLINK4
+from minitransformer.lab.measure import Probe, descendant_groups, descendants
+from minitransformer.models import open_gguf, resolve_model_path
 
 CONFIGS = ("no chunking", "chunked", "disaggregated")          # the servers of part 1, in that order
 NO_CHUNK_TOKENS = 2048                   # more than any prompt here: a prefill is never split
@@ -211,7 +204,7 @@ def part_interference(args, traffic: Traffic, logs: Path, stack: ExitStack, term
             table.add_row(config, *row, *([str(sum(s.failed for s in rounds))] if title.startswith("1b") else []))
         console.print(table)
     if args.figure:
-        from minitransformer.viz_interference import draw_interference
+        from minitransformer.lab.viz_interference import draw_interference
         draw_interference({config: last[config] for config in CONFIGS}, args.figure)
         console.print(f"figure written: {args.figure}")
     return {"transfers": transfers, "probe": probe}

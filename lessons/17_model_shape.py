@@ -26,8 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, generate, load_model
-from minitransformer.bench.machine import H200, measure_copy_bandwidth, measure_gemm_flops
+from minitransformer import KVCache, SamplingParams, load_model
 from minitransformer.bench.model_shape import (
     FORMATS,
     counted_parameters,
@@ -36,13 +35,15 @@ from minitransformer.bench.model_shape import (
     parameters_by_place,
     prefill_call,
 )
-from minitransformer.claims import NUMBER, Claim, find_numbers, flat, report, table_with
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError, MiniTransformerError
-from minitransformer.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed
-from minitransformer.measure import Probe, interleaved, machine_peaks
-from minitransformer.prefill import prefill
-from minitransformer.viz_capacity import LLAMA_3_1_8B
+from minitransformer.core import generate
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed
+from minitransformer.core.prefill import prefill
+from minitransformer.lab.claims import NUMBER, Claim, find_numbers, flat, report, table_with
+from minitransformer.lab.machine import H200, measure_copy_bandwidth, measure_gemm_flops
+from minitransformer.lab.measure import Probe, interleaved, machine_peaks
+from minitransformer.lab.viz_capacity import LLAMA_3_1_8B
 
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
 # where to look and what the numbers there decide, never which way a timing went.

@@ -8,15 +8,15 @@
 See README.md for the map of the package and the lessons.
 """
 
-from .config import ModelConfig
-from .errors import DeviceError, InputError, MiniTransformerError, ModelFetchError, ModelFileError
-from .generate import generate, stream
-from .kv_cache import KVCache, estimate_kv_bytes
-from .loading import load_model
-from .model import Transformer
-from .request import Delta, Request, Result
-from .sampling import SamplingParams
-from .tokenizer import Tokenizer, load_tokenizer
+from .core.config import ModelConfig
+from .core.errors import DeviceError, InputError, MiniTransformerError, ModelFetchError, ModelFileError
+from .core.generate import generate, stream
+from .core.kv_cache import KVCache, estimate_kv_bytes
+from .core.loading import load_model
+from .core.model import Transformer
+from .core.request import Delta, Request, Result
+from .core.sampling import SamplingParams
+from .core.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["load_model", "load_tokenizer", "generate", "stream", "SamplingParams", "Request", "Result", "Delta",
            "KVCache", "estimate_kv_bytes", "Transformer", "Tokenizer", "ModelConfig", "MiniTransformerError",

@@ -33,7 +33,7 @@ from typing import Any
 import llguidance
 import numpy as np
 
-from .errors import InputError
+from .core.errors import InputError
 
 # What one request's constraint may weigh: the schema / grammar / regex text as the compiler reads it. Compiling is
 # done before any model work, on the request's own thread; a megabyte of grammar is a denial of service, while real

@@ -27,10 +27,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, generate, load_model
-from minitransformer.bench.machine import measure_copy_bandwidth, roofline_tokens_per_s
-from minitransformer.kv_cache import estimate_kv_bytes
-from minitransformer.measure import Probe, Timing, interleaved, time_calls
+from minitransformer import SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.kv_cache import estimate_kv_bytes
+from minitransformer.lab.machine import measure_copy_bandwidth, roofline_tokens_per_s
+from minitransformer.lab.measure import Probe, Timing, interleaved, time_calls
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
           "were made and who could read them.")

@@ -28,10 +28,10 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams
-from minitransformer.errors import InputError
-from minitransformer.generate import make_request
-from minitransformer.measure import Timing, time_calls
-from minitransformer.tokenizer import load_tokenizer
+from minitransformer.core.errors import InputError
+from minitransformer.core.generate import make_request
+from minitransformer.core.tokenizer import load_tokenizer
+from minitransformer.lab.measure import Timing, time_calls
 
 
 def random_word(length: int, rng: random.Random) -> str:

@@ -52,7 +52,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]     # run from a checkout with
 
 from gpu_measure import decode_speed, engine_decode, greedy, hf_decode_speed, prefill_speed
 from gpu_probe import gpu_status, model_path, tests_missing
-from minitransformer.errors import ModelFileError
+from minitransformer.core.errors import ModelFileError
 from minitransformer.kernels.checked import CHECKED_ENV
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from minitransformer.backend import synchronize, to_host
-from minitransformer.decode import decode_step
-from minitransformer.kv_cache import KVCache
-from minitransformer.measure import Timing, time_calls
-from minitransformer.prefill import prefill
+from minitransformer.core.backend import synchronize, to_host
+from minitransformer.core.decode import decode_step
+from minitransformer.core.kv_cache import KVCache
+from minitransformer.core.prefill import prefill
+from minitransformer.lab.measure import Timing, time_calls
 
 REPEATS = 3
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minitransformer.errors import ModelFileError
+from minitransformer.core.errors import ModelFileError
 from minitransformer.kernels.cpu_compile import CXX
 from minitransformer.kernels.loader import build_module
-from minitransformer.weights import cache_dir, find_default_model
+from minitransformer.models import cache_dir, find_default_model
 
 PROBE_SOURCE = r"""
 #include <cuda_fp16.h>

@@ -24,8 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minitransformer.tokenizer import load_tokenizer
-from minitransformer.weights import resolve_model_path
+from minitransformer.core.tokenizer import load_tokenizer
+from minitransformer.models import resolve_model_path
 
 OUT = ROOT / "tests" / "fixtures" / "hf_reference.json"
 TOP_K, RANDOM_IDS, NEW_TOKENS = 16, 8, 32

@@ -29,7 +29,7 @@ from nbclient import NotebookClient
 from notebook_07_cells import CELLS as CELLS_07  # scripts/ is on sys.path when this file runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minitransformer.measure import Probe
+from minitransformer.lab.measure import Probe
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 TIMED = ("01", "02", "04")          # they print how long something took: executed only on a quiet machine
@@ -107,7 +107,7 @@ queries (9 heads x 64), keys and values (3 heads x 64 each: grouped-query attent
 The model keeps Q, K and V as one fused matrix `w_qkv` (one matmul instead of three); `layer.wq`, `wk`, `wv` are
 views of its columns. Look at: the fused product and the three separate ones agree; the shapes.
 '''), code(r'''
-from minitransformer.layers import apply_rope, attention, attention_probs, rms_norm, softmax, swiglu
+from minitransformer.core.layers import apply_rope, attention, attention_probs, rms_norm, softmax, swiglu
 
 layer = model.layers[0]
 x = rms_norm(h0, layer.attn_norm, cfg.norm_eps)        # (T, D)
@@ -226,8 +226,8 @@ prefill agree; the residual stream of the last token grows over the layers (each
 final RMSNorm rescales it before `lm_head`.
 '''), code(r'''
 from minitransformer import KVCache
-from minitransformer.measure import time_calls
-from minitransformer.prefill import prefill
+from minitransformer.lab.measure import time_calls
+from minitransformer.core.prefill import prefill
 
 h = h0
 residual_norms = [float(np.linalg.norm(h[-1]))]
@@ -302,8 +302,8 @@ head_dim). Look at: 3 KV heads, not 9 (grouped-query attention makes the cache 3
 gives the size from the config alone, which is how a server plans its memory.
 '''), code(r'''
 from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, generate
-from minitransformer.decode import decode_step
-from minitransformer.prefill import prefill
+from minitransformer.core.decode import decode_step
+from minitransformer.core.prefill import prefill
 
 prompt = "The capital of France is"
 ids = tok.encode(prompt)
@@ -395,7 +395,7 @@ median and the spread (slowest - fastest) next to it. The step is always the sam
 T + N - 1, rolled back with `KVCache.truncate` after each run. Look at: whether the two ranges are apart; only then
 does this run show which is faster, and by how much.
 '''), code(r'''
-from minitransformer.measure import interleaved
+from minitransformer.lab.measure import interleaved
 
 step_cache = KVCache(cfg, max_len=len(sequence))
 prefill(model, sequence[:-1], step_cache)               # the context before the last token
@@ -461,11 +461,11 @@ look at it directly. The last cell prints a JSON summary that `tests/test_notebo
 Look at: how the probability is spread over the top tokens (entropy in nats: 0 = certain).
 '''), code(r'''
 from minitransformer import KVCache, SamplingParams, generate
-from minitransformer.detokenizer import IncrementalDetokenizer
-from minitransformer.layers import softmax
-from minitransformer.prefill import prefill
-from minitransformer.sampling import apply_penalties, filtered_probs, make_generator, sample
-from minitransformer.stopping import check_stop, tokens_to_suppress
+from minitransformer.core.detokenizer import IncrementalDetokenizer
+from minitransformer.core.layers import softmax
+from minitransformer.core.prefill import prefill
+from minitransformer.core.sampling import apply_penalties, filtered_probs, make_generator, sample
+from minitransformer.core.stopping import check_stop, tokens_to_suppress
 
 prompt = "My favourite food is"
 ids = tok.encode(prompt)
@@ -647,8 +647,8 @@ bytes until it is complete, so no delta ever contains a broken one. Look at: `ne
 only start the emoji, and their delta is empty.
 '''), code(r'''
 from minitransformer import SamplingParams, generate, stream
-from minitransformer.detokenizer import IncrementalDetokenizer
-from minitransformer.stopping import check_stop
+from minitransformer.core.detokenizer import IncrementalDetokenizer
+from minitransformer.core.stopping import check_stop
 
 text = "A parrot 🦜 says hi"
 ids = tok.encode(text)

@@ -21,7 +21,7 @@ import gguf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                          # run from a checkout without installing
 
-from minitransformer.weights import find_default_model
+from minitransformer.models import find_default_model
 
 LAYER = re.compile(r"blk\.(\d+)\.")                    # per-layer tensors: blk.<i>.attn_q.weight, ...
 

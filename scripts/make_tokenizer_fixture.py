@@ -196,7 +196,7 @@ def main() -> None:
 
     import llama_cpp
 
-    from minitransformer.weights import resolve_model_path
+    from minitransformer.models import resolve_model_path
 
     llm = llama_cpp.Llama(model_path=str(resolve_model_path(args.model)), vocab_only=True, verbose=False)
     rows = [{"text": text, "special": special,

@@ -47,8 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from minitransformer.claims import printed_verdicts, verdict_line
-from minitransformer.measure import PEAKS_ENV, QUIET_LINE, Quietness
+from minitransformer.lab.claims import printed_verdicts, verdict_line
+from minitransformer.lab.measure import PEAKS_ENV, QUIET_LINE, Quietness
 
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"
@@ -94,8 +94,8 @@ def machine() -> str:
     """Where the run happened: the CPU (as every figure names it), Python and NumPy versions, the model file."""
     import numpy
 
-    from minitransformer.viz import machine_label
-    from minitransformer.weights import find_default_model
+    from minitransformer.lab.viz import machine_label
+    from minitransformer.models import find_default_model
     model = os.environ.get("MINITRANSFORMER_MODEL") or find_default_model()
     return (f"{machine_label()}, Python {platform.python_version()}, NumPy {numpy.__version__}; "
             f"model {Path(model).name if model else 'the default (not yet downloaded)'}")
@@ -379,7 +379,7 @@ def verify(chosen: list[Path]) -> list[str]:
 
 def measure_peaks() -> str:
     """'bytes_per_s,flop_per_s' of this machine, measured once for every lesson of the run."""
-    from minitransformer.bench.machine import measure_copy_bandwidth, measure_gemm_flops
+    from minitransformer.lab.machine import measure_copy_bandwidth, measure_gemm_flops
     return f"{measure_copy_bandwidth(repeats=10):.6g},{measure_gemm_flops(repeats=20):.6g}"   # peaks: the fastest
 
 

@@ -28,7 +28,7 @@ try:
 except ImportError:                                   # running from a checkout: the repository root is one level up
     sys.path.insert(0, str(Path.cwd().parent))
 from minitransformer import SamplingParams, generate, load_model
-from minitransformer.generate import make_request
+from minitransformer.core.generate import make_request
 from minitransformer.speculative import SpeculativeConfig, SpeculativeRunner
 
 model = load_model()
@@ -120,8 +120,8 @@ after = runner.cache.length
 print(f"cache {before} -> {after}: {before - after} rejected draft(s) rolled back")
 
 from minitransformer import KVCache
-from minitransformer.decode import decode_step
-from minitransformer.prefill import prefill
+from minitransformer.core.decode import decode_step
+from minitransformer.core.prefill import prefill
 plain_cache = KVCache(model.config, after)
 prefill(model, request.prompt_token_ids, plain_cache)
 for t in runner.context[prompt_len:]:

@@ -31,10 +31,10 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, load_model
-from minitransformer.bench.machine import measure_copy_bandwidth, measure_gemm_flops, time_matmul_rows
 from minitransformer.bench.serve_workload import make_prompts
-from minitransformer.measure import Probe, machine_peaks
-from minitransformer.model import LAYER_MATRICES
+from minitransformer.core.model import LAYER_MATRICES
+from minitransformer.lab.machine import measure_copy_bandwidth, measure_gemm_flops, time_matmul_rows
+from minitransformer.lab.measure import Probe, machine_peaks
 from minitransformer.serving.engine import Engine
 
 # stage -> [(module path suffix, function name, "cum" | "own")]: a stage's seconds are the sum of these functions'

@@ -43,7 +43,7 @@ from minitransformer.bench.peer_cache import (
     vllm_python,
     vllm_venv,
 )
-from minitransformer.errors import MiniTransformerError
+from minitransformer.core.errors import MiniTransformerError
 
 # The configure line of llama.cpp: its server without the web UI (the prebuilt UI is a download) and without
 # OpenSSL or curl (nothing here fetches models over HTTPS). $ORIGIN run paths let the copied binaries find the
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
         if "llama-server" in wanted:
             llama_build(cache, args.jobs)
         if "vllm" in wanted:
-            from minitransformer.weights import resolve_model_path
+            from minitransformer.models import resolve_model_path
             gguf = Path(args.model or resolve_model_path(None, fetch=False)).resolve()
             vllm_setup(cache)
             hf_export(cache, gguf)

@@ -50,7 +50,7 @@ def kernel_sized_path(tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_model_path():
     """The default SmolLM2-135M-Instruct GGUF (fetched on first use, as a user would get it)."""
-    from minitransformer.weights import resolve_model_path
+    from minitransformer.models import resolve_model_path
     return resolve_model_path(None)
 
 
@@ -59,8 +59,8 @@ def gemma_model_path():
     """The Gemma 3 270M GGUF (`--model gemma3-270m`), fetched on first use like the default model. Where it cannot be
     fetched (no network) the test is skipped with the reason, except under CI (CI=true), which can fetch it: there
     the error fails the test rather than hide it."""
-    from minitransformer.errors import ModelFetchError
-    from minitransformer.weights import resolve_model_path
+    from minitransformer.core.errors import ModelFetchError
+    from minitransformer.models import resolve_model_path
     try:
         return resolve_model_path("gemma3-270m")
     except ModelFetchError as exc:

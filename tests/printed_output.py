@@ -3,7 +3,7 @@ change one cell and check that the claim it supports flips (what `make_transcrip
 
 from __future__ import annotations
 
-from minitransformer.claims import tables
+from minitransformer.lab.claims import tables
 
 
 def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str, table: str | None = None) -> str:

@@ -98,7 +98,7 @@ def test_every_value_and_ratio_recomputes_from_raw_runs(bench_run):
 
 
 def test_decode_roofline_at_batch_1_is_bandwidth_over_weights_and_cache(bench_run, tiny_model):
-    from minitransformer.kv_cache import estimate_kv_bytes
+    from minitransformer.core.kv_cache import estimate_kv_bytes
     _, _, data, _ = bench_run
     s, m = data["settings"], data["machine"]
     context = s["decode_prompt_tokens"] + s["decode_tokens"] // 2

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from minitransformer import cli, measure
+from minitransformer import cli
 from minitransformer.bench import engine_bound as eb
+from minitransformer.lab import measure
 
 
 def test_decode_step_time_is_linear_between_measured_batches_and_flat_outside():

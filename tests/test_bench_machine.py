@@ -1,4 +1,4 @@
-"""minitransformer.bench.machine: the peaks are plausible numbers and forward_cost counts what the model does.
+"""minitransformer.lab.machine: the peaks are plausible numbers and forward_cost counts what the model does.
 
 forward_cost's references are independent of its formula: FLOPs are summed from the loaded tiny model's actual
 weight arrays and a spy on layers.attention that records each product's (T, S); bytes from the arrays' nbytes.
@@ -13,18 +13,18 @@ import unittest.mock
 import numpy as np
 import pytest
 
-import minitransformer.layers
+import minitransformer.core.layers
 from minitransformer import KVCache, ModelConfig
-from minitransformer.bench.machine import (
+from minitransformer.core.decode import decode_step
+from minitransformer.core.prefill import prefill
+from minitransformer.lab.machine import (
     PhaseCost,
     forward_cost,
     measure_copy_bandwidth,
     measure_gemm_flops,
     roofline_tokens_per_s,
 )
-from minitransformer.decode import decode_step
-from minitransformer.prefill import prefill
-from minitransformer.weights import open_gguf
+from minitransformer.models import open_gguf
 
 
 def test_peaks_are_positive_rates():
@@ -37,7 +37,7 @@ def test_peaks_are_positive_rates():
 
 def test_gemm_counts_2n3_flops(monkeypatch):
     """With a clock that advances exactly 1 s per timed call, the rate is the FLOP count itself."""
-    import minitransformer.measure as measure
+    import minitransformer.lab.measure as measure
     ticks = iter(range(100))
     monkeypatch.setattr(measure.time, "perf_counter", lambda: float(next(ticks)))
     assert measure_gemm_flops(n=64, repeats=3) == 2 * 64**3
@@ -48,8 +48,8 @@ def test_gemm_counts_2n3_flops(monkeypatch):
 def test_a_peak_is_the_fastest_repeat_after_a_warm_up(monkeypatch):
     """The peaks go through measure.time_calls: the warm-up call is not timed, and the rate is work / the fastest
     repeat (a slow repeat is the machine doing something else), not the median."""
-    import minitransformer.bench.machine as machine
-    import minitransformer.measure as measure
+    import minitransformer.lab.machine as machine
+    import minitransformer.lab.measure as measure
     calls = []
     clock = iter([0.0, 4.0, 10.0, 11.0, 20.0, 22.0, 30.0, 31.0])     # repeats of 4 s, 1 s and 2 s; then 1 s
     monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
@@ -67,11 +67,11 @@ def test_a_peak_is_the_fastest_repeat_after_a_warm_up(monkeypatch):
 def record_attention_shapes(model, run):
     """(B, T queries, S keys) of every product layers.attention computes while run() executes: one per decode
     step or short prompt, one per block of 64 queries (against only its visible keys) in a longer prompt."""
-    shapes, real = [], minitransformer.layers.attention
+    shapes, real = [], minitransformer.core.layers.attention
     def spy(q, k, v, q_pos, k_pos, *window):     # window: a sliding layer's (Gemma 3), passed along
         shapes.append((q.shape[0], q.shape[2], k.shape[2]))
         return real(q, k, v, q_pos, k_pos, *window)
-    with unittest.mock.patch.object(minitransformer.layers, "attention", spy):
+    with unittest.mock.patch.object(minitransformer.core.layers, "attention", spy):
         run()
     return shapes
 
@@ -134,7 +134,7 @@ def test_roofline():
 
 
 def test_published_peaks_roofline_time_is_the_slower_of_arithmetic_and_memory():
-    from minitransformer.bench.machine import H200
+    from minitransformer.lab.machine import H200
     assert H200.bandwidth == 4.8e12 and H200.flops == pytest.approx(1979e12 / 2, rel=0.01)   # datasheet, dense
     assert H200.ridge == pytest.approx(H200.flops / H200.bandwidth)
     memory_bound, compute_bound = PhaseCost(flops=1e9, bytes=1e9), PhaseCost(flops=1e15, bytes=1e9)
@@ -148,7 +148,7 @@ def test_published_peaks_roofline_time_is_the_slower_of_arithmetic_and_memory():
 def test_a_ring_all_reduce_pays_2_n_minus_1_hops_and_2_n_minus_1_over_n_of_the_bytes():
     """PublishedLink: NCCL's ring model (base + 2(n-1) hops + 2(n-1)/n x bytes / bandwidth); split_step: the roofline
     compute / n next to 2 all-reduces per layer of tokens x d_model at the dtype (lesson 15's table 3)."""
-    from minitransformer.bench.machine import H200, NVLINK4, PCIE5, PublishedLink, split_step
+    from minitransformer.lab.machine import H200, NVLINK4, PCIE5, PublishedLink, split_step
     link = PublishedLink("test", bandwidth=100e9, base_latency=5e-6, hop_latency=1e-6)
     assert link.all_reduce_seconds(1e9, 1) == 0.0                                  # one GPU: nothing to join
     assert link.all_reduce_seconds(0, 4) == pytest.approx(5e-6 + 6e-6)
@@ -164,8 +164,8 @@ def test_a_ring_all_reduce_pays_2_n_minus_1_hops_and_2_n_minus_1_over_n_of_the_b
 
 
 def test_matmul_rows_times_every_row_count_in_turns(monkeypatch):
-    from minitransformer.bench import machine
-    from minitransformer.bench.machine import measure_matmul_rows, time_matmul_rows
+    from minitransformer.lab import machine
+    from minitransformer.lab.machine import measure_matmul_rows, time_matmul_rows
     w = np.ones((64, 96), dtype=np.float32)
     costs = measure_matmul_rows(np, w, (1, 4), repeats=2)
     assert sorted(costs) == [1, 4] and all(math.isfinite(t) and t > 0 for t in costs.values())

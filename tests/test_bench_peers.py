@@ -28,7 +28,7 @@ from minitransformer.bench.serve_compare import (
 )
 from minitransformer.bench.serve_report import LLAMA_CPP_PYTHON, LLAMA_SERVER, summarize, vllm_name
 from minitransformer.bench.serve_workload import ServeSettings
-from minitransformer.weights import find_default_model
+from minitransformer.models import find_default_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "llama_batched_bench.jsonl"

@@ -220,7 +220,7 @@ def test_servers_take_turns_at_each_rate_the_order_flipping(monkeypatch):
 
 
 def test_result_says_how_quiet_the_machine_was():
-    from minitransformer.measure import Quietness
+    from minitransformer.lab.measure import Quietness
     s = ServeSettings(rates=(1.0,), num_prompts=1)
     runs = [{"rate": 1.0, "wall_s": 1.0, "records": [_record(0.1, 0.5, 5)]}]
     sweeps = {name: {"url": "u", "model": "m", "endpoint": "e", "runs": runs}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer.errors import DeviceError, InputError
+from minitransformer.core.errors import DeviceError, InputError
 from minitransformer.kernels import attention, paged_decode
 from minitransformer.kernels.checked import CHECKED_ENV, check_block_tables, checked_mode
 
@@ -132,7 +132,7 @@ def test_on_the_gpu_a_bad_block_id_is_named_before_the_launch():
 
 @gpu
 def test_on_the_gpu_checked_mode_refuses_a_graph_capture_with_its_reason():
-    from minitransformer.cuda_graph import GraphedStep
+    from minitransformer.serving.cuda_graph import GraphedStep
     q, k_cache, v_cache, tables, lens = (CUPY.asarray(a) for a in paged_inputs([5, 11, 3]))
     with pytest.raises(DeviceError, match="cannot record; unset MINITRANSFORMER_CHECKED"):
         GraphedStep(lambda t, n: paged_decode(q, k_cache, v_cache, t, n), tables, lens)

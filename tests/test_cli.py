@@ -19,7 +19,8 @@ def run_cli(*args, env=None):
 
 
 def test_generate_streams_the_text_on_stdout_and_a_metrics_footer_on_stderr(tiny_model_path):
-    from minitransformer import SamplingParams, generate, load_model
+    from minitransformer import SamplingParams, load_model
+    from minitransformer.core import generate
 
     expected = generate(load_model(tiny_model_path), "the cat", SamplingParams(max_tokens=5, temperature=0.0))
     result = run_cli("generate", "the cat", "--max-tokens", "5", "--model", str(tiny_model_path))
@@ -140,9 +141,9 @@ def test_prompt_longer_than_context_is_refused_before_any_work(tiny_model_path, 
     (["--logprobs", "21"], "--logprobs must be an integer in [0, 20]"),
 ])
 def test_bad_sampling_options_are_one_line_exit_2_before_loading(options, message, capsys, monkeypatch):
-    import minitransformer.loading
+    import minitransformer.core.loading
 
-    monkeypatch.setattr(minitransformer.loading, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
+    monkeypatch.setattr(minitransformer.core.loading, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
     assert main(["generate", "hi", *options]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and len(captured.err.strip().splitlines()) == 1
@@ -193,7 +194,8 @@ def test_download_offline_is_one_line_exit_2(tmp_path):
 def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, capsys):
     """--speculative gives plain greedy's tokens with the acceptance numbers in --json; --weights / --kv-cache run
     the quantized model and int8 cache (the same result as the Python API with the same settings)."""
-    from minitransformer import SamplingParams, estimate_kv_bytes, generate, load_model
+    from minitransformer import SamplingParams, estimate_kv_bytes, load_model
+    from minitransformer.core import generate
     from minitransformer.quantize import quantize_model
 
     base = ["generate", "the cat the cat the cat", "--max-tokens", "8", "--ignore-eos", "--json",

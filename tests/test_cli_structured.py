@@ -18,9 +18,9 @@ from structured_cases import CHOICES, REGEXES, SCHEMAS
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if the model is loaded: these refusals must come first."""
-    import minitransformer.loading
+    import minitransformer.core.loading
 
-    monkeypatch.setattr(minitransformer.loading, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
+    monkeypatch.setattr(minitransformer.core.loading, "load_model", lambda *a, **k: pytest.fail("model was loaded"))
 
 
 def one_error_line(capsys) -> str:

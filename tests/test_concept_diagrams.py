@@ -14,13 +14,15 @@ import sys
 import numpy as np
 import pytest
 
-from minitransformer import KVCache, SamplingParams, generate, viz, viz_concepts as vc, viz_flow as vf, viz_shapes as vs
-from minitransformer.backend import to_host
-from minitransformer.bench.machine import forward_cost
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError
-from minitransformer.kv_storage import KVStorage
-from minitransformer.prefill import prefill
+from minitransformer import KVCache, SamplingParams
+from minitransformer.core import generate
+from minitransformer.core.backend import to_host
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_storage import KVStorage
+from minitransformer.core.prefill import prefill
+from minitransformer.lab import viz, viz_concepts as vc, viz_flow as vf, viz_shapes as vs
+from minitransformer.lab.machine import forward_cost
 from minitransformer.serving import Engine
 from test_bench_machine import record_attention_shapes
 from test_figures import ROOT, png_size
@@ -121,7 +123,7 @@ def test_request_flow_diagram_shows_the_runs_own_times(tiny_model, tmp_path):
         "stream": ["detokenizer.py"], "stop checks": ["stopping.py"]}
 
     # and every wrapped function is back in place (generate.py's module, not the function the package exports)
-    assert importlib.import_module("minitransformer.generate").prefill is prefill
+    assert importlib.import_module("minitransformer.core.generate").prefill is prefill
     assert not hasattr(KVStorage.put, "__wrapped__")
 
 
@@ -142,7 +144,7 @@ def test_stage_timer_times_the_outer_call_once_and_restores(tiny_model):
     with pytest.raises(AttributeError):                                # a target that does not resolve, after one
         with vf.StageTimer({"prefill": ["prefill:prefill"], "typo": ["prefill:prefil"]}):    # that did
             pass
-    assert importlib.import_module("minitransformer.generate").prefill is prefill
+    assert importlib.import_module("minitransformer.core.generate").prefill is prefill
 
 
 # ---------------------------------------------------------------------------------------------------- KV cache
@@ -257,7 +259,7 @@ def test_tensor_parallel_layer_diagram_is_what_each_rank_loads(tiny_model_path, 
     model's columns (w_qkv, w_gate_up) and rows (wo, w_down) at the drawn spans. The tiny model: 4 query heads,
     2 KV heads, FFN 128; at 4 ranks each KV head is replicated on 2 ranks."""
     from minitransformer import load_model
-    from minitransformer.viz_parallel import draw_tensor_parallel_layer
+    from minitransformer.lab.viz_parallel import draw_tensor_parallel_layer
     path = tmp_path / "tp.png"
     data = draw_tensor_parallel_layer(tiny_model.config, size, path)
     assert min(png_size(path)) > 200

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer.errors import MiniTransformerError
-from minitransformer.kernels.cpu_overheads import measure_overheads
+from minitransformer.core.errors import MiniTransformerError
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, ORDERS, CpuModule, KernelError
+from minitransformer.lab.kernel_overheads import measure_overheads
 
 PLANTED = Path(__file__).parent / "kernels_planted"
 MODES = ["fibers", "threads"]

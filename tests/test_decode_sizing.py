@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer.errors import InputError
+from minitransformer.core.errors import InputError
 from minitransformer.kernels import paged_decode
 from minitransformer.kernels.attention import plan_paged_decode
 from minitransformer.kernels.decode_sizing import (

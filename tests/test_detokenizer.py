@@ -7,9 +7,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from minitransformer.detokenizer import IncrementalDetokenizer
-from minitransformer.sampling import SamplingParams
-from minitransformer.stopping import check_stop
+from minitransformer.core.detokenizer import IncrementalDetokenizer
+from minitransformer.core.sampling import SamplingParams
+from minitransformer.core.stopping import check_stop
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import httpx
 import openai
 import pytest
 
-from minitransformer.errors import InputError
-from minitransformer.sampling_params import SamplingParams
+from minitransformer.core.errors import InputError
+from minitransformer.core.sampling_params import SamplingParams
 from minitransformer.serving import Engine
 from minitransformer.serving.kv_transfer import LocalConnector
 from server_process import running_server, wait_for

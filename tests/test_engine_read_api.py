@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from minitransformer import SamplingParams, generate, stream
+from minitransformer import SamplingParams, stream
+from minitransformer.core import generate
 from minitransformer.serving import BlockState, Engine, engine as engine_module
 
 

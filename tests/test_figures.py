@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minitransformer import viz
+from minitransformer.lab import viz
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_ttft_is_the_fastest_repeat_after_a_warm_up(tiny_model, monkeypatch):
     """measure_ttft runs one untimed request per length, then `repeats`: the fastest is drawn, the slowest kept."""
     import dataclasses
 
-    import minitransformer.viz_measure as vm
+    import minitransformer.lab.viz_measure as vm
     calls = []
     real = vm.generate
     monkeypatch.setattr(vm, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -91,7 +91,7 @@ class StandInProbe:
 
 
 def busy_run(monkeypatch, quiet: bool):
-    from minitransformer.measure import Quietness
+    from minitransformer.lab.measure import Quietness
     StandInProbe.quiet = Quietness(load=0.1 if quiet else 1.9, others=0.01 if quiet else 0.6, cores=2,
                                    calibration_before=1e-3, calibration_after=1e-3 if quiet else 1.3e-3)
     monkeypatch.setattr(viz, "Probe", StandInProbe)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minitransformer.errors import InputError
+from minitransformer.core.errors import InputError
 from minitransformer.kernels import flash_prefill
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, CpuModule
 from minitransformer.kernels.loader import KERNEL_DIR, build_module, read_source

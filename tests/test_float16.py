@@ -13,12 +13,13 @@ import sys
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, attention_backend, generate, load_model, model as model_module
-from minitransformer.backend import matmul_float16
-from minitransformer.errors import InputError
-from minitransformer.generate import make_request
-from minitransformer.kv_cache import KVCache
-from minitransformer.prefill import prefill
+from minitransformer import SamplingParams, load_model
+from minitransformer.core import attention as attention_backend, generate, model as model_module
+from minitransformer.core.backend import matmul_float16
+from minitransformer.core.errors import InputError
+from minitransformer.core.generate import make_request
+from minitransformer.core.kv_cache import KVCache
+from minitransformer.core.prefill import prefill
 from minitransformer.quantize import (
     FLOAT16_MAX,
     QuantizedLinear,

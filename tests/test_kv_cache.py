@@ -4,10 +4,10 @@ what a forward over the whole sequence computes."""
 import numpy as np
 import pytest
 
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError
-from minitransformer.kv_cache import KVCache, estimate_kv_bytes
-from minitransformer.prefill import prefill
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_cache import KVCache, estimate_kv_bytes
+from minitransformer.core.prefill import prefill
 
 
 @pytest.mark.parametrize("tokens,batch,dtype", [(1, 1, np.float32), (17, 1, np.float32), (100, 2, np.float32),

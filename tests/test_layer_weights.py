@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from minitransformer import load_model
-from minitransformer.config import ModelConfig
-from minitransformer.errors import ModelFileError
-from minitransformer.model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, layer_weights
-from minitransformer.weights import open_gguf
+from minitransformer.core.config import ModelConfig
+from minitransformer.core.errors import ModelFileError
+from minitransformer.core.model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, layer_weights
+from minitransformer.models import open_gguf
 from tiny_model import DIMS, write_tiny_llama
 
 

@@ -23,18 +23,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minitransformer"
 
 # bottom -> top; a name ending in ".*" covers a package's modules (its __init__ included)
 LAYERS = [
-    ("foundation", ["errors", "backend", "config", "weights", "bpe", "spm", "pretokenize", "chat_template",
-                    "tokenizer", "measure", "claims", "structured", "sampling_params", "metrics", "detokenizer",
-                    "cuda_graph", "parallel", "parallel.communicator", "parallel.plan"]),
-    ("arrays", ["layers", "rope", "kernels.*"]),
-    ("model", ["attention_backend", "model"]),
-    ("caches", ["kv_storage", "kv_cache", "serving.paged_cache"]),
-    ("stages", ["prefill", "decode", "sampling", "stopping", "request"]),
-    ("loops", ["no_cache", "speculative.*", "generate"]),
+    ("foundation", ["core", "lab", "core.errors", "core.backend", "core.config", "models", "core.bpe", "core.spm",
+                    "core.pretokenize", "core.chat_template", "core.tokenizer", "lab.measure", "lab.claims",
+                    "structured", "core.sampling_params", "core.metrics", "core.detokenizer", "serving.cuda_graph",
+                    "parallel", "parallel.communicator", "parallel.plan"]),
+    ("arrays", ["core.layers", "core.rope", "kernels.*"]),
+    ("model", ["core.attention", "core.model"]),
+    ("caches", ["core.kv_storage", "core.kv_cache", "serving.paged_cache"]),
+    ("stages", ["core.prefill", "core.decode", "core.sampling", "core.stopping", "core.request"]),
+    ("loops", ["no_cache", "speculative.*", "core.generate"]),
     ("serving", ["serving.*"]),
-    ("tools", ["quantize.*", "loading", "quality", "bench.*", "viz_concepts", "viz_flow", "viz_shapes",
-               "viz_attention", "viz_capacity", "viz_timeline", "viz_batching", "viz_tradeoff", "viz_measure",
-               "viz_parallel", "viz_interference", "viz", "parallel.*"]),
+    ("tools", ["quantize.*", "core.loading", "lab.*", "bench.*", "parallel.*"]),
     ("server", ["server.*"]),
     ("cli", ["cli.*", "__main__", "minitransformer"]),
 ]
@@ -166,8 +165,10 @@ def test_no_import_circles():
 
 
 @pytest.mark.parametrize("planted, expected", [
-    ({"kv_cache": {"generate"}}, "minitransformer.kv_cache (caches) imports minitransformer.generate (loops)"),
-    ({"model": {"quantize.linear"}}, "minitransformer.model (model) imports minitransformer.quantize.linear (tools)"),
+    ({"core.kv_cache": {"core.generate"}},
+     "minitransformer.core.kv_cache (caches) imports minitransformer.core.generate (loops)"),
+    ({"core.model": {"quantize.linear"}},
+     "minitransformer.core.model (model) imports minitransformer.quantize.linear (tools)"),
 ])
 def test_a_planted_upward_import_is_caught(planted, expected):
     graph = import_graph()

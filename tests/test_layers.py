@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from minitransformer.layers import apply_rope, attention, causal_attention, rms_norm, rope_table, silu, softmax, swiglu
+from minitransformer.core.layers import (
+    apply_rope,
+    attention,
+    causal_attention,
+    rms_norm,
+    rope_table,
+    silu,
+    softmax,
+    swiglu,
+)
 
 rng = np.random.default_rng(0)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer import KVCache, viz_attention as va, viz_capacity as vcap
-from minitransformer.backend import to_host
-from minitransformer.decode import decode_step
-from minitransformer.kv_cache import estimate_kv_bytes
-from minitransformer.prefill import prefill
+from minitransformer import KVCache
+from minitransformer.core.backend import to_host
+from minitransformer.core.decode import decode_step
+from minitransformer.core.kv_cache import estimate_kv_bytes
+from minitransformer.core.prefill import prefill
+from minitransformer.lab import viz_attention as va, viz_capacity as vcap
 from test_figures import png_size
 
 
@@ -70,7 +71,7 @@ def test_parameter_count_matches_the_weights_the_model_loaded(real_model):
 
 
 def test_request_timeline_is_the_requests_own_timestamps(real_model, tmp_path):
-    from minitransformer import viz_timeline as vt
+    from minitransformer.lab import viz_timeline as vt
 
     path = tmp_path / "request_timeline.png"
     data = vt.draw_request_timeline(real_model, path)
@@ -93,8 +94,8 @@ def test_request_timeline_is_the_requests_own_timestamps(real_model, tmp_path):
 
 
 def test_batching_sweep_is_timed_steps_and_the_h200_roofline(real_model, tmp_path):
-    from minitransformer import viz_batching as vb
-    from minitransformer.bench.machine import H200
+    from minitransformer.lab import viz_batching as vb
+    from minitransformer.lab.machine import H200
 
     sweep = vb.measure_batch_sweep(real_model, batches=(1, 2), context=16, repeats=2)
     assert sweep.batches == (1, 2) and len(sweep.step_s) == len(sweep.slowest_s) == 2
@@ -107,7 +108,7 @@ def test_batching_sweep_is_timed_steps_and_the_h200_roofline(real_model, tmp_pat
 
 
 def test_batching_stops_paying_where_no_later_doubling_gains():
-    from minitransformer.viz_batching import stops_paying
+    from minitransformer.lab.viz_batching import stops_paying
 
     assert stops_paying((1, 2, 4, 8), [10, 19, 30, 33]) == 4          # 30 -> 33 is x1.1, the last doubling
     assert stops_paying((1, 2, 4, 8, 16), [10, 19, 30, 33, 34]) == 4  # from 4 on, no doubling pays
@@ -123,8 +124,8 @@ def test_batching_stops_paying_where_no_later_doubling_gains():
 def test_serving_tradeoff_points_are_the_runs_own_numbers(real_model, tmp_path):
     """Every run is lesson 14's loop on the real engine; the points drawn are its fastest runs' own throughput
     (tokens / wall time) and TTFT p99 (over its requests' TTFTs), labelled with their max_num_seqs."""
-    from minitransformer import viz_tradeoff as vt
-    from minitransformer.bench.engine_load import arrival_offsets
+    from minitransformer.lab import viz_tradeoff as vt
+    from minitransformer.lab.engine_load import arrival_offsets
 
     settings = vt.LoadSweep(rates=(4.0, float("inf")), slots=(1, 2), requests=3, max_tokens=3, max_prompt=24,
                             repeats=2)
@@ -160,7 +161,7 @@ def test_serving_tradeoff_points_are_the_runs_own_numbers(real_model, tmp_path):
 
 
 def test_the_knee_is_the_fewest_slots_at_what_arrives():
-    from minitransformer.viz_tradeoff import knee
+    from minitransformer.lab.viz_tradeoff import knee
 
     slots = (1, 2, 4, 8, 16)
     assert knee(slots, [33, 37, 40, 42, 43], bound=51.5) == 8               # 42 >= 0.8 x 51.5 = 41.2
@@ -173,7 +174,7 @@ def test_the_knee_is_the_fewest_slots_at_what_arrives():
 def planted(tok_s: dict, ttft: dict, bound: dict, spread: float = 0.9):
     """A Tradeoff with two runs per configuration: the given numbers and a slower run (tok/s x spread, TTFT /
     spread)."""
-    from minitransformer import viz_tradeoff as vt
+    from minitransformer.lab import viz_tradeoff as vt
 
     rates = tuple(tok_s)
     settings = vt.LoadSweep(rates=rates, slots=(1, 4, 16), requests=16, max_tokens=24, max_prompt=160, repeats=2)
@@ -186,7 +187,7 @@ def planted(tok_s: dict, ttft: dict, bound: dict, spread: float = 0.9):
 def test_the_figures_notes_follow_the_numbers(tmp_path):
     """A planted run: the ring and its note only where a rate reached what arrives; the TTFT cost only when every
     run of the most slots was slower to a first token than every run at the knee; a log axis only over a decade."""
-    from minitransformer import viz_tradeoff as vt
+    from minitransformer.lab import viz_tradeoff as vt
 
     data = planted({2.0: [33, 42, 43], 8.0: [35, 45, 71]}, {2.0: [4.1, 0.5, 0.9], 8.0: [8.5, 5.4, 1.27]},
                    {2.0: 50.0, 8.0: 169.0})
@@ -213,7 +214,7 @@ def test_serving_tradeoff_is_timed_and_refused_on_a_busy_machine(tiny_model_path
 
     from rich.console import Console
 
-    from minitransformer import viz
+    from minitransformer.lab import viz
     from test_figures import busy_run
 
     assert "serving_tradeoff.png" in viz.FIGURES and "serving_tradeoff.png" in viz.TIMED

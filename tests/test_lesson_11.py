@@ -121,8 +121,8 @@ def decided(output: str) -> dict:
 def test_claims_are_decided_from_the_printed_numbers(lesson_output):
     """claims() reads this run's output: every correctness claim holds (they need no quiet machine), the lesson
     printed one verdict line per claim, and a claim about time is printed as shown only on a quiet run."""
-    from minitransformer.claims import printed_verdicts
-    from minitransformer.measure import Quietness
+    from minitransformer.lab.claims import printed_verdicts
+    from minitransformer.lab.measure import Quietness
     out, _ = lesson_output
     found = decided(out)
     assert set(found) == {"tiles-causal", "prefill-exact", "mirror-exact", "decode-exact", "wmma-bound",

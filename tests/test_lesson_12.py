@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, generate
-from minitransformer.claims import printed_verdicts, table_with
-from minitransformer.measure import Quietness
+from minitransformer import SamplingParams
+from minitransformer.core import generate
+from minitransformer.lab.claims import printed_verdicts, table_with
+from minitransformer.lab.measure import Quietness
 from printed_output import edit_cell, timing_cells_agree
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer.claims import printed_verdicts, table_with
-from minitransformer.config import ModelConfig
+from minitransformer.core.config import ModelConfig
+from minitransformer.lab.claims import printed_verdicts, table_with
 from printed_output import set_cells, timing_cells_agree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ REFERENCE = r"""
 import json, struct, sys
 import gguf, numpy as np
 from minitransformer import load_model
-from minitransformer.quality import corpus_ids
+from minitransformer.lab.quality import corpus_ids
 tokens, window = int(sys.argv[1]), int(sys.argv[2])
 model = load_model()
 ids = corpus_ids(model.tokenizer, tokens)

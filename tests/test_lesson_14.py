@@ -11,9 +11,9 @@ import re
 import numpy as np
 import pytest
 
-from minitransformer.bench import engine_load
-from minitransformer.claims import printed_verdicts, table_with
-from minitransformer.measure import Quietness
+from minitransformer.lab import engine_load
+from minitransformer.lab.claims import printed_verdicts, table_with
+from minitransformer.lab.measure import Quietness
 from printed_output import edit_cell
 from test_lessons_08_10 import load_lesson, run_lesson
 

@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from lesson_runs import small_run
-from minitransformer.claims import printed_verdicts, table_with
-from minitransformer.measure import Quietness
+from minitransformer.lab.claims import printed_verdicts, table_with
+from minitransformer.lab.measure import Quietness
 from printed_output import edit_cell
 from test_lessons_08_10 import ROOT, load_lesson
 from test_transcripts import SMALL

@@ -27,8 +27,8 @@ from minitransformer.bench.model_shape import (
     decode_read_bytes,
     parameters_by_place,
 )
-from minitransformer.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed, kv_bytes_per_token
-from minitransformer.viz_capacity import LLAMA_3_1_8B, parameter_count
+from minitransformer.core.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed, kv_bytes_per_token
+from minitransformer.lab.viz_capacity import LLAMA_3_1_8B, parameter_count
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = ROOT / "lessons" / "17_model_shape.py"
@@ -138,8 +138,8 @@ def test_the_printed_kv_bytes_and_sliding_layers_follow_the_files_metadata(outpu
     assert re.search(rf"│ gemma-3-270m +│ MQA 4:1 +│ {layers} x {kv_heads} x {head_dim} +│ {per_token:,} +│ "
                      rf"{per_token // 2:,} +│ {per_token:,} +│", output)
     window = get("gemma3.attention.sliding_window")
-    from minitransformer.config import ModelConfig
-    from minitransformer.weights import open_gguf
+    from minitransformer.core.config import ModelConfig
+    from minitransformer.models import open_gguf
     sliding = ModelConfig.from_gguf(open_gguf(gemma_model_path)).sliding_layers
     assert 0 < len(sliding) < layers
     flat = " ".join(output.split())
@@ -151,7 +151,7 @@ def test_the_printed_kv_bytes_and_sliding_layers_follow_the_files_metadata(outpu
 
 
 def test_every_untimed_claim_holds_and_the_verdicts_follow_the_numbers(output):
-    from minitransformer.claims import printed_verdicts
+    from minitransformer.lab.claims import printed_verdicts
     module = lesson_module()
     found = {c.key: c for c in module.claims(output)}
     assert {k for k, c in found.items() if not c.timed} == {"params-from-arrays", "embedding-majority", "kv-formula",

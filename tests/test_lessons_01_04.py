@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, generate
-from minitransformer.claims import is_shown
-from minitransformer.layers import softmax
-from minitransformer.measure import Quietness
+from minitransformer import SamplingParams
+from minitransformer.core import generate
+from minitransformer.core.layers import softmax
+from minitransformer.lab.claims import is_shown
+from minitransformer.lab.measure import Quietness
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(-?[0-9.]+(?:e[+-]\d+)?)"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer.claims import printed_verdicts, table_with
+from minitransformer.lab.claims import printed_verdicts, table_with
 from printed_output import set_cells, timing_cells_agree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,8 @@ def test_lesson_05_structured_output(real_model, out05):
 
     import jsonschema
 
-    from minitransformer import SamplingParams, generate
+    from minitransformer import SamplingParams
+    from minitransformer.core import generate
 
     schema, prompt = lesson_module("05_sampling.py").SCHEMA, lesson_module("05_sampling.py").JSON_PROMPT
     tok = real_model.tokenizer
@@ -335,7 +336,7 @@ def test_lesson_07_latency_metrics_and_levers(real_model_path, out07):
     from gguf import GGUFReader
 
     from minitransformer import load_tokenizer
-    from minitransformer.config import ModelConfig
+    from minitransformer.core.config import ModelConfig
 
     tok = load_tokenizer(real_model_path)
     out = out07

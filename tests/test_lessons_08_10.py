@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, generate
-from minitransformer.claims import is_shown, printed_verdicts, table_with
-from minitransformer.measure import Quietness
+from minitransformer import SamplingParams
+from minitransformer.core import generate
+from minitransformer.lab.claims import is_shown, printed_verdicts, table_with
+from minitransformer.lab.measure import Quietness
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"([0-9.]+(?:e[+-]\d+)?)"
@@ -292,7 +293,7 @@ def test_09_block_tables_grow_and_slots_follow_the_formula(lesson_09):
 
 
 def test_09_prefix_cache_hits_follow_from_the_prompts(lesson_09, real_model):
-    from minitransformer.generate import make_request
+    from minitransformer.core.generate import make_request
     lesson = load_lesson(L09)
     prompts = [make_request(real_model, [{"role": "system", "content": lesson.SYSTEM}, {"role": "user", "content": q}],
                             SamplingParams(max_tokens=4), chat=True).prompt_token_ids

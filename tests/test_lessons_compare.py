@@ -16,11 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minitransformer.claims import printed_verdicts
-from minitransformer.config import ModelConfig
-from minitransformer.kv_cache import kv_bytes_per_token
+from minitransformer.core.config import ModelConfig
+from minitransformer.core.kv_cache import kv_bytes_per_token
+from minitransformer.lab.claims import printed_verdicts
+from minitransformer.models import open_gguf
 from minitransformer.quantize import expected_weight_bytes
-from minitransformer.weights import open_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 

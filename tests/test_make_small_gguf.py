@@ -9,8 +9,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from minitransformer import SamplingParams, generate, load_model
-from minitransformer.config import ModelConfig
+from minitransformer import SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("make_small_gguf", ROOT / "scripts" / "make_small_gguf.py")

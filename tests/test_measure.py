@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from minitransformer import measure
-from minitransformer.claims import (
+from minitransformer.lab import measure
+from minitransformer.lab.claims import (
     Claim,
     find_numbers,
     is_shown,
@@ -27,7 +27,7 @@ from minitransformer.claims import (
     to_float,
     verdict_line,
 )
-from minitransformer.measure import Probe, Quietness, Timing, interleaved, machine_peaks, time_calls
+from minitransformer.lab.measure import Probe, Quietness, Timing, interleaved, machine_peaks, time_calls
 
 
 def test_timing_statistics():

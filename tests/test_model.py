@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import minitransformer.attention_backend as attention_backend
-import minitransformer.model as model_module
+import minitransformer.core.attention as attention_backend
+import minitransformer.core.model as model_module
 from minitransformer import load_model
-from minitransformer.errors import InputError
-from minitransformer.weights import open_gguf
+from minitransformer.core.errors import InputError
+from minitransformer.models import open_gguf
 from tiny_model import DIMS, tiny_tensors, write_tiny_llama
 
 

@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 import test_tensor_parallel as tp
-from minitransformer import SamplingParams, generate, load_model
+from minitransformer import SamplingParams, load_model
 from minitransformer.bench.peer_cache import converter_missing, hf_python, llama_converter
-from minitransformer.errors import ModelFileError
-from minitransformer.layers import rope_table
-from minitransformer.rope import RopeTable
+from minitransformer.core import generate
+from minitransformer.core.errors import ModelFileError
+from minitransformer.core.layers import rope_table
+from minitransformer.core.rope import RopeTable
 from minitransformer.serving import Engine
 from test_reference import REL_TOL
 from tiny_model import DIMS, write_tiny_llama

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer.decode import decode_step
-from minitransformer.errors import InputError
+from minitransformer.core.decode import decode_step
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_cache import KVCache
+from minitransformer.core.prefill import prefill
 from minitransformer.kernels.compile_check import compile_with_nvcc
 from minitransformer.kernels.quant import GEMV_EXPRESSIONS, GEMV_FILE, dequant_gemv
 from minitransformer.kernels.toolchain import find_compiler
-from minitransformer.kv_cache import KVCache
-from minitransformer.prefill import prefill
 from minitransformer.quantize import QuantizedLinear, quantize_model, set_use_kernel
 
 

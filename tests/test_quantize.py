@@ -14,11 +14,11 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from minitransformer import KVCache, Transformer, estimate_kv_bytes
-from minitransformer.errors import InputError
-from minitransformer.kv_storage import CODECS
-from minitransformer.model import LayerWeights
-from minitransformer.prefill import prefill
-from minitransformer.quality import Scores, greedy, score_corpus, score_greedy, stdlib_corpus
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_storage import CODECS
+from minitransformer.core.model import LayerWeights
+from minitransformer.core.prefill import prefill
+from minitransformer.lab.quality import Scores, greedy, score_corpus, score_greedy, stdlib_corpus
 from minitransformer.quantize import (
     GROUP,
     QuantizedLinear,
@@ -181,8 +181,8 @@ def test_kv_quantization_bound_per_token_and_head():
 
 
 def test_int8_cache_protocol_and_bytes(tiny_model):
-    from minitransformer.attention_backend import ArrayAttention
-    from minitransformer.layers import causal_attention
+    from minitransformer.core.attention import ArrayAttention
+    from minitransformer.core.layers import causal_attention
     c = tiny_model.config
     cache = KVCache(c, max_len=12, batch=2, storage="int8")
     rng = np.random.default_rng(4)
@@ -227,7 +227,8 @@ def test_int8_cache_decodes_like_its_own_prefill(tiny_model):
 def test_generate_runs_on_the_int8_cache(tiny_model):
     """generate(kv_cache="int8") stores the request's keys in an int8 KVCache: its bytes are the int8 estimate, its
     tokens those of the same loop run directly on an int8 KVCache, and bad names or --no-cache are refused."""
-    from minitransformer import SamplingParams, generate
+    from minitransformer import SamplingParams
+    from minitransformer.core import generate
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ids = [5, 70, 3, 9]
     out = generate(tiny_model, ids, params, kv_cache="int8")

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, generate
+from minitransformer import SamplingParams
+from minitransformer.core import generate
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "hf_reference.json").read_text())
 CASES = FIXTURE["cases"]

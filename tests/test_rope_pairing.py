@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minitransformer.config import ROPE_PAIRING, ModelConfig
-from minitransformer.layers import apply_rope, rope_table
-from minitransformer.model import Transformer
-from minitransformer.weights import open_gguf
+from minitransformer.core.config import ROPE_PAIRING, ModelConfig
+from minitransformer.core.layers import apply_rope, rope_table
+from minitransformer.core.model import Transformer
+from minitransformer.models import open_gguf
 
 rng = np.random.default_rng(0)
 D_HEAD, BASE = 8, 10000.0

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minitransformer import sampling
-from minitransformer.errors import InputError
-from minitransformer.sampling import (
+from minitransformer.core import sampling
+from minitransformer.core.errors import InputError
+from minitransformer.core.sampling import (
     SamplingParams,
     apply_penalties,
     compute_logprobs,

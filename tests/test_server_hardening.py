@@ -39,8 +39,8 @@ import httpx
 import pytest
 
 from minitransformer import SamplingParams
-from minitransformer.errors import InputError
-from minitransformer.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from minitransformer.core.errors import InputError
+from minitransformer.core.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from minitransformer.serving import Engine
 from server_process import ServerProcess, running_server, wait_for
 

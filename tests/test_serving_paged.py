@@ -4,12 +4,12 @@ own forward, slot mapping, reference counts, prefix-cache hashing and LRU evicti
 import numpy as np
 import pytest
 
-from minitransformer.attention_backend import ArrayAttention, SlidingWindowAttention
-from minitransformer.errors import InputError
-from minitransformer.kv_cache import KVCache
-from minitransformer.layers import attention
-from minitransformer.request import Request
-from minitransformer.sampling_params import SamplingParams
+from minitransformer.core.attention import ArrayAttention, SlidingWindowAttention
+from minitransformer.core.errors import InputError
+from minitransformer.core.kv_cache import KVCache
+from minitransformer.core.layers import attention
+from minitransformer.core.request import Request
+from minitransformer.core.sampling_params import SamplingParams
 from minitransformer.serving import BlockManager, PagedKVCache
 from minitransformer.serving.paged_cache import PagedStep, length_groups
 from minitransformer.serving.sequence import Sequence

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer import InputError, SamplingParams, generate, load_model
-from minitransformer.decode import decode_step
-from minitransformer.generate import make_request
-from minitransformer.kv_cache import KVCache, estimate_kv_bytes
-from minitransformer.prefill import prefill
+from minitransformer import InputError, SamplingParams, load_model
+from minitransformer.core import generate
+from minitransformer.core.decode import decode_step
+from minitransformer.core.generate import make_request
+from minitransformer.core.kv_cache import KVCache, estimate_kv_bytes
+from minitransformer.core.prefill import prefill
 from minitransformer.speculative import (
     NgramDrafter,
     SpeculativeConfig,
@@ -290,7 +291,7 @@ def test_cli_helpers(tiny_model, tiny_model_path):
 
 def test_the_verify_step_samples_from_the_processed_target_distribution(tiny_model):
     """sample_next with a draft pending: penalties, temperature and top_k shape p exactly as in plain sampling."""
-    from minitransformer.request import RequestState
+    from minitransformer.core.request import RequestState
     V = tiny_model.config.vocab_size
     rng = np.random.default_rng(5)
     logits = rng.normal(0, 2, (1, V)).astype(np.float32)                  # (1, V)

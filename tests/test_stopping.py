@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from minitransformer.detokenizer import IncrementalDetokenizer
-from minitransformer.metrics import now
-from minitransformer.sampling import SamplingParams
-from minitransformer.stopping import StopDecision, check_abort, check_stop, tokens_to_suppress
+from minitransformer.core.detokenizer import IncrementalDetokenizer
+from minitransformer.core.metrics import now
+from minitransformer.core.sampling import SamplingParams
+from minitransformer.core.stopping import StopDecision, check_abort, check_stop, tokens_to_suppress
 
 PARIS = "The capital of France is Paris."     # 'The', ' capital', ' of', ' France', ' is', ' Paris', '.'
 

@@ -17,12 +17,13 @@ import jsonschema
 import numpy as np
 import pytest
 
-from minitransformer import InputError, SamplingParams, generate, stream
-from minitransformer.sampling import SamplingRow, mask_tokens, next_tokens
+from minitransformer import InputError, SamplingParams, stream
+from minitransformer.core import generate
+from minitransformer.core.sampling import SamplingRow, mask_tokens, next_tokens
+from minitransformer.core.stopping import check_stop
 from minitransformer.serving import Engine, SequenceStatus
 from minitransformer.speculative import NgramDrafter, SpeculativeConfig
 from minitransformer.speculative.drafters import SecondModelDrafter
-from minitransformer.stopping import check_stop
 from minitransformer.structured import MAX_CONSTRAINT_CHARS, Constraint, StructuredOutputsParams
 from structured_cases import CHOICES, REGEXES, SCHEMAS
 from tiny_model import write_tiny_llama

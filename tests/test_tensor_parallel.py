@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 
 import tiny_model as tiny
-from minitransformer.config import ModelConfig
-from minitransformer.errors import InputError
+from minitransformer.core.config import ModelConfig
+from minitransformer.core.errors import InputError
+from minitransformer.models import dequantize, open_gguf
 from minitransformer.parallel import communicator
 from minitransformer.parallel.plan import ShardPlan, check_tensor_parallel_size, supported_sizes
-from minitransformer.weights import dequantize, open_gguf
 from tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,12 +23,12 @@ import numpy as np
 import openai
 import pytest
 
-from minitransformer.errors import InputError
-from minitransformer.loading import load_model
+from minitransformer.core.errors import InputError
+from minitransformer.core.loading import load_model
+from minitransformer.core.sampling_params import SamplingParams
 from minitransformer.parallel import driver as driver_module
 from minitransformer.parallel.communicator import CollectiveStats
 from minitransformer.parallel.driver import DriverTransformer, StepMessage, serve_worker
-from minitransformer.sampling_params import SamplingParams
 from minitransformer.serving import Engine
 from minitransformer.serving.paged_cache import PagedKVCache
 from server_process import ServerProcess

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from minitransformer.errors import InputError, ModelFileError
-from minitransformer.tokenizer import BYTE_TO_CHAR, NORMAL, Tokenizer, bpe
+from minitransformer.core.errors import InputError, ModelFileError
+from minitransformer.core.tokenizer import BYTE_TO_CHAR, NORMAL, Tokenizer, bpe
 from tokenizer_reference import live_rows, mismatches
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_llamacpp.json"
@@ -51,7 +51,7 @@ def test_fixture_matches_llamacpp(tokenizer):
 @pytest.mark.peers
 def test_live_against_llamacpp(tokenizer):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (the `peers` extra)")
-    from minitransformer.weights import resolve_model_path
+    from minitransformer.models import resolve_model_path
 
     llm = llama_cpp.Llama(model_path=str(resolve_model_path(None)), vocab_only=True, verbose=False)
     rng = random.Random()  # fresh strings on every run; the seed is in the failure message

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minitransformer.detokenizer import IncrementalDetokenizer
-from minitransformer.errors import ModelFileError
-from minitransformer.spm import merge_by_score
-from minitransformer.tokenizer import CONTROL, Tokenizer, load_tokenizer
+from minitransformer.core.detokenizer import IncrementalDetokenizer
+from minitransformer.core.errors import ModelFileError
+from minitransformer.core.spm import merge_by_score
+from minitransformer.core.tokenizer import CONTROL, Tokenizer, load_tokenizer
 from tiny_model import write_tiny_spm
 from tokenizer_reference import live_rows, mismatches
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from minitransformer import load_model, weights
-from minitransformer.errors import ModelFetchError, ModelFileError
+from minitransformer import load_model, models as weights
+from minitransformer.core.errors import ModelFetchError, ModelFileError
 from tiny_model import write_tiny_llama
 
 

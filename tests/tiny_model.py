@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from minitransformer.tokenizer import bytes_to_unicode
+from minitransformer.core.tokenizer import bytes_to_unicode
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

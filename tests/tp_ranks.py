@@ -34,10 +34,10 @@ def collectives(comm: MpiCommunicator) -> dict:
 def forward(comm: MpiCommunicator, path: str, steps: int) -> dict:
     """The sharded forward's logits (prefill, then greedy decode steps through the driver and the workers) next to
     one process's, on rank 0."""
-    from minitransformer.generate import generate
-    from minitransformer.loading import load_model
+    from minitransformer.core.generate import generate
+    from minitransformer.core.loading import load_model
+    from minitransformer.core.sampling_params import SamplingParams
     from minitransformer.parallel.driver import tensor_parallel_rank
-    from minitransformer.sampling_params import SamplingParams
 
     ids = [[5, 60, 61, 7, 90, 33, 12, 70]]
     positions = [list(range(8))]
@@ -66,7 +66,7 @@ def run_engine(model, max_tokens: int, num_blocks: int) -> dict:
     """8 concurrent greedy requests on an Engine over `model`, through a pool small enough to preempt, with
     prefix caching on and one request aborted mid-way: each request's token ids, and the counters that show the
     preemption and the prefix-cache hits happened."""
-    from minitransformer.sampling_params import SamplingParams
+    from minitransformer.core.sampling_params import SamplingParams
     from minitransformer.serving import Engine
 
     engine = Engine(model, max_num_seqs=8, num_blocks=num_blocks, block_size=4, max_num_batched_tokens=48,
@@ -91,7 +91,7 @@ def run_engine(model, max_tokens: int, num_blocks: int) -> dict:
 def engine(comm: MpiCommunicator, path: str, max_tokens: int, num_blocks: int) -> dict:
     """The serving engine on the driver model (every step's forward through the workers' pools) next to the same
     engine on one process's model, on rank 0."""
-    from minitransformer.loading import load_model
+    from minitransformer.core.loading import load_model
     from minitransformer.parallel.driver import tensor_parallel_rank
 
     with tensor_parallel_rank(lambda c: load_model(path, comm=c), lambda: comm) as driver:

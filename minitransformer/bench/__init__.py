@@ -7,6 +7,6 @@ figures (viz_measure) for the machine's label: imported here, it would close an 
 that uses the cost model (tests/test_layering.py models package imports and checks there is none).
 """
 
-from .machine import PhaseCost, forward_cost, measure_copy_bandwidth, measure_gemm_flops, roofline_tokens_per_s
+from ..lab.machine import PhaseCost, forward_cost, measure_copy_bandwidth, measure_gemm_flops, roofline_tokens_per_s
 
 __all__ = ["PhaseCost", "forward_cost", "measure_copy_bandwidth", "measure_gemm_flops", "roofline_tokens_per_s"]

@@ -34,9 +34,9 @@ import functools
 import time
 from bisect import bisect_left
 
-from ..measure import Probe, Quietness, Timing, time_calls
-from ..request import make_request
-from ..sampling_params import SamplingParams
+from ..core.request import make_request
+from ..core.sampling_params import SamplingParams
+from ..lab.measure import Probe, Quietness, Timing, time_calls
 from ..serving.engine import Engine
 from .serve_workload import ServeSettings, make_prompts
 

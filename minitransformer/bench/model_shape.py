@@ -22,10 +22,10 @@ import math
 
 import numpy as np
 
-from ..decode import decode_step
-from ..kv_cache import KVCache
-from ..model import layer_weights
-from ..prefill import prefill
+from ..core.decode import decode_step
+from ..core.kv_cache import KVCache
+from ..core.model import layer_weights
+from ..core.prefill import prefill
 from ..quantize.linear import quantized_bytes
 
 # LayerWeights field -> where lesson 17 counts it; a vector (a norm's scale) counts as "norms"

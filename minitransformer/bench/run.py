@@ -33,10 +33,10 @@ import platform
 import time
 from dataclasses import asdict, dataclass, replace
 
-from ..errors import InputError
-from ..kv_cache import estimate_kv_bytes
-from ..measure import Probe, Timing
-from .machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops
+from ..core.errors import InputError
+from ..core.kv_cache import estimate_kv_bytes
+from ..lab.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops
+from ..lab.measure import Probe, Timing
 from .workloads import Ours, prompt_ids, serving_prompts
 
 SCHEMA = 2                                # 2: figures are the best run, with "medians" and ratios' "beyond_noise"
@@ -89,7 +89,7 @@ def check_settings(s: Settings, context_length: int) -> None:
 
 def machine_info(peaks: dict, systems) -> dict:
     """Where the numbers were measured: cores, BLAS threads if knowable, library versions, the two peaks."""
-    from ..viz_measure import machine_label
+    from ..lab.viz_measure import machine_label
 
     def version(dist: str):
         try:

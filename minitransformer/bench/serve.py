@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..errors import MiniTransformerError
+from ..core.errors import MiniTransformerError
 from .serve_workload import ServeSettings, arrival_times, make_prompts
 
 

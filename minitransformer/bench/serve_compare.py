@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..measure import Probe
+from ..lab.measure import Probe
 from . import peer_cache
 from .managed_server import ManagedServer, Termination, free_port
 from .serve import ServeSettings, run_sweeps
@@ -113,7 +113,7 @@ def vllm_env(binding: str, cores: int, scratch: Path) -> dict[str, str]:
 def context_per_request(model_path: str, s: ServeSettings) -> int:
     """The context one request of this workload needs: its longest prompt in tokens + max_tokens, with room for a
     chat template (a quarter more and 64 tokens), rounded up to a multiple of 256."""
-    from ..tokenizer import load_tokenizer
+    from ..core.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
     longest = max(len(tokenizer.encode(p)) for p in make_prompts(s.num_prompts, s.seed, s.prompt_words))
@@ -166,7 +166,7 @@ def choose_peers(text: str | None) -> list[str] | None:
     wanted = [name.strip() for name in text.split(",") if name.strip()]
     bad = [name for name in wanted if name not in PEER_KEYS]
     if not wanted or bad:
-        from ..errors import InputError
+        from ..core.errors import InputError
         raise InputError(f"--compare takes a comma-separated subset of {', '.join(PEER_KEYS)} (or nothing: every "
                          f"peer that is set up); got {text!r}")
     return wanted

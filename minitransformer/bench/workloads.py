@@ -23,13 +23,13 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..backend import synchronize, to_host
-from ..decode import decode_step
-from ..generate import generate
-from ..kv_cache import KVCache
-from ..measure import time_calls
-from ..prefill import prefill
-from ..sampling_params import SamplingParams
+from ..core.backend import synchronize, to_host
+from ..core.decode import decode_step
+from ..core.generate import generate
+from ..core.kv_cache import KVCache
+from ..core.prefill import prefill
+from ..core.sampling_params import SamplingParams
+from ..lab.measure import time_calls
 
 # A real text for the prompts (>= 1024 tokens once repeated with variations), cut to each length P.
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "

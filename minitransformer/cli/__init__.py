@@ -18,8 +18,8 @@ import argparse
 import os
 import sys
 
-from ..errors import MiniTransformerError
-from ..weights import DEFAULT_MODEL, KNOWN_MODELS
+from ..core.errors import MiniTransformerError
+from ..models import DEFAULT_MODEL, KNOWN_MODELS
 from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .options import MODEL_HELP
 
 
@@ -36,7 +36,7 @@ def cmd_bench_engine(args) -> int:
     from rich.console import Console
 
     from ..bench.engine_bound import print_table, run_engine_bench, write_json
-    from ..loading import load_model
+    from ..core.loading import load_model
     from .bench_serve import parse_words
 
     for flag, value in (("--num-prompts", args.num_prompts), ("--max-tokens", args.max_tokens),

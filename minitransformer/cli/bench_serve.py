@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 def add_bench_serve_parser(bench, parser_class):
@@ -139,7 +139,7 @@ def cmd_bench_serve(args) -> int:
     out = Path(args.out)
     if args.compare:
         from ..bench.serve_compare import choose_peers
-        from ..weights import resolve_model_path
+        from ..models import resolve_model_path
 
         wanted = choose_peers(args.compare)          # a bad name is a one-line error before anything starts
     err = Console(stderr=True)
@@ -170,7 +170,7 @@ def cmd_bench_serve(args) -> int:
                                               on_skip=lambda line: progress.console.print(line, markup=False,
                                                                                           highlight=False))
         else:
-            from ..measure import Probe
+            from ..lab.measure import Probe
 
             probe = Probe()                     # this machine's quietness: the client's, and a local server's
             sweeps, note = {"server": asyncio.run(run_sweep(args.url, s, on_done=on_done, on_rate=on_rate))}, None

@@ -12,13 +12,8 @@ import signal
 import sys
 import threading
 
-from ..errors import InputError
-from .options import (
-    check_speculative_flags,
-    load_model_from_args,
-    sampling_params,
-    speculative_from_cli,
-)
+from ..core.errors import InputError
+from .options import check_speculative_flags, load_model_from_args, sampling_params, speculative_from_cli
 from .tensor_parallel import launch_tensor_parallel, model_for_args
 
 
@@ -42,7 +37,7 @@ def cmd_generate(args) -> int:
 
 
 def _generate(args, params, model) -> int:
-    from ..generate import generate, stream
+    from ..core.generate import generate, stream
     from ..speculative import describe
 
     speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
@@ -67,7 +62,7 @@ def _generate(args, params, model) -> int:
 
 def cmd_chat(args) -> int:
     """Read a line, stream the reply, keep both in the history; the whole history is the next prompt."""
-    from ..generate import stream
+    from ..core.generate import stream
 
     if "-" in (args.json_schema, args.grammar):          # chat reads its messages from stdin
         raise InputError("chat reads your messages from standard input, so its constraint must come from a file: "
@@ -128,7 +123,7 @@ def _check_system_text(system: str | None) -> None:
 def _check_system_fits(model, system: list[dict], params) -> None:
     """The system prompt with a one-character first message must fit the context with --max-tokens: /reset keeps the
     system prompt, so if it does not fit now, no turn ever will."""
-    from ..request import make_request
+    from ..core.request import make_request
 
     if system:
         try:

@@ -9,9 +9,9 @@ import re
 import sys
 from typing import Any
 
-from ..errors import InputError
-from ..kv_storage import CODECS
-from ..sampling_params import SamplingParams, sampling_options
+from ..core.errors import InputError
+from ..core.kv_storage import CODECS
+from ..core.sampling_params import SamplingParams, sampling_options
 from ..structured import StructuredOutputsParams
 
 MODEL_HELP = ("path of a llama-architecture GGUF, or a model fetched by name: smollm2-135m (the default, "
@@ -38,7 +38,7 @@ def load_model_from_args(args, comm=None):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
     load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only). comm: a tensor-parallel rank's
     communicator (only its shard is loaded)."""
-    from ..loading import load_model
+    from ..core.loading import load_model
 
     dtype = "float16" if args.weights == "f16" else "float32"
     model = load_model(args.model, device=args.device, attention=args.attention, dtype=dtype, comm=comm)
@@ -74,7 +74,7 @@ def speculative_from_cli(name: str | None, draft_model: str | None, device: str 
                          n_layers: int | None = None):
     """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes (a loaded
     draft model for "model")."""
-    from ..loading import load_model
+    from ..core.loading import load_model
 
     check_speculative_flags(name, draft_model, n_layers)
     if name != "model":

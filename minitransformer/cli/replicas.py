@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 SUPERVISOR_ENV = "MINITRANSFORMER_REPLICA_SUPERVISOR"   # set in each replica: the pid of the supervisor
 ROUTER_EXTRA_HINT = "install the router with `pip install 'minitransformer[router]'` (SGLang's model gateway, smg)"
@@ -86,8 +86,8 @@ def serve_replicas(args, sock) -> int:
     address, bound by the caller to check it (a port in use is exit 2 before anything starts); it is closed just
     before smg binds the same port."""
     from ..bench.managed_server import ManagedServer, free_port, stop_all
+    from ..models import open_gguf, resolve_model_path, signals_exit
     from ..server.runner import CLOSE_GRACE_S
-    from ..weights import open_gguf, resolve_model_path, signals_exit
 
     smg = find_smg()
     # a missing or foreign file is exit 2 here, not N replicas that die; the default model is fetched once, not N times

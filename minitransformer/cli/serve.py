@@ -21,7 +21,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .options import add_model_options, load_model_from_args
 from .replicas import add_replicas_options, check_replicas, serve_replicas, watch_supervisor
 from .tensor_parallel import add_tensor_parallel_option, launch_tensor_parallel, model_for_args

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .options import load_model_from_args
 
 
@@ -44,14 +44,14 @@ def launch_tensor_parallel(args, drain_s: float | None = None) -> int | None:
     head counts), then run this same command as N ranks (parallel/launch.py) and return rank 0's exit code.
     None when this process runs the model itself: size 1, or already one of the ranks. drain_s: on a signal, rank 0
     alone is asked to stop and may take this long to end the job (serve drains its requests; run_ranks)."""
-    from ..config import ModelConfig
+    from ..core.config import ModelConfig
     from ..parallel.communicator import check_gpus_for_ranks
     from ..parallel.launch import in_rank_process, run_ranks
 
     if args.tensor_parallel_size == 1 or in_rank_process():
         return None
+    from ..models import open_gguf, resolve_model_path
     from ..parallel.plan import check_tensor_parallel_size
-    from ..weights import open_gguf, resolve_model_path
 
     size = args.tensor_parallel_size
     check_tensor_parallel_size(ModelConfig.from_gguf(open_gguf(resolve_model_path(args.model))), size)

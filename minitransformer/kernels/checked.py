@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from ..backend import to_host
-from ..errors import DeviceError, InputError
+from ..core.backend import to_host
+from ..core.errors import DeviceError, InputError
 
 CHECKED_ENV = "MINITRANSFORMER_CHECKED"
 

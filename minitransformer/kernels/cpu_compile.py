@@ -18,8 +18,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import MiniTransformerError
-from ..weights import cache_dir
+from ..core.errors import MiniTransformerError
+from ..models import cache_dir
 
 HEADER_DIR = Path(__file__).parent / "cuda_cpu"
 CXX = os.environ.get("CXX", "g++")

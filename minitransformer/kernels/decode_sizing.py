@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .loader import MAX_SHARED_BYTES, source_constant
 
 DECODE_VARIANTS = {"bandwidth": "paged_decode.cu", "simple": "paged_decode_simple.cu"}

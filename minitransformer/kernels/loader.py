@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 KERNEL_DIR = Path(__file__).resolve().parent
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 HEAD_DIMS = (64, 128)                                   # the head_dim template instantiations
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))   # float and __half storage; the math is float32

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from ..backend import array_module
-from ..errors import InputError
+from ..core.backend import array_module
+from ..core.errors import InputError
 from .loader import array_param, backend_of, get_kernel, scalar_param, source_constant
 from .plan import HEAD_DIMS, AttentionPlan, check_aligned16, check_prefill_inputs
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .loader import Param, array_param, backend_of, get_kernel, scalar_param, source_constant
 
 GEMV_FILE = "dequant_gemv.cu"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 PARALLEL_EXTRA_HINT = "install the parallel extra: pip install 'minitransformer[parallel]' (mpi4py and MPICH)"
 

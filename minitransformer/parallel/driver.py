@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backend import INDEX_DTYPE, to_host
-from ..errors import InputError
-from ..kv_cache import KVCache
-from ..model import Transformer
+from ..core.backend import INDEX_DTYPE, to_host
+from ..core.errors import InputError
+from ..core.kv_cache import KVCache
+from ..core.model import Transformer
 from ..serving.paged_cache import PagedKVCache, PagedStep
 from .communicator import Communicator, MpiCommunicator
 from .launch import watch_supervisor

@@ -27,8 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import InputError
-from ..weights import signals_exit
+from ..core.errors import InputError
+from ..models import signals_exit
 from .communicator import PARALLEL_EXTRA_HINT
 
 RANKS_ENV = "MINITRANSFORMER_TP_RANKS"           # set in every rank process: its world size

@@ -31,8 +31,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import ModelConfig
-from ..errors import InputError
+from ..core.config import ModelConfig
+from ..core.errors import InputError
 
 
 def check_tensor_parallel_size(config: ModelConfig, size: int) -> None:

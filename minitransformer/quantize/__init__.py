@@ -31,7 +31,7 @@ Modules, in reading order: schemes.py (the int8 / int4 / float16 formats: quanti
 `from minitransformer.quantize import X` works.
 """
 
-from ..backend import INT8_MAX
+from ..core.backend import INT8_MAX
 from .linear import (
     DEFAULT_BLOCK_BYTES,
     KERNEL_MAX_ROWS,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DTYPE, array_module, matmul_float16
-from ..config import ModelConfig
-from ..errors import InputError
-from ..model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer, layer_weights
+from ..core.backend import DTYPE, array_module, matmul_float16
+from ..core.config import ModelConfig
+from ..core.errors import InputError
+from ..core.model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer, layer_weights
 from .schemes import (
     GROUP,
     SCHEMES,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import DTYPE, array_module, dequantize_int8_rows, quantize_int8_rows
-from ..errors import InputError
+from ..core.backend import DTYPE, array_module, dequantize_int8_rows, quantize_int8_rows
+from ..core.errors import InputError
 
 SCHEMES = ("f32", "int8", "int4", "f16")
 GROUP = 32                      # int4: inputs per group (one scale and one minimum each)

@@ -40,9 +40,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import MiniTransformerError, QuotaError
-from ..metrics import now
-from ..request import Delta, make_request
+from ..core.errors import MiniTransformerError, QuotaError
+from ..core.metrics import now
+from ..core.request import Delta, make_request
 from .connections import quiet_accept_errors
 from .engine_loop import EngineLoop
 from .errors import APIError, EngineFailed, QueueFull, bad_request, http_error, internal_error, too_many_requests

@@ -27,8 +27,8 @@ import queue
 import threading
 from concurrent.futures import Future
 
-from ..metrics import now
-from ..request import Delta
+from ..core.metrics import now
+from ..core.request import Delta
 from ..serving import Engine
 from .errors import EngineFailed, QueueFull
 from .prometheus import ServerMetrics

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ..metrics import now
+from ..core.metrics import now
 from ..serving import BlockState
 from .errors import APIError
 from .responses import sse

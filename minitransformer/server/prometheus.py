@@ -41,7 +41,7 @@ from __future__ import annotations
 import bisect
 import threading
 
-from ..request import Result
+from ..core.request import Result
 from ..serving import EngineStats
 from ..serving.kv_transfer import TransferStats
 

@@ -37,9 +37,9 @@ import json
 import numbers
 from dataclasses import dataclass
 
-from ..backend import is_int
-from ..errors import InputError
-from ..sampling_params import SamplingParams, sampling_options
+from ..core.backend import is_int
+from ..core.errors import InputError
+from ..core.sampling_params import SamplingParams, sampling_options
 from .errors import bad_request, json_type
 from .structured_fields import structured_outputs
 

@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Sequence
 
-from ..request import Result
+from ..core.request import Result
 
 
 def finish(result: Result) -> tuple[str, object]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..errors import InputError
+from ..core.errors import InputError
 from ..structured import KINDS, StructuredOutputsParams
 from .errors import bad_request, json_type
 

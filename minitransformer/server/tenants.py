@@ -30,8 +30,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend import is_int
-from ..errors import InputError
+from ..core.backend import is_int
+from ..core.errors import InputError
 
 
 @dataclass(frozen=True)

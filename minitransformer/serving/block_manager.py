@@ -32,7 +32,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 class BlockState(enum.Enum):

@@ -35,14 +35,14 @@ import dataclasses
 import itertools
 from typing import Any
 
-from ..backend import check_count, keep_freed_memory
-from ..errors import InputError, QuotaError
-from ..kv_cache import estimate_kv_bytes
-from ..kv_storage import check_storage
-from ..metrics import now
-from ..request import Result, make_request
-from ..sampling import SamplingParams, next_tokens
-from ..stopping import StopDecision
+from ..core.backend import check_count, keep_freed_memory
+from ..core.errors import InputError, QuotaError
+from ..core.kv_cache import estimate_kv_bytes
+from ..core.kv_storage import check_storage
+from ..core.metrics import now
+from ..core.request import Result, make_request
+from ..core.sampling import SamplingParams, next_tokens
+from ..core.stopping import StopDecision
 from . import model_runner
 from .block_manager import BlockManager
 from .graph_runner import DecodeGraphs, graphs_refusal

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..backend import INDEX_DTYPE, check_memory
+from ..core.backend import INDEX_DTYPE, check_memory
 from .paged_cache import PagedStep
 
 log = logging.getLogger("minitransformer.graphs")
@@ -145,7 +145,7 @@ class DecodeGraphs:
         if not self.capture:
             step = EagerStep(lambda *b: self._forward(rows, *b), *buffers)
         else:
-            from ..cuda_graph import GraphedStep
+            from .cuda_graph import GraphedStep
             try:
                 step = GraphedStep(lambda *b: self._forward(rows, *b), *buffers)
             except Exception as exc:  # a capture rule broken somewhere in the forward: say so, run plainly

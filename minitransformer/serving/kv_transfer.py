@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..sampling_params import SamplingParams
+from ..core.sampling_params import SamplingParams
 
 PRODUCER, CONSUMER = "kv_producer", "kv_consumer"     # vLLM's kv_role values: who prefills, who decodes
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import INDEX_DTYPE
+from ..core.backend import INDEX_DTYPE
 from .paged_cache import PagedStep, length_groups
 
 

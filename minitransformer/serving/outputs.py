@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..request import Delta, Result
+from ..core.request import Delta, Result
 from .block_manager import BlockState
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..attention_backend import AttentionBackend
-from ..backend import DTYPE, check_count, check_memory, to_host
-from ..config import ModelConfig
-from ..kv_cache import kv_bytes_per_token
-from ..kv_storage import KVStorage, check_storage
+from ..core.attention import AttentionBackend
+from ..core.backend import DTYPE, check_count, check_memory, to_host
+from ..core.config import ModelConfig
+from ..core.kv_cache import kv_bytes_per_token
+from ..core.kv_storage import KVStorage, check_storage
 
 
 def reserve(shape, dtype, xp=np):

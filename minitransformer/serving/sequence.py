@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from ..request import Request, RequestState
+from ..core.request import Request, RequestState
 
 
 class SequenceStatus(enum.Enum):

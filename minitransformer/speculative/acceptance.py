@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_host
-from ..sampling import SamplingRow, distribution, draw_from
-from ..stopping import tokens_to_suppress
+from ..core.backend import to_host
+from ..core.sampling import SamplingRow, distribution, draw_from
+from ..core.stopping import tokens_to_suppress
 
 
 def processed_probs(logits, params, prompt_ids, output_ids, eos_id, constraint=None):

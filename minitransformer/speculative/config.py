@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 if TYPE_CHECKING:
-    from ..model import Transformer
+    from ..core.model import Transformer
 
 MAX_SPECULATIVE_TOKENS = 16
 

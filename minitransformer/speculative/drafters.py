@@ -18,9 +18,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import InputError
-from ..kv_cache import KVCache
-from ..sampling import draw_from
+from ..core.errors import InputError
+from ..core.kv_cache import KVCache
+from ..core.sampling import draw_from
 from ..structured import Constraint
 from .acceptance import processed_probs
 from .config import SpeculativeConfig

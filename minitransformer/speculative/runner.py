@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend import to_host
-from ..kv_cache import KVCache, estimate_kv_bytes
-from ..metrics import now
-from ..prefill import prefill
-from ..sampling import distribution
+from ..core.backend import to_host
+from ..core.kv_cache import KVCache, estimate_kv_bytes
+from ..core.metrics import now
+from ..core.prefill import prefill
+from ..core.sampling import distribution
 from .acceptance import accept_or_resample
 from .config import SpeculativeConfig
 from .drafters import make_drafter

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, ModelFetchError, ModelFileError
+from .core.errors import InputError, ModelFetchError, ModelFileError
 
 
 @dataclass(frozen=True)

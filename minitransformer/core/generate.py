@@ -19,16 +19,16 @@ import numbers
 from collections.abc import Iterator
 from typing import Protocol
 
+from ..no_cache import RecomputeRunner
+from ..speculative import SpeculativeRunner, make_config
 from .decode import decode_step
 from .errors import InputError
 from .kv_cache import KVCache
 from .kv_storage import check_storage
 from .metrics import now
-from .no_cache import RecomputeRunner
 from .prefill import prefill
 from .request import Delta, Request, RequestState, Result, make_request
 from .sampling import SamplingParams, request_logprobs
-from .speculative import SpeculativeRunner, make_config
 from .stopping import check_abort
 
 __all__ = ["generate", "stream", "make_request", "Request", "Result", "Delta", "Runner", "CachedRunner",

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .generate import generate
-from .sampling_params import SamplingParams
-from .serving import Engine
+from ..core.generate import generate
+from ..core.sampling_params import SamplingParams
+from ..serving import Engine
 
 # Paged attention: two requests share a system text longer than two blocks, so prefix caching maps their first
 # blocks to the same physical blocks; the third request shares nothing. A small pool keeps the whole row readable.

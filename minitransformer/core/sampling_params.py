@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from ..structured import StructuredOutputsParams
 from .backend import is_int
 from .errors import InputError
-from .structured import StructuredOutputsParams
 
 # vLLM's _SAMPLING_EPS: a temperature below this is greedy (dividing by it would overflow float32 anyway).
 GREEDY_TEMPERATURE = 1e-5

@@ -32,10 +32,10 @@ from typing import Protocol
 
 import numpy as np
 
+from ..structured import Constraint
 from .backend import INDEX_DTYPE, array_module, to_host
 from .layers import softmax
 from .sampling_params import SamplingParams
-from .structured import Constraint
 
 # top_p without top_k first sorts only this many of the largest logits, and the whole row only if they fall short.
 TOP_P_PREFIX = 1024

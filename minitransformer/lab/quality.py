@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import synchronize, to_host
-from .decode import decode_step
-from .kv_cache import KVCache
-from .prefill import prefill
+from ..core.backend import synchronize, to_host
+from ..core.decode import decode_step
+from ..core.kv_cache import KVCache
+from ..core.prefill import prefill
 
 CORPUS_MODULES = tuple("""abc argparse ast asyncio base64 bisect calendar collections contextlib copy csv dataclasses
     datetime decimal difflib enum fractions functools glob hashlib heapq html http.client inspect itertools json logging

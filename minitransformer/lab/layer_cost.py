@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ModelConfig
-from ..kv_cache import kv_bytes_per_token
-from ..layers import causal_pairs
-from ..model import LAYER_MATRICES
+from ..core.config import ModelConfig
+from ..core.kv_cache import kv_bytes_per_token
+from ..core.layers import causal_pairs
+from ..core.model import LAYER_MATRICES
 
 
 @dataclass(frozen=True)

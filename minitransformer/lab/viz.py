@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from .bench.machine import forward_cost
-from .errors import InputError
-from .generate import generate
-from .kv_cache import estimate_kv_bytes
-from .loading import load_model
+from ..core.errors import InputError
+from ..core.generate import generate
+from ..core.kv_cache import estimate_kv_bytes
+from ..core.loading import load_model
+from ..core.sampling_params import SamplingParams
+from .machine import forward_cost
 from .measure import Probe, Quietness
-from .sampling_params import SamplingParams
 from .viz_attention import draw_query_vs_cache
 from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_batch_sweep
 from .viz_capacity import draw_users_that_fit

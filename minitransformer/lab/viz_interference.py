@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench.interference import CHAT, LONG
+from ..bench.interference import CHAT, LONG
 from .viz_concepts import pyplot
 
 

@@ -348,6 +348,6 @@ def join_plain(pieces: Iterable[tuple[str, int | None]]) -> list[tuple[str, int 
 
 def load_tokenizer(path=None) -> Tokenizer:
     """The tokenizer of a GGUF model file (default: the default model, fetched if missing)."""
-    from .weights import open_gguf, resolve_model_path  # lazy: weights imports heavier things
+    from ..models import open_gguf, resolve_model_path  # lazy: weights imports heavier things
 
     return Tokenizer.from_gguf(open_gguf(resolve_model_path(path)))

@@ -17,14 +17,15 @@ import importlib
 import sys
 from pathlib import Path
 
-from .generate import generate
+from ..core.generate import generate
+from ..core.metrics import now
+from ..core.request import Result
+from ..core.sampling_params import SamplingParams
 from .measure import Timing, time_calls
-from .metrics import now
-from .request import Result
-from .sampling_params import SamplingParams
 from .viz_concepts import pyplot
 
-# stage -> the functions that do it, as "module:qualified name"; KV cache writes happen inside prefill and decode
+# stage -> the functions that do it, as "module of core/:qualified name"; KV cache writes happen inside prefill and decode
+CORE = "minitransformer.core"
 STAGES = {
     "tokenize": ["tokenizer:Tokenizer.encode_chat", "tokenizer:Tokenizer.render_chat", "tokenizer:Tokenizer.encode"],
     "schedule": ["kv_cache:KVCache.__init__"],
@@ -93,7 +94,7 @@ class StageTimer:
 def resolve(target: str) -> tuple[object, str]:
     """"kv_storage:KVStorage.put" -> (the KVStorage class, "put"); "prefill:prefill" -> (the module, "prefill")."""
     module, path = target.split(":")
-    owner = importlib.import_module(f"{__package__}.{module}")
+    owner = importlib.import_module(f"{CORE}.{module}")
     *parents, name = path.split(".")
     for parent in parents:
         owner = getattr(owner, parent)
@@ -114,10 +115,10 @@ def _alias(module, original) -> str | None:
 
 
 def source_file(target: str) -> str:
-    """The file a stage function lives in, e.g. "prefill.py" (read from the module, not typed by hand)."""
-    module = importlib.import_module(f"{__package__}.{target.split(':')[0]}")
+    """The file a stage function lives in, e.g. "core/prefill.py" (read from the module, not typed by hand)."""
+    module = importlib.import_module(f"{CORE}.{target.split(':')[0]}")
     assert module.__file__ is not None, f"{module.__name__} is a module of files"
-    return Path(module.__file__).name
+    return f"core/{Path(module.__file__).name}"
 
 
 # ---------------------------------------------------------------------------------------------------- the run

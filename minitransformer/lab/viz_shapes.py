@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import to_host
-from .bench.layer_cost import layer_products
-from .decode import decode_step
-from .kv_cache import KVCache
-from .model import LAYER_MATRICES
-from .prefill import prefill
-from .sampling import sample
-from .sampling_params import SamplingParams
+from ..core.backend import to_host
+from ..core.decode import decode_step
+from ..core.kv_cache import KVCache
+from ..core.model import LAYER_MATRICES
+from ..core.prefill import prefill
+from ..core.sampling import sample
+from ..core.sampling_params import SamplingParams
+from .layer_cost import layer_products
 from .viz_concepts import pyplot as _plt, token_piece as _piece
 
 KV_PROMPT = "The cat sat on the mat, and the dog sat on the rug, because"       # lesson 03's prompt

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig
-from .kv_cache import KVCache, estimate_kv_bytes
-from .model import layer_parameters
-from .prefill import prefill
+from ..core.config import ModelConfig
+from ..core.kv_cache import KVCache, estimate_kv_bytes
+from ..core.model import layer_parameters
+from ..core.prefill import prefill
 from .viz_concepts import pyplot
 
 # Llama 3.1 8B's shape, from its config.json on the Hugging Face Hub (meta-llama/Llama-3.1-8B): only the sizes

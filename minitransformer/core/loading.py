@@ -11,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .attention_backend import choose_attention
+from ..models import dequantize, open_gguf, resolve_model_path
+from ..parallel.communicator import Communicator
+from ..parallel.plan import ShardPlan
+from ..quantize import quantize_model
+from .attention import choose_attention
 from .backend import DTYPE, get_xp
 from .config import QKV_TENSORS, ModelConfig
 from .errors import InputError, ModelFileError
 from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer, layer_weights
-from .parallel.communicator import Communicator
-from .parallel.plan import ShardPlan
-from .quantize import quantize_model
 from .tokenizer import Tokenizer
-from .weights import dequantize, open_gguf, resolve_model_path
 
 
 def load_model(path: str | Path | None = None, device: str = "cpu", attention: str = "auto",

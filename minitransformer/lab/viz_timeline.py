@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .request import Result
-from .sampling_params import SamplingParams
-from .serving import Engine
+from ..core.request import Result
+from ..core.sampling_params import SamplingParams
+from ..serving import Engine
 from .viz_concepts import pyplot
 
 TIMELINE_PROMPT_A = "Write a short poem about the sea."

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..structured import Constraint
 from .detokenizer import IncrementalDetokenizer
 from .errors import InputError
 from .metrics import RequestMetrics, Usage, now
 from .sampling import make_generator, sample_tokens
 from .sampling_params import SamplingParams
 from .stopping import StopDecision, check_stop, tokens_to_suppress
-from .structured import Constraint
 
 _request_ids = itertools.count()
 

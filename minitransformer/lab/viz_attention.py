@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import to_host
-from .decode import decode_step
-from .kv_cache import KVCache
-from .prefill import prefill
+from ..core.backend import to_host
+from ..core.decode import decode_step
+from ..core.kv_cache import KVCache
+from ..core.prefill import prefill
 from .viz_concepts import pyplot, token_piece
 from .viz_shapes import KV_PROMPT
 

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..kernels.attention import HEAD_DIMS, flash_prefill, paged_decode
+from ..kernels.loader import source_constant
 from .backend import array_module
 from .errors import InputError
-from .kernels.attention import HEAD_DIMS, flash_prefill, paged_decode
-from .kernels.loader import source_constant
 from .layers import attention, causal_attention
 
 MODES = ("arrays", "kernels", "auto")

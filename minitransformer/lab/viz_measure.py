@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from .bench.machine import measure_copy_bandwidth, measure_gemm_flops
-from .decode import decode_step
-from .generate import generate
-from .kv_cache import KVCache
+from ..core.decode import decode_step
+from ..core.generate import generate
+from ..core.kv_cache import KVCache
+from ..core.prefill import prefill
+from ..core.sampling_params import SamplingParams
+from .machine import measure_copy_bandwidth, measure_gemm_flops
 from .measure import Timing, interleaved, machine_peaks, time_calls
-from .prefill import prefill
-from .sampling_params import SamplingParams
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")

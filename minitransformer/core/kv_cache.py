@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention_backend import AttentionBackend
+from .attention import AttentionBackend
 from .backend import DTYPE, check_count, check_memory
 from .config import ModelConfig
 from .errors import InputError

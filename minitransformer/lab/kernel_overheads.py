@@ -1,7 +1,7 @@
 """What the CPU emulation costs: milliseconds per __syncthreads, per warp shuffle and per block launch.
 
 Why a file of its own: it is a measurement made with the runner, not part of it (it builds a small module through
-CpuModule like any caller). `python -m minitransformer.kernels.cpu_overheads` prints the table for every mode and
+CpuModule like any caller). `python -m minitransformer.lab.kernel_overheads` prints the table for every mode and
 order.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cpu_runner import DEFAULT_ORDER, MODES, ORDERS, CpuModule
+from ..kernels.cpu_runner import DEFAULT_ORDER, MODES, ORDERS, CpuModule
 
 # ---- what the emulation costs ----------------------------------------------------------------------------------------
 
@@ -29,7 +29,7 @@ def measure_overheads(mode: str = "fibers", threads: int = 128, repeats: int = 2
     """Milliseconds per __syncthreads, per warp shuffle (all lanes of every warp) and per block launch, for a block
     of `threads`: what a kernel's running time on the CPU is made of besides its own arithmetic. Each launch is
     timed by measure.time_calls (a warm-up, then the fastest of 3: the cost without the machine's other work)."""
-    from ..measure import time_calls
+    from .measure import time_calls
     module = CpuModule(_OVERHEAD_SOURCE, mode=mode, order=order, source_name="overheads.cu")
 
     def timed(name: str, grid: int, args: tuple) -> float:

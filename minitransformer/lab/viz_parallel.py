@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ModelConfig
-from .model import LAYER_MATRICES
-from .parallel.plan import ShardPlan, supported_sizes
+from ..core.config import ModelConfig
+from ..core.model import LAYER_MATRICES
+from ..parallel.plan import ShardPlan, supported_sizes
 from .viz_concepts import pyplot as _plt
 
 RANK_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench.engine_load import AT_BOUND, arrival_bound, arrival_offsets, load_label, sweep, workload
+from .engine_load import AT_BOUND, arrival_bound, arrival_offsets, load_label, sweep, workload
 from .viz_concepts import pyplot
 
 

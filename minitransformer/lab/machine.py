@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import numpy
 
-from ..backend import synchronize
-from ..config import ModelConfig
-from ..kv_cache import kv_bytes_per_token
-from ..measure import Timing, interleaved, time_calls
-from ..model import layer_parameters
+from ..core.backend import synchronize
+from ..core.config import ModelConfig
+from ..core.kv_cache import kv_bytes_per_token
+from ..core.model import layer_parameters
 from .layer_cost import layer_products
+from .measure import Timing, interleaved, time_calls
 
 
 def _sync(xp):

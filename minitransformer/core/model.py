@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from .attention_backend import ArrayAttention, AttentionBackend, ForwardCache, SlidingWindowAttention
+from ..parallel.communicator import Communicator
+from .attention import ArrayAttention, AttentionBackend, ForwardCache, SlidingWindowAttention
 from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
 from .layers import ACTIVATION, apply_rope, rms_norm, swiglu
-from .parallel.communicator import Communicator
 from .rope import RopeTable
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench.machine import H200
-from .decode import decode_step
-from .kv_cache import KVCache
+from ..core.decode import decode_step
+from ..core.kv_cache import KVCache
+from ..core.prefill import prefill
+from .machine import H200
 from .measure import time_calls
-from .prefill import prefill
 from .viz_concepts import pyplot
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)

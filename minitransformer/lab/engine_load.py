@@ -23,12 +23,12 @@ import time
 
 import numpy as np
 
-from ..measure import interleaved
-from ..metrics import now
-from ..request import Result
-from ..sampling_params import SamplingParams
+from ..bench.serve_workload import poisson_gaps
+from ..core.metrics import now
+from ..core.request import Result
+from ..core.sampling_params import SamplingParams
 from ..serving import Engine
-from .serve_workload import poisson_gaps
+from .measure import interleaved
 
 TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passed in the dark, "
         "their crews trusting a light they never saw being lit. One winter a storm cut the island off for a month, "
