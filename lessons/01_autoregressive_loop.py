@@ -16,7 +16,6 @@ Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from minitransformer import KVCache, SamplingParams, load_model
 from minitransformer.core.decode import decode_step
 from minitransformer.core.detokenizer import IncrementalDetokenizer
 from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.metrics import now
 from minitransformer.core.prefill import prefill
 from minitransformer.core.sampling import compute_logprobs, make_generator, sample
 from minitransformer.core.stopping import check_stop
@@ -119,11 +119,11 @@ def main():
     out, chosen_p, chosen_at, started_at, step_s, rows = [], [], [], [], [], []
     fit = max(3, console.size.height // 2 - 4)                        # a row can wrap to two lines
     with Live(table_of(rows), console=console, auto_refresh=False, transient=True) as live:
-        started_at.append(time.perf_counter())
+        started_at.append(now())
         logits = prefill(model, prompt_ids, cache)                    # (1, V): the whole prompt in one pass
         while True:
             token = int(sample(logits, [params], [generator], [prompt_ids], [out])[0])    # logits -> sampler
-            chosen_at.append(time.perf_counter())
+            chosen_at.append(now())
             step_s.append(chosen_at[-1] - started_at[-1])
             top = compute_logprobs(logits, [token], 5)[0]
             chosen_p.append(float(np.exp(top["logprob"])))
@@ -137,7 +137,7 @@ def main():
             decision = check_stop(params, detok, out, new_chars, tok.eos_id, len(prompt_ids), cfg.context_length)
             if decision is not None:                                     # -> stop check (EOS or max tokens)
                 break
-            started_at.append(time.perf_counter())
+            started_at.append(now())
             logits = decode_step(model, [token], cache)                  # the new token is the next step's input
     console.print(table_of(rows))
     n = len(out)

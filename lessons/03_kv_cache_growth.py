@@ -94,7 +94,7 @@ def claims(output: str) -> list[Claim]:
 def measured_bytes(cache: KVCache) -> list[int]:
     """Bytes of the filled K and V of each layer, read off the arrays (not from a formula)."""
     n = cache.length
-    return [int(cache.k[layer, :, :, :n].nbytes + cache.v[layer, :, :, :n].nbytes) for layer in range(len(cache.k))]
+    return [int(cache.k[layer, :, :n].nbytes + cache.v[layer, :, :n].nbytes) for layer in range(len(cache.k))]
 
 
 def table_of(rows, last=None):
@@ -156,8 +156,8 @@ def main():
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0.0)
 
     console.rule(f"[bold]1. The cache after the prompt ({P} tokens) and after every decoded token, batch {B}")
-    console.print(f"K and V are each (layers, batch, kv_heads, tokens, head_dim) = ({cfg.n_layers}, {B}, "
-                  f"{cfg.n_kv_heads}, S, {cfg.head_dim}) float32: {cfg.n_kv_heads} KV heads, not {cfg.n_heads} query "
+    console.print(f"K and V are each (layers, batch, tokens, kv_heads, head_dim) = ({cfg.n_layers}, {B}, S, "
+                  f"{cfg.n_kv_heads}, {cfg.head_dim}) float32: {cfg.n_kv_heads} KV heads, not {cfg.n_heads} query "
                   f"heads (grouped-query attention shares each KV head among {cfg.group_size} query heads)")
     cache = KVCache(cfg, P + args.tokens, batch=B)
     out, history, rows = [], [], []
@@ -190,7 +190,7 @@ def main():
     shown = sorted({0, 1, cfg.n_layers - 1})
     for layer in shown:
         n = cache.length
-        table.add_row(str(layer), str(cache.k[layer, :, :, :n].shape), str(cache.v[layer, :, :, :n].shape),
+        table.add_row(str(layer), str(cache.k[layer, :, :n].shape), str(cache.v[layer, :, :n].shape),
                       f"{measured_bytes(cache)[layer]:,}")
     console.print(f"every layer holds its own K and V (layers {', '.join(map(str, shown))} of {cfg.n_layers} shown):",
                   table)
@@ -199,13 +199,13 @@ def main():
     ids, last = prompt_ids + out, cfg.n_layers - 1
     fresh = KVCache(cfg, len(ids))
     prefill(model, ids[:cache.length], fresh)                                    # all tokens in one pass
-    same = float(np.abs(fresh.k[:, 0] - cache.k[:, 0, :, :fresh.length]).max())
+    same = float(np.abs(fresh.k[:, 0] - cache.k[:, 0, :fresh.length]).max())
     console.print(f"Stored per token: {per_token // B:,} bytes of K and V (batch {B}: {per_token:,}), where the "
                   f"token's id is one integer and its text a few bytes.")
     repeats = [t for t in ids if ids.count(t) > 1]
     if repeats:                                                                  # the same token twice
         a, b = [i for i, t in enumerate(ids) if t == repeats[0]][:2]
-        k_a, k_b = cache.k[last, 0, :, a], cache.k[last, 0, :, b]                 # (kv_heads, head_dim) each
+        k_a, k_b = cache.k[last, 0, a], cache.k[last, 0, b]                 # (kv_heads, head_dim) each
         change = float(np.linalg.norm(k_a - k_b) / np.linalg.norm(k_a))
         console.print(f"token {tok.decode([repeats[0]])!r} is at positions {a} and {b}; its keys in layer {last} "
                       f"differ by {change:.0%} (|k_b - k_a| / |k_a|)")

@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import SamplingParams, load_model
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, load_model
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.lab.claims import Claim, find_numbers, report, table_with
 from minitransformer.lab.measure import Probe
+from minitransformer.no_cache import RecomputeRunner
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
@@ -36,6 +36,7 @@ WHAT_TO_LOOK_AT = (
     "Section 3's `check totals` line gives both loops' total time.",
     "The claim lines under 'What this run shows' say which trends this run showed beyond the noise.",
 )
+
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 FLAT_BAND = 0.25            # a cached step counts as flat when its last quarter is within 25% of its first
 
@@ -113,7 +114,7 @@ def main():
     cached = generate(model, prompt, params)
     console.print(f"with the cache: {cached.metrics.e2e_s:.2f} s, cache holds {cached.kv_cache_tokens} tokens = "
                   f"{cached.kv_cache_bytes:,} bytes at the end")
-    recompute = generate(model, prompt, params, use_cache=False)
+    recompute = generate(model, prompt, params, runner=RecomputeRunner)
     console.print(f"without it:     {recompute.metrics.e2e_s:.2f} s, nothing stored between steps")
     same = sum(a == b for a, b in zip(cached.token_ids, recompute.token_ids))
     console.print(f"check tokens: identical at {same} of {N} positions; ids {cached.token_ids}")

@@ -25,8 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import SamplingParams, load_model, stream
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, load_model, stream
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.generate import CachedRunner
 from minitransformer.lab.claims import Claim, find_numbers, flat, report, table_with

@@ -24,8 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, load_model, stream
-from minitransformer.core import generate
+from minitransformer import KVCache, SamplingParams, generate, load_model, stream
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.generate import _run, make_request, make_runner
 from minitransformer.core.metrics import now

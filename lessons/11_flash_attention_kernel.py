@@ -239,7 +239,7 @@ def main():
     n_b, nblk = T // 2 + 3, -(-T // bs)                                    # sequence B = the first n_b tokens of A
     table_a = np.random.default_rng(0).permutation(nblk + 2)[:nblk].astype(np.int32)   # shuffled; 2 blocks spare
     pool = np.full((2, nblk + 2, bs, K, d), np.nan, np.float32)           # (k|v, blocks, block_size, K, d); NaN unused
-    kv = np.stack([cache.k[0, 0], cache.v[0, 0]]).transpose(0, 2, 1, 3)  # (k|v, T, K, d)
+    kv = np.stack([cache.k[0, 0], cache.v[0, 0]])                        # (k|v, T, K, d)
     for i, block in enumerate(table_a):
         pool[:, block, :min(bs, T - i * bs)] = kv[:, i * bs:(i + 1) * bs]
     tables = np.full((2, nblk), -1, np.int32)

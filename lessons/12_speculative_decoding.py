@@ -35,14 +35,14 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, load_model
-from minitransformer.core import generate
+from minitransformer import KVCache, SamplingParams, generate, load_model
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.prefill import prefill
 from minitransformer.lab.claims import Claim, find_numbers, report, table_with, to_float
 from minitransformer.lab.machine import H200
 from minitransformer.lab.measure import Probe, Timing, interleaved
 from minitransformer.lab.viz_concepts import SPEC_K, SPEC_PARAMS, SPEC_PROMPT
+from minitransformer.speculative import speculative_runner
 from minitransformer.speculative.acceptance import accept_or_resample, processed_probs
 
 PROMPTS = {
@@ -59,6 +59,7 @@ WHAT_TO_LOOK_AT = (
     "`speedup` is plain decoding's ms/token over this row's. The claim lines say if it beat the spread.",
     "Table 2b predicts each speedup from the acceptance and table 1 alone. Compare it with `measured`.",
 )
+
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 EXPLAINED = 0.20        # the model explains a row when it predicts the measured speedup within 20% (beyond spread)
 
@@ -311,8 +312,8 @@ def main():
 
     # 2. Plain greedy vs speculative greedy: same tokens; ms per token timed in turns ------------------------------
     for drafter in drafters:                             # warm-up: first-call costs of each drafter's code path
-        generate(model, PROMPTS["free"], SamplingParams(max_tokens=4, temperature=0.0), speculative=specs[drafter],
-                 num_speculative_tokens=max(ks))
+        generate(model, PROMPTS["free"], SamplingParams(max_tokens=4, temperature=0.0),
+                 runner=speculative_runner(specs[drafter], max(ks)))
     measured, model_rows, counts = [], [], {}
     table = Table("prompt", "drafter", "k", "same", "accepted", "a", "tok/pass", "ms/token", "median", "spread",
                   "speedup")

@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from
 from minitransformer import estimate_kv_bytes, load_model
 from minitransformer.bench.model_shape import decode_call
 from minitransformer.core.errors import MiniTransformerError
+from minitransformer.core.gguf_file import dequantize, open_gguf
 from minitransformer.kernels.quant import dequant_gemv
 from minitransformer.lab.claims import Claim, find_numbers, flat, report, table_with
 from minitransformer.lab.machine import H200, measure_copy_bandwidth, measure_gemm_flops
 from minitransformer.lab.measure import Probe, interleaved, machine_peaks
 from minitransformer.lab.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy
-from minitransformer.models import dequantize, open_gguf
 from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
 
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):

@@ -36,7 +36,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import KVCache, load_model
 from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.metrics import now
 from minitransformer.lab.claims import Claim, cell_range, find_numbers, report, spread_cell, table_with
 from minitransformer.lab.machine import H200, NVLINK4, PCIE5, split_step
 from minitransformer.lab.measure import Probe, time_calls
@@ -178,14 +178,14 @@ def time_decode(model, prompt_ids: list[int], tokens: list[int], repeats: int, c
         for i, token in enumerate(tokens):
             ids, positions = np.array([[token]]), np.array([[P + i]])     # (1, 1) each
             before = _seconds(comm)
-            start = time.perf_counter()
+            start = now()
             if comm is not None:
                 comm.broadcast(StepMessage("forward", ids, positions) if rank == 0 else None)
             if rank == 0:
                 model.forward(ids, positions, cache, last_only=True)                     # (1, V): rank 0 samples
             else:
                 model.forward(ids, positions, cache, logits_rows=NO_LOGITS_ROWS)         # workers: no logits
-            steps.append(time.perf_counter() - start)
+            steps.append(now() - start)
             after = _seconds(comm)
             reduces.append(after[0] - before[0])
             messages.append(after[1] - before[1])

@@ -57,11 +57,13 @@ from minitransformer.bench.router_workload import TENANTS, TenantWorkload, run_p
 from minitransformer.bench.serve import BenchServeError
 from minitransformer.core.config import ModelConfig
 from minitransformer.core.errors import InputError, MiniTransformerError
+from minitransformer.core.gguf_file import open_gguf
 from minitransformer.core.kv_cache import kv_bytes_per_token
+from minitransformer.core.metrics import now
 from minitransformer.lab.claims import NUMBER, Claim, cell_range, find_numbers, report, span, spread_cell, table_with
 from minitransformer.lab.machine import H200, IB_NDR, NVLINK4
 from minitransformer.lab.measure import Probe, descendant_groups, descendants
-from minitransformer.models import open_gguf, resolve_model_path
+from minitransformer.models import resolve_model_path
 
 CONFIGS = ("no chunking", "chunked", "disaggregated")          # the servers of part 1, in that order
 NO_CHUNK_TOKENS = 2048                   # more than any prompt here: a prefill is never split
@@ -345,8 +347,8 @@ def settle_after_servers(timeout_s: float = 15.0, settle_s: float = 1.0) -> None
     """Wait until every process this lesson started has exited (a server's ranks and replicas leave a moment after
     the server is stopped), then settle_s more: the probe's closing calibration must not time our own servers'
     exit as another program's load."""
-    deadline = time.monotonic() + timeout_s
-    while descendants(os.getpid()) and time.monotonic() < deadline:
+    deadline = now() + timeout_s
+    while descendants(os.getpid()) and now() < deadline:
         time.sleep(0.1)
     time.sleep(settle_s)
 

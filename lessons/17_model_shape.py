@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
-from minitransformer import KVCache, SamplingParams, load_model
+from minitransformer import KVCache, SamplingParams, generate, load_model
 from minitransformer.bench.model_shape import (
     FORMATS,
     counted_parameters,
@@ -35,7 +35,6 @@ from minitransformer.bench.model_shape import (
     parameters_by_place,
     prefill_call,
 )
-from minitransformer.core import generate
 from minitransformer.core.decode import decode_step
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed
@@ -158,7 +157,7 @@ def layer_list(layers) -> str:
 def filled_bytes_per_token(cache: KVCache) -> float:
     """Bytes of K and V a real cache holds per token, read off its arrays (not from a formula)."""
     n = cache.length
-    return (cache.k[..., :n, :].nbytes + cache.v[..., :n, :].nbytes) / n
+    return (cache.k[:, :, :n].nbytes + cache.v[:, :, :n].nbytes) / n
 
 
 def dead_key_check(model, ids: list[int]):
@@ -170,14 +169,14 @@ def dead_key_check(model, ids: list[int]):
     token = int(np.asarray(prefill(model, ids, cache)).argmax(-1)[0])
     clean = np.asarray(decode_step(model, [token], cache))                           # (1, V)
     dead = P - cfg.sliding_window + 1                                               # positions 0 .. P - window
-    keep_k, keep_v = cache.k.copy(), cache.v.copy()                                 # (layers, 1, K, P + 1, d)
+    keep_k, keep_v = cache.k.copy(), cache.v.copy()                                 # (layers, 1, P + 1, K, d)
     rng = np.random.default_rng(0)
     changes = []
     for layers in (list(cfg.sliding_layers), [i for i in range(cfg.n_layers) if i not in cfg.sliding_layers]):
         cache.truncate(P)
         cache.k[...], cache.v[...] = keep_k, keep_v
         for array in (cache.k, cache.v):
-            array[layers, :, :, :dead] = rng.normal(0, 10, array[layers, :, :, :dead].shape)
+            array[layers, :, :dead] = rng.normal(0, 10, array[layers, :, :dead].shape)
         logits = np.asarray(decode_step(model, [token], cache))
         changes.append(float(np.abs(logits - clean).max()))
     cache.truncate(P)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import llguidance
 import numpy as np
 
 from .core.errors import InputError
+from .core.metrics import now
 
 # What one request's constraint may weigh: the schema / grammar / regex text as the compiler reads it. Compiling is
 # done before any model work, on the request's own thread; a megabyte of grammar is a denial of service, while real
@@ -75,6 +75,10 @@ class StructuredOutputsParams:
     @property
     def kind(self) -> str:
         return _given(self)[0]
+
+    def make_mask(self, tokenizer) -> Constraint:
+        """One request's matcher of this constraint (core's TokenMaskSpec protocol: SamplingParams.structured)."""
+        return Constraint(self, tokenizer)
 
     @classmethod
     def of(cls, value) -> StructuredOutputsParams:
@@ -222,7 +226,7 @@ class Constraint:
         if self._owner is not None and self._at_owner:
             return self._owner.allowed(vocab_size)   # the request's own next mask: its verify row needs it too
         if self._mask is None or self._mask.shape[0] != vocab_size:
-            start = time.perf_counter()
+            start = now()
             self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
             bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:self.vocab_size]   # (V_tok,)
             mask = np.zeros(vocab_size, dtype=bool)                                          # (V,)
@@ -230,7 +234,7 @@ class Constraint:
             if self.matcher.is_error():   # a parser limit hit mid-output: end the request on EOS, not on a crash
                 mask[:] = False
                 mask[self.eos_id] = True
-            elapsed = time.perf_counter() - start
+            elapsed = now() - start
             if self._owner is None:
                 self.mask_s += elapsed
                 self.allowed_counts.append(int(mask.sum()))
@@ -274,10 +278,10 @@ class Constraint:
         rejected by the verify pass. Counted as one draft check."""
         if not tokens:
             return 0
-        start = time.perf_counter()
+        start = now()
         count = self.matcher.validate_tokens([int(t) for t in tokens])
         self.draft_masks += 1
-        self.draft_mask_s += time.perf_counter() - start
+        self.draft_mask_s += now() - start
         return count
 
     @property

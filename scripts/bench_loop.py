@@ -27,11 +27,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, load_model
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, load_model
 from minitransformer.core.kv_cache import estimate_kv_bytes
 from minitransformer.lab.machine import measure_copy_bandwidth, roofline_tokens_per_s
 from minitransformer.lab.measure import Probe, Timing, interleaved, time_calls
+from minitransformer.no_cache import RecomputeRunner
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
           "were made and who could read them.")
@@ -96,7 +96,8 @@ def main() -> None:
             tokens = set()
 
             def run(use_cache: bool, prompt=prompt, n=n, tokens=tokens):
-                return lambda: tokens.add(tuple(generate(model, prompt, greedy(n), use_cache=use_cache).token_ids))
+                runner = None if use_cache else RecomputeRunner
+                return lambda: tokens.add(tuple(generate(model, prompt, greedy(n), runner=runner).token_ids))
             pair = interleaved({"no cache": run(False), "cache": run(True)}, repeats=args.repeats)
             if len(tokens) != 1:
                 raise SystemExit(f"cache and no-cache tokens differ at {n} new tokens: the benchmark is void")

@@ -28,11 +28,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams, load_model
+from minitransformer import SamplingParams, generate, load_model
 
 # The prompt mix and the engine run are shared with `minitransformer bench`.
 from minitransformer.bench.workloads import run_engine, serving_prompts as prompts
-from minitransformer.core import generate
 from minitransformer.lab.machine import measure_copy_bandwidth
 from minitransformer.lab.measure import Probe, interleaved
 

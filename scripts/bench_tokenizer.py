@@ -27,10 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minitransformer import SamplingParams
+from minitransformer import SamplingParams, load_tokenizer
 from minitransformer.core.errors import InputError
 from minitransformer.core.generate import make_request
-from minitransformer.core.tokenizer import load_tokenizer
 from minitransformer.lab.measure import Timing, time_calls
 
 

@@ -4,7 +4,8 @@
 
 Needs CuPy and an NVIDIA GPU, nothing from the network. It
 1. runs the kernels through CuPy (the same .cu files and launch code the CPU-runner tests use; both paged decode
-   variants) on the test shapes and compares with minitransformer.core.layers.attention on the host (float32 within 1e-5);
+   variants) on the test shapes and compares with minitransformer.core.layers.attention on the host (float32
+   within 1e-5);
 2. measures device-to-device copy bandwidth (bytes read + bytes written per second) as the ceiling;
 3. times paged decode at 4k and 32k context with CUDA events, the new kernel (paged_decode.cu, partitions sized for
    this GPU's SMs) next to the old one (paged_decode_simple.cu) and, when torch with CUDA is installed, a plain torch

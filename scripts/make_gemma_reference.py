@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_hf_fixture import greedy_ids  # HF's cached argmax loop, shared with the SmolLM2 fixture
-from minitransformer.core.tokenizer import load_tokenizer
+from minitransformer import load_tokenizer
 from minitransformer.models import resolve_model_path
 
 OUT = ROOT / "tests" / "fixtures" / "gemma_reference.json"

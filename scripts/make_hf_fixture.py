@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minitransformer.core.tokenizer import load_tokenizer
+from minitransformer import load_tokenizer
 from minitransformer.models import resolve_model_path
 
 OUT = ROOT / "tests" / "fixtures" / "hf_reference.json"

@@ -297,8 +297,8 @@ The last cell prints a JSON summary that `tests/test_notebooks_01_04.py` checks 
 '''), code(SETUP), md(r'''
 ## 1. Allocate the cache
 
-`KVCache` preallocates room for prompt + max new tokens: K and V, each (layers, batch, kv_heads, max_len,
-head_dim). Look at: 3 KV heads, not 9 (grouped-query attention makes the cache 3x smaller); `estimate_kv_bytes`
+`KVCache` preallocates room for prompt + max new tokens: K and V, each (layers, batch, max_len, kv_heads,
+head_dim), tokens before heads as in the engine's paged pool. Look at: 3 KV heads, not 9 (grouped-query attention makes the cache 3x smaller); `estimate_kv_bytes`
 gives the size from the config alone, which is how a server plans its memory.
 '''), code(r'''
 from minitransformer import KVCache, SamplingParams, estimate_kv_bytes, generate
@@ -320,11 +320,11 @@ assert cache.bytes_reserved == estimate_kv_bytes(cfg, T + N) and cache.length ==
 Look at: `length` is the prompt length; the rows after it are still zero, waiting for decode.
 '''), code(r'''
 logits = prefill(model, ids, cache)                     # (1, V)
-k_after_prefill = cache.k[0, 0, 0].copy()               # (max_len, d): layer 0, KV head 0
-unfilled_max = float(np.abs(cache.k[:, :, :, T:]).max())
+k_after_prefill = cache.k[0, 0, :, 0].copy()            # (max_len, d): layer 0, KV head 0
+unfilled_max = float(np.abs(cache.k[:, :, T:]).max())
 print(f"after prefill: length {cache.length}, filled shape {cache.shape}, bytes used {cache.bytes_used:,}; "
       f"largest |value| in the unfilled rows: {unfilled_max}")
-assert cache.length == T and unfilled_max == 0 and (np.abs(cache.k[:, :, :, :T]).max(axis=-1) > 0).all()
+assert cache.length == T and unfilled_max == 0 and (np.abs(cache.k[:, :, :T]).max(axis=-1) > 0).all()
 '''), md(r'''
 ## 3. Decode: one token per step
 
@@ -350,7 +350,7 @@ the first T rows are written; after the decode steps every slot is.
 '''), code(r'''
 fig, axes = plt.subplots(1, 2, figsize=(5.6, 2.8), sharey=True)
 for ax, data, title in ((axes[0], k_after_prefill, f"after prefill ({T} rows)"),
-                        (axes[1], cache.k[0, 0, 0], f"after {N} decode steps ({cache.length} rows)")):
+                        (axes[1], cache.k[0, 0, :, 0], f"after {N} decode steps ({cache.length} rows)")):
     ax.imshow(data, aspect="auto", cmap="coolwarm", vmin=-3, vmax=3, interpolation="nearest")
     ax.set(title=title, xlabel="head dimension")
 axes[0].set_ylabel("token slot"); plt.tight_layout(); plt.show()
@@ -377,8 +377,8 @@ class Recorder:
 sequence = ids + tokens[:-1]                            # everything the cache holds: T + N tokens
 rec = Recorder()
 full = model.forward(np.array([sequence]), np.arange(len(sequence))[None], rec)         # (1, T + N, V)
-key_diff = max(float(np.abs(cache.k[l, 0] - rec.k[l][0]).max()) for l in range(cfg.n_layers))
-value_diff = max(float(np.abs(cache.v[l, 0] - rec.v[l][0]).max()) for l in range(cfg.n_layers))
+key_diff = max(float(np.abs(cache.k[l, 0].transpose(1, 0, 2) - rec.k[l][0]).max()) for l in range(cfg.n_layers))
+value_diff = max(float(np.abs(cache.v[l, 0].transpose(1, 0, 2) - rec.v[l][0]).max()) for l in range(cfg.n_layers))
 logits_diff = float(np.abs(np.stack(step_logits) - full[0, T - 1:]).max())
 full_tokens = [int(t) for t in full[0, T - 1:].argmax(-1)]
 print(f"max |cached - recomputed| over 30 layers: keys {key_diff:.1e}, values {value_diff:.1e}; "

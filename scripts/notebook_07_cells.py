@@ -126,8 +126,8 @@ plain_cache = KVCache(model.config, after)
 prefill(model, request.prompt_token_ids, plain_cache)
 for t in runner.context[prompt_len:]:
     decode_step(model, [t], plain_cache)                # plain decoding, one token at a time
-diff = float(max(np.abs(runner.cache.k[:, :, :, :after] - plain_cache.k).max(),
-                 np.abs(runner.cache.v[:, :, :, :after] - plain_cache.v).max()))
+diff = float(max(np.abs(runner.cache.k[:, :, :after] - plain_cache.k).max(),
+                 np.abs(runner.cache.v[:, :, :after] - plain_cache.v).max()))
 print(f"max |speculative cache - plain cache| over {after} tokens: {diff:.1e}")
 plain = generate(model, prompt, SamplingParams(max_tokens=len(emitted), temperature=0.0))
 print("speculative:", tok.pieces(emitted))

@@ -51,7 +51,7 @@ STAGES = {
     "lm_head": [("minitransformer/model.py", "output_logits", "own")],
     "embedding, residual adds": [("minitransformer/model.py", "forward", "own")],
     "sampling": [("minitransformer/serving/engine.py", "_sample", "cum")],
-    "per request: detokenize, stop, stream": [("minitransformer/serving/engine.py", "_append_token", "cum")],
+    "per request: detokenize, stop, stream": [("minitransformer/serving/engine.py", "append_token", "cum")],
     "schedule + step inputs": [("minitransformer/serving/scheduler.py", "schedule", "cum"),
                                ("minitransformer/serving/model_runner.py", "prepare", "cum"),
                                ("minitransformer/serving/block_manager.py", "cache_full_blocks", "cum")],

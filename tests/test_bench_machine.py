@@ -16,6 +16,7 @@ import pytest
 import minitransformer.core.layers
 from minitransformer import KVCache, ModelConfig
 from minitransformer.core.decode import decode_step
+from minitransformer.core.gguf_file import open_gguf
 from minitransformer.core.prefill import prefill
 from minitransformer.lab.machine import (
     PhaseCost,
@@ -24,7 +25,6 @@ from minitransformer.lab.machine import (
     measure_gemm_flops,
     roofline_tokens_per_s,
 )
-from minitransformer.models import open_gguf
 
 
 def test_peaks_are_positive_rates():

@@ -12,8 +12,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from minitransformer import SamplingParams, stream
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, stream
 from minitransformer.core.errors import InputError
 from minitransformer.core.generate import make_request
 from minitransformer.core.tokenizer import Tokenizer

@@ -19,8 +19,7 @@ def run_cli(*args, env=None):
 
 
 def test_generate_streams_the_text_on_stdout_and_a_metrics_footer_on_stderr(tiny_model_path):
-    from minitransformer import SamplingParams, load_model
-    from minitransformer.core import generate
+    from minitransformer import SamplingParams, generate, load_model
 
     expected = generate(load_model(tiny_model_path), "the cat", SamplingParams(max_tokens=5, temperature=0.0))
     result = run_cli("generate", "the cat", "--max-tokens", "5", "--model", str(tiny_model_path))
@@ -194,8 +193,7 @@ def test_download_offline_is_one_line_exit_2(tmp_path):
 def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, capsys):
     """--speculative gives plain greedy's tokens with the acceptance numbers in --json; --weights / --kv-cache run
     the quantized model and int8 cache (the same result as the Python API with the same settings)."""
-    from minitransformer import SamplingParams, estimate_kv_bytes, load_model
-    from minitransformer.core import generate
+    from minitransformer import SamplingParams, estimate_kv_bytes, generate, load_model
     from minitransformer.quantize import quantize_model
 
     base = ["generate", "the cat the cat the cat", "--max-tokens", "8", "--ignore-eos", "--json",
@@ -219,7 +217,7 @@ def test_speculative_and_quantization_options_reach_the_loop(tiny_model_path, ca
 
 @pytest.mark.parametrize("options, message", [
     (["--kv-cache", "int8", "--no-cache"], "keeps no cache"),
-    (["--speculative", "ngram", "--no-cache"], "cannot run with use_cache=False"),
+    (["--speculative", "ngram", "--no-cache"], "cannot run with --no-cache"),
     (["--speculative", "model"], "--speculative model needs --draft-model PATH"),
     (["--draft-model", "x.gguf"], "--draft-model is used only with --speculative model"),
     (["--speculative", "self:99"], "--speculative self:L needs a number of layers L >= 1 and < 2"),

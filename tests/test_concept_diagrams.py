@@ -14,8 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from minitransformer import KVCache, SamplingParams
-from minitransformer.core import generate
+from minitransformer import KVCache, SamplingParams, generate
 from minitransformer.core.backend import to_host
 from minitransformer.core.decode import decode_step
 from minitransformer.core.errors import InputError
@@ -166,10 +165,11 @@ def test_kv_cache_growth_diagram_shows_the_caches_shape_bytes_and_keys(tiny_mode
         if step in shots:
             shot, length = shots[step], len(ids) + step
             assert shot["length"] == cache.length == length
-            assert shot["shape"] == cache.shape == (c.n_layers, 1, c.n_kv_heads, length, c.head_dim)
+            assert shot["shape"] == cache.shape == (c.n_layers, 1, length, c.n_kv_heads, c.head_dim)
             assert shot["bytes_used"] == cache.bytes_used == 2 * c.n_layers * c.n_kv_heads * length * c.head_dim * 4
             assert shot["bytes_reserved"] == cache.bytes_reserved
-            np.testing.assert_allclose(shot["k"], to_host(cache.k[layer, 0, :, :length]), rtol=0, atol=1e-6)
+            expected = to_host(cache.k[layer, 0, :length].transpose(1, 0, 2))          # (K, length, d)
+            np.testing.assert_allclose(shot["k"], expected, rtol=0, atol=1e-6)
         if step < max(vs.KV_SNAPSHOTS):
             output.append(int(np.argmax(to_host(logits)[0])))
             logits = decode_step(tiny_model, [output[-1]], cache)

@@ -7,8 +7,7 @@ import queue
 
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from minitransformer.core.metrics import now
 from minitransformer.server import EngineLoop, ServerMetrics
 from minitransformer.server.errors import EngineFailed, QueueFull

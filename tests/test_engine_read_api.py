@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from minitransformer import SamplingParams, stream
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, stream
 from minitransformer.serving import BlockState, Engine, engine as engine_module
 
 

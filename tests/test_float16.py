@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, load_model
-from minitransformer.core import attention as attention_backend, generate, model as model_module
+from minitransformer import SamplingParams, generate, load_model
+from minitransformer.core import attention as attention_module, model as model_module
 from minitransformer.core.backend import matmul_float16
 from minitransformer.core.errors import InputError
 from minitransformer.core.generate import make_request
@@ -121,10 +121,10 @@ def test_float16_tiny_model_logits_dtypes_and_bytes(tiny_model, tiny_f16, monkey
     assert tiny_f16.weight_bytes - norm_bytes == (tiny_model.weight_bytes - norm_bytes) // 2   # matrices: exactly half
 
     seen = []                                                     # (what, dtype) of every activation on the way
-    original_norm, original_attention = model_module.rms_norm, attention_backend.causal_attention
+    original_norm, original_attention = model_module.rms_norm, attention_module.causal_attention
     monkeypatch.setattr(model_module, "rms_norm", lambda x, w, eps: seen.append(("h", x.dtype))
                         or original_norm(x, w, eps))
-    monkeypatch.setattr(attention_backend, "causal_attention", lambda q, k, v, *p: seen.extend(
+    monkeypatch.setattr(attention_module, "causal_attention", lambda q, k, v, *p: seen.extend(
         [("q", q.dtype), ("k", k.dtype), ("v", v.dtype)]) or original_attention(q, k, v, *p))
     original_matmul = QuantizedLinear._matmul_float16
     monkeypatch.setattr(QuantizedLinear, "_matmul_float16", lambda self, x: seen.append(("x", x.dtype))

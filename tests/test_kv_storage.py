@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer.core.attention import ArrayAttention, KernelAttention
+from minitransformer.core.attention import ArrayAttention
 from minitransformer.core.backend import INT8_MAX
 from minitransformer.core.errors import InputError
 from minitransformer.core.kv_cache import KVCache, estimate_kv_bytes, kv_bytes_per_token
 from minitransformer.core.kv_storage import CODECS, STORAGES, KVStorage, check_storage
+from minitransformer.kernels.attention_backend import KernelAttention
 from minitransformer.quantize import quantize_int8
 from minitransformer.serving.paged_cache import PagedKVCache
 

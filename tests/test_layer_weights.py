@@ -1,7 +1,6 @@
 """model.LAYER_WEIGHTS, the one description of a decoder layer's weights: it names LayerWeights' fields, the GGUF
 tensors each is made of and its shape from the config, and the loaded model agrees with it."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -9,13 +8,14 @@ import pytest
 from minitransformer import load_model
 from minitransformer.core.config import ModelConfig
 from minitransformer.core.errors import ModelFileError
-from minitransformer.core.model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, layer_weights
-from minitransformer.models import open_gguf
+from minitransformer.core.gguf_file import open_gguf
+from minitransformer.core.model import LAYER_MATRICES, LAYER_WEIGHTS, layer_weights
 from tiny_model import DIMS, write_tiny_llama
 
 
-def test_the_table_is_layer_weights_fields_in_order():
-    assert [w.field for w in LAYER_WEIGHTS] == [f.name for f in dataclasses.fields(LayerWeights)]
+def test_the_four_matrices_in_forward_order():
+    """LAYER_WEIGHTS is read off LayerWeights' fields (model.weight), so the two cannot disagree; what the cost
+    model, the figures and the shard plan rely on is the matrices' order and names."""
     assert [m.field for m in LAYER_MATRICES] == ["w_qkv", "wo", "w_gate_up", "w_down"]
     assert [m.label for m in LAYER_MATRICES] == ["qkv", "wo", "gate|up", "down"]    # bench/layer_cost's names
 

@@ -1,6 +1,8 @@
-"""The package's layers, bottom to top: no module imports one above it, and no two modules import each other, even
-through imports inside functions or through a package's __init__ (docs/ARCHITECTURE.md says why each layer sits where
-it does).
+"""The package's layers, bottom to top: core/ first, importing nothing outside itself; then the optimizations that
+plug into core's protocols; then serving, the teaching tools, the server, the benchmarks and the command. No module
+imports one above it, no two modules import each other, no folder imports a folder that imports it back, even through
+imports inside functions or through a package's __init__ (docs/ARCHITECTURE.md says why each layer sits where it
+does).
 
 Every module of minitransformer/ is read as source (its AST: imports at the top and inside functions alike) and each
 import of a minitransformer module is checked against LAYERS. A module may import its own layer and those below.
@@ -8,13 +10,16 @@ A new module must be given a layer here, or this test fails and says so.
 
 Importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py` first (those not yet running: the importer's own
 packages are), so an import of a module is also an import of its packages: a circle through a package's __init__ is
-a circle. Two more seams: no module imports another module's `_private` name, and the server and the CLI read the
-Engine only through its read API (serving/outputs.py), never its block manager, scheduler, sequences or step log.
+a circle. Three more seams: no module imports another module's `_private` name; the server and the CLI read the
+Engine only through its read API (serving/outputs.py), never its block manager, scheduler, sequences or step log;
+and each optimization plugs into core through the protocol PLUG_INS names, which it provides in full.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import typing
 from pathlib import Path
 
 import pytest
@@ -23,20 +28,45 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minitransformer"
 
 # bottom -> top; a name ending in ".*" covers a package's modules (its __init__ included)
 LAYERS = [
-    ("foundation", ["core", "lab", "core.errors", "core.backend", "core.config", "models", "core.bpe", "core.spm",
-                    "core.pretokenize", "core.chat_template", "core.tokenizer", "lab.measure", "lab.claims",
-                    "structured", "core.sampling_params", "core.metrics", "core.detokenizer", "serving.cuda_graph",
-                    "parallel", "parallel.communicator", "parallel.plan"]),
-    ("arrays", ["core.layers", "core.rope", "kernels.*"]),
-    ("model", ["core.attention", "core.model"]),
-    ("caches", ["core.kv_storage", "core.kv_cache", "serving.paged_cache"]),
-    ("stages", ["core.prefill", "core.decode", "core.sampling", "core.stopping", "core.request"]),
-    ("loops", ["no_cache", "speculative.*", "core.generate"]),
+    # core/: what one request needs on one device, in its own reading order
+    ("core: foundation", ["core", "core.errors", "core.backend", "core.config", "core.gguf_file", "core.bpe",
+                          "core.spm", "core.pretokenize", "core.chat_template", "core.tokenizer", "core.metrics",
+                          "core.detokenizer", "core.sampling_params"]),
+    ("core: arrays", ["core.layers", "core.rope"]),
+    ("core: model", ["core.attention", "core.model"]),
+    ("core: caches", ["core.kv_storage", "core.kv_cache"]),
+    ("core: stages", ["core.prefill", "core.decode", "core.sampling", "core.stopping", "core.request"]),
+    ("core: loop", ["core.generate", "core.loading"]),
+    # what plugs into core: models by name, the kernels, weight formats, ranks, masks, other runners
+    ("models", ["models"]),
+    ("plug-ins", ["kernels.*", "quantize.*", "parallel", "parallel.communicator", "parallel.plan", "parallel.launch",
+                  "structured", "no_cache", "speculative.*"]),
+    ("front door", ["minitransformer"]),
     ("serving", ["serving.*"]),
-    ("tools", ["quantize.*", "core.loading", "lab.*", "bench.*", "parallel.*"]),
+    ("serving, split", ["parallel.driver", "parallel.kv_connector"]),
+    ("lab", ["lab.*"]),
     ("server", ["server.*"]),
-    ("cli", ["cli.*", "__main__", "minitransformer"]),
+    ("bench", ["bench.*"]),
+    ("cli", ["cli.*", "__main__"]),
 ]
+
+# Each optimization and the core protocol it provides (module.Name -> module.Protocol): the layering keeps core from
+# importing them; this table says where each one plugs in, and test_every_plug_in_provides_its_protocol checks it.
+PLUG_INS = {
+    "kernels.attention_backend.KernelAttention": "core.attention.AttentionBackend",
+    "parallel.communicator.MpiCommunicator": "core.model.AllReduce",
+    "parallel.communicator.NcclCommunicator": "core.model.AllReduce",
+    "parallel.plan.ShardPlan": "core.loading.Shard",
+    "structured.StructuredOutputsParams": "core.sampling_params.TokenMaskSpec",
+    "structured.Constraint": "core.sampling_params.TokenMask",
+    "no_cache.RecomputeRunner": "core.generate.Runner",
+    "speculative.runner.SpeculativeRunner": "core.generate.Runner",
+    "serving.paged_cache.PagedStep": "core.attention.ForwardCache",
+    "serving.paged_cache.PagedKVCache": "core.attention.PagedPool",
+    "serving.kv_transfer.ConnectorSide": "serving.engine.KVHooks",
+}
+# Folders whose modules sit in different layers of LAYERS; a folder's modules are otherwise one unit below.
+FOLDERS_OF_ROOT_MODULES = {"models", "structured", "no_cache", "__main__", "minitransformer"}
 
 
 def module_name(path: Path) -> str:
@@ -160,21 +190,62 @@ def test_no_module_imports_a_layer_above_it():
 
 
 def test_no_import_circles():
-    graph = {m: {t for t in targets if t != "minitransformer"} for m, targets in import_graph().items()}
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
+
+
+def outside_core(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module of core/ of a module outside it (late imports included)."""
+    in_core = lambda module: module == "core" or module.startswith("core.")
+    return [f"minitransformer.{m} imports minitransformer.{t}" for m, targets in sorted(graph.items()) if in_core(m)
+            for t in sorted(targets) if not in_core(t)]
+
+
+def test_core_imports_only_core():
+    assert outside_core(import_graph()) == []
+
+
+def folder_of(module: str) -> str:
+    """The unit of the folder rule: a sub-package's first name (core, serving, ...), or a module of the package
+    root on its own (models, structured, no_cache, the root __init__)."""
+    return module.split(".")[0] if module not in FOLDERS_OF_ROOT_MODULES else module
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folders.setdefault(folder_of(module), set()).update(folder_of(t) for t in targets)
+    return {folder: targets - {folder} for folder, targets in folders.items()}
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    assert cycles(folder_graph(import_graph())) == []
 
 
 @pytest.mark.parametrize("planted, expected", [
     ({"core.kv_cache": {"core.generate"}},
-     "minitransformer.core.kv_cache (caches) imports minitransformer.core.generate (loops)"),
+     "minitransformer.core.kv_cache (core: caches) imports minitransformer.core.generate (core: loop)"),
     ({"core.model": {"quantize.linear"}},
-     "minitransformer.core.model (model) imports minitransformer.quantize.linear (tools)"),
+     "minitransformer.core.model (core: model) imports minitransformer.quantize.linear (plug-ins)"),
 ])
 def test_a_planted_upward_import_is_caught(planted, expected):
     graph = import_graph()
     for module, targets in planted.items():
         graph[module] = graph[module] | targets
     assert expected in upward_imports(graph)
+
+
+def test_a_planted_import_of_an_optimization_from_core_is_caught():
+    """model.py once imported the tensor-parallel communicator: that is what the core rule forbids."""
+    graph = import_graph()
+    graph["core.model"] = graph["core.model"] | {"parallel.communicator"}
+    assert outside_core(graph) == ["minitransformer.core.model imports minitransformer.parallel.communicator"]
+
+
+def test_a_planted_folder_circle_is_caught():
+    """bench/run.py -> lab's figures -> bench/machine.py ran back up once (bench/ and lab/ importing each other)."""
+    graph = import_graph()
+    graph["lab.viz_measure"] = graph["lab.viz_measure"] | {"bench.serve"}
+    assert ["bench", "lab"] in cycles(folder_graph(graph))
 
 
 def test_a_planted_circle_is_caught():
@@ -185,23 +256,61 @@ def test_a_planted_circle_is_caught():
 def test_late_imports_count(tmp_path):
     source = tmp_path / "late.py"
     source.write_text("def f():\n    from .generate import stream\n    import minitransformer.server.app\n")
-    assert imports_of("kv_cache", source, {"generate", "server.app"}) == {"generate", "server.app"}
+    assert imports_of("core.kv_cache", source, {"core.generate", "server.app"}) == {"core.generate", "server.app"}
 
 
 def test_importing_a_module_runs_its_packages():
-    known = {"bench", "bench.run", "bench.layer_cost", "viz", "viz_shapes"}
-    assert with_packages("viz_shapes", {"bench.layer_cost"}, known) == {"bench.layer_cost", "bench"}
-    assert with_packages("bench.run", {"bench.layer_cost", "viz"}, known) == {"bench.layer_cost", "viz"}
+    known = {"bench", "bench.run", "lab", "lab.layer_cost", "lab.viz_shapes"}
+    assert with_packages("lab.viz_shapes", {"lab.layer_cost"}, known) == {"lab.layer_cost"}
+    assert with_packages("bench.run", {"lab.layer_cost"}, known) == {"lab.layer_cost", "lab"}
 
 
 def test_a_circle_through_a_package_init_is_caught():
-    """viz_shapes -> bench.layer_cost runs bench/__init__; were bench/__init__ to import bench.run, whose late import
-    of viz reaches viz_shapes, that would be a circle (it was one): the test must see it."""
+    """lab.viz_measure -> bench.workloads would run bench/__init__; were bench/__init__ to import bench.run, which
+    imports lab.viz_measure for the machine's label, that would be a circle (it was one): the test must see it."""
     graph = import_graph()
+    graph["lab.viz_measure"] = with_packages("lab.viz_measure", graph["lab.viz_measure"] | {"bench.workloads"},
+                                             set(all_modules()))
     graph["bench"] = graph["bench"] | {"bench.run"}
-    graph["bench.run"] = graph["bench.run"] | {"viz"}
-    graph = {m: {t for t in targets if t != "minitransformer"} for m, targets in graph.items()}
-    assert any({"bench", "bench.run", "viz", "viz_shapes"} <= set(group) for group in cycles(graph))
+    assert any({"bench", "bench.run", "lab.viz_measure"} <= set(group) for group in cycles(graph))
+
+
+# ---------------------------------------------------------------------------------------------------- plug-ins
+
+def members(protocol) -> set[str]:
+    """What a Protocol class declares: its methods, properties and annotated attributes."""
+    names = {n for n in vars(protocol) if not n.startswith("_")} | set(getattr(protocol, "__annotations__", {}))
+    return names
+
+
+def provided(cls) -> set[str]:
+    """What a class offers: its attributes and methods, and the attributes it annotates (set in __init__)."""
+    names = set(dir(cls))
+    for klass in cls.__mro__:
+        names |= set(getattr(klass, "__annotations__", {}))
+    return names
+
+
+def resolve(dotted: str):
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(f"minitransformer.{module}"), name)
+
+
+@pytest.mark.parametrize("plug_in, protocol", sorted(PLUG_INS.items()))
+def test_every_plug_in_provides_its_protocol(plug_in, protocol):
+    cls, proto = resolve(plug_in), resolve(protocol)
+    assert typing.get_origin(proto) is None and getattr(proto, "_is_protocol", False), f"{protocol} is a Protocol"
+    missing = members(proto) - provided(cls)
+    assert not missing, f"{plug_in} lacks {sorted(missing)} of {protocol}"
+
+
+def test_a_plug_in_that_lacks_a_member_is_caught():
+    from minitransformer.core.generate import Runner
+
+    class Half:
+        def first_logits(self):
+            return None
+    assert members(Runner) - provided(Half) >= {"next_logits", "sample_next", "release"}
 
 
 # ---------------------------------------------------------------------------------------------------- private names

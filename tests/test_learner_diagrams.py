@@ -27,8 +27,8 @@ def test_query_vs_cache_is_the_models_own_decode_step(real_model, tmp_path):
     assert data["new_token"] == int(np.argmax(logits[0]))
     decode_step(real_model, [data["new_token"]], cache)
     assert len(data["probs"]) == cache.length == len(prompt_ids) + 1
-    keys = to_host(cache.k[data["layer"], 0, data["kv_head"], :cache.length])
-    values = to_host(cache.v[data["layer"], 0, data["kv_head"], :cache.length])
+    keys = to_host(cache.k[data["layer"], 0, :cache.length, data["kv_head"]])
+    values = to_host(cache.v[data["layer"], 0, :cache.length, data["kv_head"]])
     np.testing.assert_allclose(data["k"], keys, atol=1e-5)
     np.testing.assert_allclose(data["v"], values, atol=1e-5)
 

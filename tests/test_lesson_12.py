@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from minitransformer.lab.claims import printed_verdicts, table_with
 from minitransformer.lab.measure import Quietness
+from minitransformer.speculative import speculative_runner
 from printed_output import edit_cell, timing_cells_agree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def reference(real_model, name: str, drafter: str | None, k: int = 0):
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
     if drafter is None:
         return generate(real_model, prompts[name], params)
-    return generate(real_model, prompts[name], params, speculative=drafter, num_speculative_tokens=k)
+    return generate(real_model, prompts[name], params, runner=speculative_runner(drafter, k))
 
 
 def test_speculative_rows_match_generate_and_count_correctly(lesson, real_model):

@@ -139,7 +139,7 @@ def test_the_printed_kv_bytes_and_sliding_layers_follow_the_files_metadata(outpu
                      rf"{per_token // 2:,} +│ {per_token:,} +│", output)
     window = get("gemma3.attention.sliding_window")
     from minitransformer.core.config import ModelConfig
-    from minitransformer.models import open_gguf
+    from minitransformer.core.gguf_file import open_gguf
     sliding = ModelConfig.from_gguf(open_gguf(gemma_model_path)).sliding_layers
     assert 0 < len(sliding) < layers
     flat = " ".join(output.split())

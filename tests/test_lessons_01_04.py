@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from minitransformer.core.layers import softmax
 from minitransformer.lab.claims import is_shown
 from minitransformer.lab.measure import Quietness

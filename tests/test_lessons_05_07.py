@@ -171,8 +171,7 @@ def test_lesson_05_structured_output(real_model, out05):
 
     import jsonschema
 
-    from minitransformer import SamplingParams
-    from minitransformer.core import generate
+    from minitransformer import SamplingParams, generate
 
     schema, prompt = lesson_module("05_sampling.py").SCHEMA, lesson_module("05_sampling.py").JSON_PROMPT
     tok = real_model.tokenizer

@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from minitransformer.lab.claims import is_shown, printed_verdicts, table_with
 from minitransformer.lab.measure import Quietness
 

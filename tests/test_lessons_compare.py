@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from minitransformer.core.config import ModelConfig
+from minitransformer.core.gguf_file import open_gguf
 from minitransformer.core.kv_cache import kv_bytes_per_token
 from minitransformer.lab.claims import printed_verdicts
-from minitransformer.models import open_gguf
 from minitransformer.quantize import expected_weight_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

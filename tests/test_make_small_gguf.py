@@ -9,8 +9,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from minitransformer import SamplingParams, load_model
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate, load_model
 from minitransformer.core.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import minitransformer.core.attention as attention_backend
+import minitransformer.core.attention as attention_module
 import minitransformer.core.model as model_module
 from minitransformer import load_model
 from minitransformer.core.errors import InputError
-from minitransformer.models import open_gguf
+from minitransformer.core.gguf_file import open_gguf
 from tiny_model import DIMS, tiny_tensors, write_tiny_llama
 
 
@@ -103,7 +103,7 @@ def test_no_float64_inside_the_forward(tiny_model, monkeypatch):
     """Every activation that leaves a building block is float32 (float64 scalars must not promote it: backend.py)."""
     seen = []
     for module, name in ((model_module, "rms_norm"), (model_module, "apply_rope"),
-                         (attention_backend, "causal_attention"), (model_module, "swiglu")):
+                         (attention_module, "causal_attention"), (model_module, "swiglu")):
         original = getattr(module, name)
 
         def recording(*args, _original=original, _name=name, **kwargs):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from notebook_runner import NOTEBOOKS, execute_notebook, summary
 
 nbformat = pytest.importorskip("nbformat")

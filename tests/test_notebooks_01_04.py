@@ -110,7 +110,7 @@ def test_02_cache_grows_one_token_per_step_and_matches_recomputation(run, real_m
     assert s["lengths"] == list(range(T, T + N + 1))
     assert s["bytes_used"] == [KV_BYTES_PER_TOKEN * n for n in s["lengths"]]
     assert s["bytes_reserved"] == s["kv_cache_bytes"] == KV_BYTES_PER_TOKEN * (T + N)
-    assert s["cache_k_shape"] == [LAYERS, 1, KV_HEADS, T + N, HEAD_DIM] and s["kv_cache_tokens"] == T + N
+    assert s["cache_k_shape"] == [LAYERS, 1, T + N, KV_HEADS, HEAD_DIM] and s["kv_cache_tokens"] == T + N
     assert s["unfilled_max"] == 0
     assert s["key_diff"] < 1e-4 and s["value_diff"] < 1e-4 and s["logits_diff"] < 1e-3
     assert len(s["tokens"]) == N + 1 and s["generate_tokens"] == s["tokens"]

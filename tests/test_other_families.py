@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 
 import test_tensor_parallel as tp
-from minitransformer import SamplingParams, load_model
+from minitransformer import SamplingParams, generate, load_model
 from minitransformer.bench.peer_cache import converter_missing, hf_python, llama_converter
-from minitransformer.core import generate
 from minitransformer.core.errors import ModelFileError
 from minitransformer.core.layers import rope_table
 from minitransformer.core.rope import RopeTable

@@ -19,6 +19,7 @@ from minitransformer.core.kv_storage import CODECS
 from minitransformer.core.model import LayerWeights
 from minitransformer.core.prefill import prefill
 from minitransformer.lab.quality import Scores, greedy, score_corpus, score_greedy, stdlib_corpus
+from minitransformer.no_cache import RecomputeRunner
 from minitransformer.quantize import (
     GROUP,
     QuantizedLinear,
@@ -192,7 +193,7 @@ def test_int8_cache_protocol_and_bytes(tiny_model):
     for layer in range(c.n_layers):
         out = cache.attend(layer, q, k1, v1, positions, ArrayAttention())
     cache.advance(5)
-    k, v = cache.store.get(0, (slice(None), slice(None), slice(0, cache.length)))
+    k, v = (a.transpose(0, 2, 1, 3) for a in cache.store.get(0, (slice(None), slice(0, cache.length))))   # as attend
     assert cache.length == 5 and k.shape == (2, c.n_kv_heads, 5, c.head_dim) and k.dtype == np.float32
     kq, ks = quantize_kv(k1)
     np.testing.assert_array_equal(k, dequantize_kv(kq, ks))                   # attention sees what is stored
@@ -227,8 +228,7 @@ def test_int8_cache_decodes_like_its_own_prefill(tiny_model):
 def test_generate_runs_on_the_int8_cache(tiny_model):
     """generate(kv_cache="int8") stores the request's keys in an int8 KVCache: its bytes are the int8 estimate, its
     tokens those of the same loop run directly on an int8 KVCache, and bad names or --no-cache are refused."""
-    from minitransformer import SamplingParams
-    from minitransformer.core import generate
+    from minitransformer import SamplingParams, generate
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ids = [5, 70, 3, 9]
     out = generate(tiny_model, ids, params, kv_cache="int8")
@@ -243,7 +243,7 @@ def test_generate_runs_on_the_int8_cache(tiny_model):
     with pytest.raises(InputError, match="kv_cache must be one of f32, int8"):
         generate(tiny_model, ids, params, kv_cache="int4")
     with pytest.raises(InputError, match="keeps no cache"):
-        generate(tiny_model, ids, params, kv_cache="int8", use_cache=False)
+        generate(tiny_model, ids, params, kv_cache="int8", runner=RecomputeRunner)
 
 # ------------------------------------------------------------------------------------------------- quality
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "hf_reference.json").read_text())
 CASES = FIXTURE["cases"]

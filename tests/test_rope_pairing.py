@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minitransformer.core.config import ROPE_PAIRING, ModelConfig
+from minitransformer.core.config import FAMILIES, ModelConfig
+from minitransformer.core.gguf_file import open_gguf
 from minitransformer.core.layers import apply_rope, rope_table
 from minitransformer.core.model import Transformer
-from minitransformer.models import open_gguf
 
 rng = np.random.default_rng(0)
 D_HEAD, BASE = 8, 10000.0
@@ -48,7 +48,7 @@ def test_the_two_pairings_differ():
 
 
 def test_the_pairing_comes_from_the_architecture(tiny_model):
-    assert ROPE_PAIRING["llama"] == "interleaved"
+    assert FAMILIES["llama"].rope_pairing == "interleaved"
     assert tiny_model.config.rope_pairing == "interleaved" and tiny_model.rope.pairing == "interleaved"
     assert ModelConfig.from_gguf(open_gguf(tiny_model.path)).rope_pairing == "interleaved"
     with pytest.raises(ValueError, match="rope_pairing"):

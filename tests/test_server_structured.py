@@ -129,8 +129,7 @@ def test_two_constraints_are_a_400_naming_both(body, names):
 # ---------------------------------------------------------------------------------------------------- the real model
 
 def test_every_schema_through_the_openai_clients_response_format_parses_and_validates(server, real_model):
-    from minitransformer import SamplingParams
-    from minitransformer.core import generate
+    from minitransformer import SamplingParams, generate
 
     def ask(case):
         name, schema, prompt = case

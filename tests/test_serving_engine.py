@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from minitransformer.core.errors import InputError
 from minitransformer.serving import Engine, SequenceStatus
 

@@ -6,8 +6,7 @@ request's tokens are exactly those it produces alone (a cancelled one: a prefix 
 
 from hypothesis import given, settings, strategies as st
 
-from minitransformer import SamplingParams
-from minitransformer.core import generate
+from minitransformer import SamplingParams, generate
 from minitransformer.serving import Engine
 from minitransformer.serving.scheduler import POLICIES
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitransformer import InputError, SamplingParams, load_model
-from minitransformer.core import generate
+from minitransformer import InputError, SamplingParams, generate, load_model
 from minitransformer.core.decode import decode_step
 from minitransformer.core.generate import make_request
 from minitransformer.core.kv_cache import KVCache, estimate_kv_bytes
@@ -21,6 +20,7 @@ from minitransformer.speculative import (
     SpeculativeRunner,
     accept_or_resample,
     make_config,
+    speculative_runner,
 )
 from minitransformer.speculative.runner import VerifyPass
 from tiny_model import write_tiny_llama
@@ -50,7 +50,7 @@ def plain_greedy(real_model):
 def test_greedy_speculative_equals_plain_greedy_on_the_real_model(real_model, plain_greedy, drafter):
     accepted = 0
     for prompt, plain in zip(PROMPTS, plain_greedy):
-        out = generate(real_model, prompt, GREEDY, speculative=drafter, num_speculative_tokens=3)
+        out = generate(real_model, prompt, GREEDY, runner=speculative_runner(drafter, 3))
         assert out.token_ids == plain.token_ids, prompt
         assert (out.text, out.finish_reason, out.kv_cache_tokens) == (plain.text, plain.finish_reason,
                                                                       plain.kv_cache_tokens)
@@ -62,7 +62,7 @@ def test_greedy_speculative_equals_plain_greedy_on_the_real_model(real_model, pl
 
 
 def test_real_model_as_its_own_draft_accepts_everything(real_model, plain_greedy):
-    out = generate(real_model, PROMPTS[2], GREEDY, speculative=real_model, num_speculative_tokens=5)
+    out = generate(real_model, PROMPTS[2], GREEDY, runner=speculative_runner(real_model, 5))
     assert out.token_ids == plain_greedy[2].token_ids
     stats = out.speculative
     assert stats["acceptance_rate"] == 1.0                    # same model, same greedy choice
@@ -86,13 +86,13 @@ def test_greedy_with_penalties_and_min_tokens_on_the_tiny_model(tiny_model, tiny
     spec = tiny_draft if drafter == "model" else drafter
     for prompt in ("hello world hello world hello", "abc abc abc"):
         plain = generate(tiny_model, prompt, params)
-        out = generate(tiny_model, prompt, params, speculative=spec, num_speculative_tokens=3)
+        out = generate(tiny_model, prompt, params, runner=speculative_runner(spec, 3))
         assert out.token_ids == plain.token_ids and out.text == plain.text
 
 
 def test_draft_model_must_share_the_vocabulary(real_model, tiny_model):
     with pytest.raises(InputError, match="vocabulary differs"):
-        generate(real_model, "hi", GREEDY, speculative=tiny_model)
+        generate(real_model, "hi", GREEDY, runner=speculative_runner(tiny_model))
 
 
 @pytest.mark.parametrize("spec, k, message", [
@@ -102,12 +102,7 @@ def test_draft_model_must_share_the_vocabulary(real_model, tiny_model):
 ])
 def test_bad_settings_are_one_clear_error(tiny_model, spec, k, message):
     with pytest.raises(InputError, match=message):
-        generate(tiny_model, "hi", GREEDY, speculative=spec, num_speculative_tokens=k)
-
-
-def test_no_cache_and_speculative_do_not_mix(tiny_model):
-    with pytest.raises(InputError, match="use_cache=False"):
-        generate(tiny_model, "hi", GREEDY, speculative="ngram", use_cache=False)
+        generate(tiny_model, "hi", GREEDY, runner=speculative_runner(spec, k))
 
 
 # ---------------------------------------------------------------------------------------------------- stops
@@ -124,7 +119,7 @@ def test_stops_inside_an_accepted_run_match_plain_decoding(real_model, where):
                 "max_tokens": dict(max_tokens=13)}[where]
     params = SamplingParams(**{**base, **settings})
     plain = generate(real_model, prompt, params)
-    out = generate(real_model, prompt, params, speculative=real_model, num_speculative_tokens=8)
+    out = generate(real_model, prompt, params, runner=speculative_runner(real_model, 8))
     assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == \
            (plain.token_ids, plain.text, plain.finish_reason, plain.stop_reason)
     assert out.finish_reason == ("length" if where == "max_tokens" else "stop") and 11 <= len(out.token_ids) <= 16
@@ -137,8 +132,8 @@ def test_eos_inside_an_accepted_run_matches_plain_decoding(real_model):
     params = SamplingParams(max_tokens=40, temperature=0.0)
     plain = generate(real_model, "Reply with just the word OK.", params, chat=True)
     assert plain.stop_reason == "eos" and len(plain.token_ids) < 40       # a short reply that ends with EOS
-    out = generate(real_model, "Reply with just the word OK.", params, chat=True, speculative=real_model,
-                   num_speculative_tokens=8)
+    out = generate(real_model, "Reply with just the word OK.", params, chat=True,
+                   runner=speculative_runner(real_model, 8))
     assert (out.token_ids, out.text, out.stop_reason) == (plain.token_ids, plain.text, "eos")
     n = len(out.token_ids)                   # prefill: 1 token, then 9 a pass; EOS ends the last run early
     assert out.speculative["target_passes"] == 1 + -(-(n - 1) // 9) and out.speculative["acceptance_rate"] == 1.0
@@ -183,8 +178,8 @@ def test_after_a_rejection_the_cache_equals_plain_decoding(real_model):
         decode_step(real_model, [token], reference)
     assert reference.length == n
     # after the new verify pass the cache holds n verified tokens, then truth[3] and its drafts past them
-    np.testing.assert_allclose(runner.cache.k[:, :, :, :n], reference.k[:, :, :, :n], rtol=0, atol=2e-5)
-    np.testing.assert_allclose(runner.cache.v[:, :, :, :n], reference.v[:, :, :, :n], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(runner.cache.k[:, :, :n], reference.k[:, :, :n], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(runner.cache.v[:, :, :n], reference.v[:, :, :n], rtol=0, atol=2e-5)
     runner.cache.truncate(n)
     assert runner.cache.shape == reference.shape and runner.cache.bytes_used == reference.bytes_used
 
@@ -239,8 +234,8 @@ def test_one_hot_drafts_preserve_the_target_distribution(draft):
 
 def test_seeded_speculative_sampling_is_reproducible_and_uses_the_sampling_filters(tiny_model, tiny_draft):
     params = SamplingParams(max_tokens=30, temperature=0.8, top_k=5, seed=3)
-    a = generate(tiny_model, "hello", params, speculative=tiny_draft, num_speculative_tokens=3)
-    b = generate(tiny_model, "hello", params, speculative=tiny_draft, num_speculative_tokens=3)
+    a = generate(tiny_model, "hello", params, runner=speculative_runner(tiny_draft, 3))
+    b = generate(tiny_model, "hello", params, runner=speculative_runner(tiny_draft, 3))
     assert a.token_ids == b.token_ids and a.speculative["draft_tokens"] > 0
     # every token must be one top_k=5 keeps at its step: check against plain decoding's logits, step by step
     cache = KVCache(tiny_model.config, 64)
@@ -263,7 +258,7 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match():
 def test_json_has_speculative_only_when_used(tiny_model):
     params = SamplingParams(max_tokens=5, temperature=0.0)
     assert "speculative" not in generate(tiny_model, "hi", params).to_dict()
-    stats = generate(tiny_model, "hi", params, speculative="ngram", num_speculative_tokens=2).to_dict()["speculative"]
+    stats = generate(tiny_model, "hi", params, runner=speculative_runner("ngram", 2)).to_dict()["speculative"]
     assert stats["method"] == "ngram" and stats["num_speculative_tokens"] == 2
     assert set(stats) >= {"draft_tokens", "accepted_tokens", "acceptance_rate", "target_passes",
                           "tokens_per_target_pass"}
@@ -283,8 +278,8 @@ def test_cli_helpers(tiny_model, tiny_model_path):
     with pytest.raises(InputError, match="only with --speculative model"):
         from_cli("ngram", str(tiny_model_path))
     assert from_cli("model", str(tiny_model_path)).config.vocab_size == tiny_model.config.vocab_size
-    stats = generate(tiny_model, "hi", SamplingParams(max_tokens=6, temperature=0.0), speculative=tiny_model,
-                     num_speculative_tokens=2).speculative
+    stats = generate(tiny_model, "hi", SamplingParams(max_tokens=6, temperature=0.0),
+                     runner=speculative_runner(tiny_model, 2)).speculative
     assert describe(stats) == (f"speculative model k=2: {stats['draft_tokens']}/{stats['draft_tokens']} drafts "
                                f"accepted (100%), {stats['tokens_per_target_pass']:.2f} tokens per target pass")
 
@@ -347,7 +342,7 @@ def test_self_drafting_accepts_as_often_on_an_int8_cache_as_on_float32(real_mode
     arrays accepted none here."""
     prompt = "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
     params = SamplingParams(max_tokens=24, temperature=0.0)
-    runs = {kv: generate(real_model, prompt, params, speculative="self:20", num_speculative_tokens=3, kv_cache=kv)
+    runs = {kv: generate(real_model, prompt, params, runner=speculative_runner("self:20", 3), kv_cache=kv)
             for kv in ("f32", "int8")}
     rates = {kv: r.speculative["acceptance_rate"] for kv, r in runs.items()}
     assert rates["f32"] >= 0.3, rates                          # the prompt gives the drafter something to get right

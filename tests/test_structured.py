@@ -17,12 +17,11 @@ import jsonschema
 import numpy as np
 import pytest
 
-from minitransformer import InputError, SamplingParams, stream
-from minitransformer.core import generate
+from minitransformer import InputError, SamplingParams, generate, stream
 from minitransformer.core.sampling import SamplingRow, mask_tokens, next_tokens
 from minitransformer.core.stopping import check_stop
 from minitransformer.serving import Engine, SequenceStatus
-from minitransformer.speculative import NgramDrafter, SpeculativeConfig
+from minitransformer.speculative import NgramDrafter, SpeculativeConfig, speculative_runner
 from minitransformer.speculative.drafters import SecondModelDrafter
 from minitransformer.structured import MAX_CONSTRAINT_CHARS, Constraint, StructuredOutputsParams
 from structured_cases import CHOICES, REGEXES, SCHEMAS
@@ -245,7 +244,7 @@ def test_speculative_constrained_greedy_equals_constrained_greedy_on_the_tiny_mo
     drafted = 0
     for params in CONSTRAINED_TINY:
         plain = generate(tiny_model, "hello world hello", params)
-        out = generate(tiny_model, "hello world hello", params, speculative=spec, num_speculative_tokens=3)
+        out = generate(tiny_model, "hello world hello", params, runner=speculative_runner(spec, 3))
         assert out.token_ids == plain.token_ids and (out.text, out.finish_reason) == (plain.text,
                                                                                       plain.finish_reason)
         assert out.structured["masks"] == plain.structured["masks"]     # drafts never add to the per-token count
@@ -269,8 +268,8 @@ def drafts_inside_the_constraint(tokenizer, params, out) -> bool:
 def test_speculative_constrained_sampling_is_seeded_and_stays_inside_the_constraint(tiny_model, tiny_draft):
     params = SamplingParams(max_tokens=24, temperature=HOT, seed=4, structured={"regex": "[a-z]{2,6}( [a-z]{2,6})+"})
     for spec in ("self:1", tiny_draft):
-        a = generate(tiny_model, "abc abc", params, speculative=spec, num_speculative_tokens=3)
-        b = generate(tiny_model, "abc abc", params, speculative=spec, num_speculative_tokens=3)
+        a = generate(tiny_model, "abc abc", params, runner=speculative_runner(spec, 3))
+        b = generate(tiny_model, "abc abc", params, runner=speculative_runner(spec, 3))
         assert a.token_ids == b.token_ids and a.speculative["draft_tokens"] > 0
         constraint = Constraint(params.structured, tiny_model.tokenizer)
         assert constraint.valid_prefix(a.token_ids) == len(a.token_ids)
@@ -451,13 +450,13 @@ def test_speculative_constrained_greedy_equals_constrained_greedy(real_model, gr
     accepted = 0
     for index in (0, 4):
         _, schema, prompt = SCHEMAS[index]
-        out = generate(real_model, prompt, schema_params(schema, temperature=0.0), chat=True, speculative=spec,
-                       num_speculative_tokens=4)
+        out = generate(real_model, prompt, schema_params(schema, temperature=0.0), chat=True,
+                       runner=speculative_runner(spec, 4))
         assert out.token_ids == greedy_schemas[index].token_ids, (drafter, index)
         accepted += out.speculative["accepted_tokens"]
     for (regex, prompt), plain in zip(SPECULATIVE_REGEXES, greedy_regexes):
         params = SamplingParams(max_tokens=24, temperature=0.0, structured={"regex": regex})
-        out = generate(real_model, prompt, params, speculative=spec, num_speculative_tokens=4)
+        out = generate(real_model, prompt, params, runner=speculative_runner(spec, 4))
         assert out.token_ids == plain.token_ids and out.text == plain.text, (drafter, regex)
         assert drafts_inside_the_constraint(real_model.tokenizer, params, out)
         accepted += out.speculative["accepted_tokens"]

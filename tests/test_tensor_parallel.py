@@ -28,7 +28,7 @@ import pytest
 import tiny_model as tiny
 from minitransformer.core.config import ModelConfig
 from minitransformer.core.errors import InputError
-from minitransformer.models import dequantize, open_gguf
+from minitransformer.core.gguf_file import dequantize, open_gguf
 from minitransformer.parallel import communicator
 from minitransformer.parallel.plan import ShardPlan, check_tensor_parallel_size, supported_sizes
 from tiny_model import write_tiny_llama

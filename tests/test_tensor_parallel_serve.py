@@ -23,8 +23,8 @@ import numpy as np
 import openai
 import pytest
 
+from minitransformer import load_model
 from minitransformer.core.errors import InputError
-from minitransformer.core.loading import load_model
 from minitransformer.core.sampling_params import SamplingParams
 from minitransformer.parallel import driver as driver_module
 from minitransformer.parallel.communicator import CollectiveStats

@@ -34,8 +34,8 @@ def collectives(comm: MpiCommunicator) -> dict:
 def forward(comm: MpiCommunicator, path: str, steps: int) -> dict:
     """The sharded forward's logits (prefill, then greedy decode steps through the driver and the workers) next to
     one process's, on rank 0."""
+    from minitransformer import load_model
     from minitransformer.core.generate import generate
-    from minitransformer.core.loading import load_model
     from minitransformer.core.sampling_params import SamplingParams
     from minitransformer.parallel.driver import tensor_parallel_rank
 
@@ -91,7 +91,7 @@ def run_engine(model, max_tokens: int, num_blocks: int) -> dict:
 def engine(comm: MpiCommunicator, path: str, max_tokens: int, num_blocks: int) -> dict:
     """The serving engine on the driver model (every step's forward through the workers' pools) next to the same
     engine on one process's model, on rank 0."""
-    from minitransformer.core.loading import load_model
+    from minitransformer import load_model
     from minitransformer.parallel.driver import tensor_parallel_rank
 
     with tensor_parallel_rank(lambda c: load_model(path, comm=c), lambda: comm) as driver:

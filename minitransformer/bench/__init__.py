@@ -1,12 +1,9 @@
-"""Benchmarks: this machine's peaks (bandwidth, GEMM), a forward pass's cost model, and `minitransformer bench`
-(workloads.py: our measurements; peers.py: HF and llama.cpp; run.py: the alternating runs, `run_bench`;
-report.py: outputs).
+"""Benchmarks and peers: `minitransformer bench` (workloads.py: our measurements; peers.py: HF and llama.cpp;
+run.py: the alternating runs, `run_bench`; report.py: outputs), `bench serve` against any OpenAI-compatible server
+(serve.py, serve_workload.py, serve_report.py; serve_compare.py starts our server beside llama-server and vLLM),
+`bench engine` (engine_bound.py), and the workloads of lessons 16 and 17 (interference.py, router_workload.py,
+model_shape.py).
 
-Only the cost model is imported here. Importing any bench module runs this file first, and run.py reaches up to the
-figures (viz_measure) for the machine's label: imported here, it would close an import circle through every module
-that uses the cost model (tests/test_layering.py models package imports and checks there is none).
+Every timing goes through lab/measure.py, and the machine's own figures (bandwidth, GEMM peak, the cost model) are
+lab/machine.py's: bench/ builds on lab/, never the other way round.
 """
-
-from ..lab.machine import PhaseCost, forward_cost, measure_copy_bandwidth, measure_gemm_flops, roofline_tokens_per_s
-
-__all__ = ["PhaseCost", "forward_cost", "measure_copy_bandwidth", "measure_gemm_flops", "roofline_tokens_per_s"]

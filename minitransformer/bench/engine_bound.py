@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from bisect import bisect_left
 
+from ..core.metrics import now
 from ..core.request import make_request
 from ..core.sampling_params import SamplingParams
 from ..lab.measure import Probe, Quietness, Timing, time_calls
@@ -159,11 +159,11 @@ def measure_engine(model, prompts: list[str], max_num_seqs: int, max_tokens: int
     samples = []
     for attempt in range(repeats + 1):
         engine = Engine(model, max_num_seqs=max_num_seqs)
-        start = time.perf_counter()
+        start = now()
         for prompt in prompts:
             engine.add_request(prompt, workload_params(max_tokens))
         results = engine.run()
-        seconds = time.perf_counter() - start
+        seconds = now() - start
         if len(results) != len(prompts) or any(len(r.token_ids) != max_tokens for r in results.values()):
             raise RuntimeError("the engine did not finish every request at max_tokens")
         if attempt:

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from dataclasses import dataclass
 
-import numpy as np
-
+from ..core.metrics import now, percentile
+from ..lab.viz_interference import CHAT, LONG
+from ..server.prometheus import PREFILL_TIME, TRANSFER_BYTES, TRANSFER_TIME
 from .serve import RequestRecord, ServeSettings, api_base, build_payload, first_model, http_client, send_request
 from .serve_workload import arrival_times, make_prompts
-
-CHAT, LONG = "chat", "long"
 
 
 @dataclass(frozen=True)
@@ -70,11 +68,11 @@ async def run_round(url: str, plan: list[Arrival], timeout_s: float = 300.0) -> 
     base = api_base(url)
     async with http_client(base, s) as client:
         model = await first_model(client, base)
-        start = time.perf_counter()
+        start = now()
 
         async def one(arrival: Arrival) -> tuple[Arrival, RequestRecord]:
-            await asyncio.sleep(max(0.0, start + arrival.at_s - time.perf_counter()))
-            record = RequestRecord(prompt_words=len(arrival.prompt.split()), sent_s=time.perf_counter() - start)
+            await asyncio.sleep(max(0.0, start + arrival.at_s - now()))
+            record = RequestRecord(prompt_words=len(arrival.prompt.split()), sent_s=now() - start)
             payload = {**build_payload(arrival.prompt, model, s), "max_tokens": arrival.max_tokens}
             return arrival, await send_request(client, f"{base}/v1/completions", payload, "completions", record)
 
@@ -106,16 +104,14 @@ def summarize(done: list[tuple[Arrival, RequestRecord]]) -> RoundSummary:
     chats = [r for a, r in done if a.kind == CHAT and r.ok]
     longs = [r for a, r in done if a.kind == LONG and r.ok]
     gaps = [g for r in chats for g in r.itl_s]
-    pct = lambda values, q: float(np.percentile(values, q)) if values else float("nan")
+    pct = lambda values, q: percentile(values, q) if values else float("nan")
     return RoundSummary(pct([r.ttft_s for r in chats], 50), pct([r.ttft_s for r in chats], 99), pct(gaps, 50),
                         pct(gaps, 99), pct([r.ttft_s for r in longs], 50),
                         sum(r.prompt_tokens or 0 for _, r in done), sum(1 for _, r in done if not r.ok))
 
 
-TRANSFER_METRICS = {"count": "minitransformer:mpi_bytes_transferred_count",
-                    "bytes": "minitransformer:mpi_bytes_transferred_sum",
-                    "seconds": "minitransformer:mpi_xfer_time_seconds_sum",
-                    "prefill_s": "vllm:request_prefill_time_seconds_sum"}
+TRANSFER_METRICS = {"count": f"{TRANSFER_BYTES}_count", "bytes": f"{TRANSFER_BYTES}_sum",
+                    "seconds": f"{TRANSFER_TIME}_sum", "prefill_s": f"{PREFILL_TIME}_sum"}
 
 
 def transfer_totals(url: str) -> dict[str, float]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..core.metrics import now
 from .serve import BenchServeError
 
 
@@ -106,8 +107,8 @@ class ManagedServer:
     def _wait_ready(self, process: subprocess.Popen) -> None:
         import httpx
 
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
+        deadline = now() + self.ready_timeout_s
+        while now() < deadline:
             if self.check:
                 self.check()
             if process.poll() is not None:
@@ -148,12 +149,12 @@ def stop_all(servers: list[ManagedServer], grace_s: float) -> None:
     then SIGKILL to those still there; idempotent."""
     for server in servers:
         server.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    deadline = now() + grace_s
     for server in servers:
         if server.process is None:
             continue
         try:
-            server.process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            server.process.wait(timeout=max(deadline - now(), 0.0))
         except subprocess.TimeoutExpired:
             server.signal_group(signal.SIGKILL)
             server.process.wait()

@@ -28,15 +28,16 @@ from dataclasses import asdict, dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from ..core.metrics import now, percentile
+from ..server.prometheus import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from .managed_server import ManagedServer, free_port
 from .serve import RequestRecord, build_payload, first_model, run_rate, send_request
-from .serve_report import percentile
 from .serve_workload import ServeSettings
 
 TENANTS = ("Acme Logistics", "Borealis Bank", "Cobalt Health", "Dune Travel", "Ember Games")
 QUESTIONS = ("What should I read first?", "Summarize the main idea in one sentence.", "Who is this text for?",
              "Name one thing the text describes.", "What is the tone of the text?", "Give me a title for it.")
-COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+COUNTERS = (PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES)
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,8 @@ def run_policy(policy: str, w: TenantWorkload, serve_options: list[str], replica
     argv = [sys.executable, "-m", "minitransformer", "serve", "--port", str(port), "--replicas", str(replicas),
             "--router-policy", policy, *serve_options]
     with ManagedServer(f"{policy} router", argv, port, "/readiness", log_dir / f"{policy}.log") as router:
-        deadline = time.monotonic() + 10.0      # smg answers /readiness a moment before the line is printed
-        while len(urls := replica_urls(router.log_path.read_text())) != replicas and time.monotonic() < deadline:
+        deadline = now() + 10.0      # smg answers /readiness a moment before the line is printed
+        while len(urls := replica_urls(router.log_path.read_text())) != replicas and now() < deadline:
             time.sleep(0.1)
         if len(urls) != replicas:
             raise RuntimeError(f"expected {replicas} replica URLs on the startup line: {router.log_tail()}")

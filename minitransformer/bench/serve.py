@@ -27,10 +27,10 @@ import asyncio
 import codecs
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 
 from ..core.errors import MiniTransformerError
+from ..core.metrics import now
 from .serve_workload import ServeSettings, arrival_times, make_prompts
 
 
@@ -137,7 +137,7 @@ async def send_request(client, url: str, payload: dict, endpoint: str, record: R
     """POST one streaming request and fill `record`; every way it can fail ends in record.error, never raises."""
     import httpx
 
-    start = last = time.perf_counter()
+    start = last = now()
     parser, done = SSEParser(), False
 
     def handle(data: str):
@@ -148,13 +148,13 @@ async def send_request(client, url: str, payload: dict, endpoint: str, record: R
         event = json.loads(data)
         if "error" in event:
             raise RuntimeError(f"server error in stream: {event['error']}")
-        text, now = _content(event, endpoint), time.perf_counter()
+        text, arrived = _content(event, endpoint), now()
         if text:
             if record.ttft_s is None:
-                record.ttft_s = now - start
+                record.ttft_s = arrived - start
             else:
-                record.itl_s.append(now - last)
-            last = now
+                record.itl_s.append(arrived - last)
+            last = arrived
             record.content_chunks += 1
         usage = event.get("usage")
         if usage and usage.get("completion_tokens") is not None:
@@ -215,15 +215,15 @@ async def run_rate(client, url: str, model: str, prompts: list[str], rate: float
     """
     times = arrival_times(rate, len(prompts), s.seed)
     slots = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency else None
-    start = time.perf_counter()
+    start = now()
 
     async def one(prompt: str, at: float) -> RequestRecord:
-        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        await asyncio.sleep(max(0.0, start + at - now()))
         record = RequestRecord(prompt_words=len(prompt.split()))
         if slots:
             await slots.acquire()
         try:
-            record.sent_s = time.perf_counter() - start
+            record.sent_s = now() - start
             await send_request(client, url, build_payload(prompt, model, s), s.endpoint, record)
         finally:
             if slots:
@@ -233,7 +233,7 @@ async def run_rate(client, url: str, model: str, prompts: list[str], rate: float
         return record
 
     records = await asyncio.gather(*(one(p, t) for p, t in zip(prompts, times)))
-    return list(records), time.perf_counter() - start
+    return list(records), now() - start
 
 
 def http_client(base: str, s: ServeSettings):

@@ -113,7 +113,7 @@ def vllm_env(binding: str, cores: int, scratch: Path) -> dict[str, str]:
 def context_per_request(model_path: str, s: ServeSettings) -> int:
     """The context one request of this workload needs: its longest prompt in tokens + max_tokens, with room for a
     chat template (a quarter more and 64 tokens), rounded up to a multiple of 256."""
-    from ..core.tokenizer import load_tokenizer
+    from .. import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
     longest = max(len(tokenizer.encode(p)) for p in make_prompts(s.num_prompts, s.seed, s.prompt_words))

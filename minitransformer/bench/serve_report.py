@@ -21,13 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.metrics import percentile
+from ..lab.measure import Timing
+
 PCTS = (50, 90, 99)
-
-
-def percentile(values, q: float) -> float | None:
-    """The q-th percentile (0-100), linear between ranks; None when there is nothing to rank."""
-    values = [v for v in values if v is not None]
-    return float(np.percentile(values, q)) if values else None
 
 
 def is_good(record, s) -> bool:
@@ -138,9 +135,8 @@ def ratio_spread(per_run: list[dict]) -> list[dict]:
             continue
         entry: dict = {"peer": peer, "request_rate": rate, "runs": len(rows)}
         for key in ("output_throughput", "ttft_p99"):
-            values = [row[key] for row in rows if row[key] is not None]
-            entry[key] = ({"median": float(np.median(values)), "min": min(values), "max": max(values)}
-                          if values else None)
+            timing = Timing(tuple(row[key] for row in rows if row[key] is not None))
+            entry[key] = {"median": timing.median, "min": timing.min, "max": timing.max} if timing.samples else None
         out.append(entry)
     return out
 
@@ -261,7 +257,8 @@ def plot(result: dict, path: Path) -> Path:
 
 def _plot_runs(ax, x, runs: list[list[float]], style: str, color: str, label: str) -> None:
     """One line through the median of each rate's runs; where a rate ran more than once, each run as a faint dot."""
-    ax.plot(x, [np.nanmedian(ys) if ys else np.nan for ys in runs], style, marker="o", color=color, label=label)
+    medians = [percentile([y for y in ys if not np.isnan(y)], 50) for ys in runs]
+    ax.plot(x, [np.nan if m is None else m for m in medians], style, marker="o", color=color, label=label)
     for xi, ys in zip(x, runs):
         if len(ys) > 1:
             ax.plot([xi] * len(ys), ys, ".", color=color, alpha=0.35)

@@ -12,6 +12,10 @@ from importlib.resources import files
 
 import numpy as np
 
+from ..lab.engine_load import poisson_gaps
+
+ENDPOINTS = ("completions", "chat")        # POST /v1/completions or /v1/chat/completions
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -21,7 +25,7 @@ class ServeSettings:
     num_prompts: int = 32
     max_concurrency: int | None = None
     seed: int = 0
-    endpoint: str = "completions"            # or "chat"
+    endpoint: str = "completions"            # one of ENDPOINTS
     max_tokens: int = 48
     temperature: float = 0.0
     ignore_eos: bool = False
@@ -67,15 +71,6 @@ def distinct_rounds(n: int) -> int:
     past that, a run's later prompts share their first tokens with its earlier ones, and every server's prefix
     cache skips part of their prefill."""
     return len(shipped_words()) // n
-
-
-def poisson_gaps(rate: float, n: int, seed: int) -> np.ndarray:
-    """n gaps in seconds between arrivals: exponential with mean 1/rate (Poisson arrivals), zeros when rate is inf."""
-    if rate <= 0:
-        raise ValueError(f"request rate must be > 0, got {rate}")
-    if np.isinf(rate):
-        return np.zeros(n)
-    return np.random.default_rng(seed).exponential(1.0 / rate, size=n)
 
 
 def arrival_times(rate: float, n: int, seed: int) -> np.ndarray:

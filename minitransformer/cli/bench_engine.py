@@ -35,8 +35,8 @@ def cmd_bench_engine(args) -> int:
     """Measure (progress on stderr), print the table on stdout, write engine.json."""
     from rich.console import Console
 
+    from .. import load_model
     from ..bench.engine_bound import print_table, run_engine_bench, write_json
-    from ..core.loading import load_model
     from .bench_serve import parse_words
 
     for flag, value in (("--num-prompts", args.num_prompts), ("--max-tokens", args.max_tokens),

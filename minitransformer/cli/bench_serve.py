@@ -18,6 +18,9 @@ def add_bench_serve_parser(bench, parser_class):
     modes = bench.add_subparsers(dest="bench_mode", parser_class=parser_class, metavar="serve|engine",
                                  help="optional: load-test an HTTP server instead (bench serve --help), or the "
                                       "engine against its own rates' bound (bench engine --help)")
+    from ..bench.serve_compare import VLLM_BINDINGS, VLLM_MODES
+    from ..bench.serve_workload import ENDPOINTS
+
     p = modes.add_parser("serve", help="load-test an OpenAI-compatible server (ours, llama-cpp-python's, "
                           "llama.cpp's llama-server, vLLM) over HTTP")
     target = p.add_mutually_exclusive_group(required=True)
@@ -29,7 +32,7 @@ def add_bench_serve_parser(bench, parser_class):
     p.add_argument("--model", metavar="NAME|PATH",
                    help="the model name to ask for (default: the first one GET /v1/models lists); with --compare: "
                         "the GGUF both servers load (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
                    help="POST /v1/completions (default) or /v1/chat/completions")
     p.add_argument("--request-rate", default="1,2,4", metavar="R,R,...",
                    help="Poisson arrival rates in requests/s, `inf` = all at once (default 1,2,4)")
@@ -57,10 +60,10 @@ def add_bench_serve_parser(bench, parser_class):
                         "--max-num-seqs (default 8)")
     p.add_argument("--n-threads", type=int, metavar="N",
                    help="with --compare: llama-cpp-python's and llama-server's threads (default: cores)")
-    p.add_argument("--vllm-mode", choices=("eager", "compiled"), default="eager",
+    p.add_argument("--vllm-mode", choices=VLLM_MODES, default="eager",
                    help="with --compare: vLLM with --enforce-eager (default; starts in ~80 s) or compiled "
                         "(5-7 minutes of compiling at each start)")
-    p.add_argument("--vllm-binding", choices=("default", "all-cores"), default="default",
+    p.add_argument("--vllm-binding", choices=VLLM_BINDINGS, default="default",
                    help="with --compare: vLLM's own core binding (default; on a small machine one core computes "
                         "and the rest are reserved) or every core for compute")
     p.add_argument("--out", default="bench_results", metavar="DIR",

@@ -40,11 +40,9 @@ def _generate(args, params, model) -> int:
     from ..core.generate import generate, stream
     from ..speculative import describe
 
-    speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
+    runner = runner_from_cli(args, model)
     with _ctrl_c_cancels() as cancel:
-        options = dict(chat=args.chat, use_cache=not args.no_cache, timeout=args.timeout, cancel=cancel,
-                       speculative=speculative, num_speculative_tokens=args.num_speculative_tokens,
-                       kv_cache=args.kv_cache)
+        options = dict(chat=args.chat, runner=runner, timeout=args.timeout, cancel=cancel, kv_cache=args.kv_cache)
         if args.json:                                    # stdout holds exactly one JSON object
             result = generate(model, args.prompt, params, **options)
             print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -58,6 +56,21 @@ def _generate(args, params, model) -> int:
     if result.logprobs is not None:
         _print_logprobs(result.logprobs, model.tokenizer)
     return 0
+
+
+def runner_from_cli(args, model):
+    """Where the loop's logits come from (core.generate's runner=): None for the KV cache, RecomputeRunner for
+    --no-cache, the speculative runner for --speculative (the draft model loaded for `--speculative model`)."""
+    speculative = speculative_from_cli(args.speculative, args.draft_model, args.device, n_layers=model.config.n_layers)
+    if speculative is not None:
+        if args.no_cache:
+            raise InputError("--speculative verifies drafts against the KV cache; it cannot run with --no-cache")
+        from ..speculative import speculative_runner
+        return speculative_runner(speculative, args.num_speculative_tokens)
+    if args.no_cache:
+        from ..no_cache import RecomputeRunner
+        return RecomputeRunner
+    return None
 
 
 def cmd_chat(args) -> int:

@@ -5,13 +5,17 @@ Kept apart so both subcommands spell, check and load them the same way.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from typing import Any
 
+from .. import ATTENTION
+from ..core.backend import DEVICES
 from ..core.errors import InputError
-from ..core.kv_storage import CODECS
-from ..core.sampling_params import SamplingParams, sampling_options
+from ..core.kv_storage import CODECS, STORAGES
+from ..core.sampling_params import Option, SamplingParams, sampling_options
+from ..quantize.schemes import SCHEMES
 from ..structured import StructuredOutputsParams
 
 MODEL_HELP = ("path of a llama-architecture GGUF, or a model fetched by name: smollm2-135m (the default, "
@@ -20,16 +24,16 @@ MODEL_HELP = ("path of a llama-architecture GGUF, or a model fetched by name: sm
 
 def add_model_options(parser) -> None:
     parser.add_argument("--model", metavar="PATH|NAME", help=MODEL_HELP)
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu (NumPy, the default) or gpu (CuPy on an NVIDIA GPU: the 'gpu' extra)")
-    parser.add_argument("--attention", choices=("auto", "arrays", "kernels"), default="auto",
+    parser.add_argument("--attention", choices=ATTENTION, default="auto",
                         help="attention through layers.attention (arrays) or our CUDA kernels (kernels: on the CPU "
                              "they run on the slow CPU runner); auto: kernels on the GPU, arrays on the CPU")
-    parser.add_argument("--weights", choices=("f32", "int8", "int4", "f16"), default="f32",
+    parser.add_argument("--weights", choices=SCHEMES, default="f32",
                         help="weights as float32 (default), int8 per channel or int4 in groups of 32 (lesson 13), "
                              "or f16: float16 storage, float32 accumulation (on the CPU slower than f32, since NumPy "
                              "has no half GEMM: it is there to check the GPU's arithmetic anywhere)")
-    parser.add_argument("--kv-cache", choices=tuple(CODECS), default="f32",
+    parser.add_argument("--kv-cache", choices=STORAGES, default="f32",
                         help="keys and values stored as " + "; ".join(f"{codec.name}: {codec.help}"
                                                                        for codec in CODECS.values()))
 
@@ -38,7 +42,7 @@ def load_model_from_args(args, comm=None):
     """The model as the options ask: loaded once as float32, then quantized when --weights says so (f16 is
     load_model's dtype="float16"; the dequantize-GEMV kernel is int8 / int4 only). comm: a tensor-parallel rank's
     communicator (only its shard is loaded)."""
-    from ..core.loading import load_model
+    from .. import load_model
 
     dtype = "float16" if args.weights == "f16" else "float32"
     model = load_model(args.model, device=args.device, attention=args.attention, dtype=dtype, comm=comm)
@@ -72,9 +76,9 @@ def check_speculative_flags(name: str | None, draft_model: str | None, n_layers:
 
 def speculative_from_cli(name: str | None, draft_model: str | None, device: str = "cpu",
                          n_layers: int | None = None):
-    """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what generate(speculative=...) takes (a loaded
+    """`--speculative ngram|self:L|model` and `--draft-model PATH` -> what speculative_runner(...) takes (a loaded
     draft model for "model")."""
-    from ..core.loading import load_model
+    from .. import load_model
 
     check_speculative_flags(name, draft_model, n_layers)
     if name != "model":
@@ -86,17 +90,39 @@ def add_sampling_options(parser, max_tokens: int) -> None:
     """One flag per SamplingParams field, named as vLLM names it and described by the field's own metadata
     (sampling_params.sampling_options); the ranges are checked by SamplingParams. max_tokens: this subcommand's
     default."""
-    for option in sampling_options():
-        default = max_tokens if option.name == "max_tokens" else option.default
+    add_options(parser, sampling_options(), {"max_tokens": max_tokens})
+
+
+def add_options(parser, options: list[Option], defaults: dict | None = None) -> None:
+    """One flag per Option (core.sampling_params.options_of: SamplingParams', serving's EngineArgs'): its name,
+    help, metavar and choices from the field's metadata, the type from its annotation. defaults: this subcommand's
+    own defaults by field name. A bool that defaults to on (or to "decide for me", None) gets --x / --no-x."""
+    for option in options:
+        default = (defaults or {}).get(option.name, option.default)
         help = option.help.format(default=default)
-        if option.kind is bool:
+        if option.kind is bool and default is False:
             parser.add_argument(option.flag, dest=option.name, action="store_true", help=help)
+        elif option.kind is bool:
+            parser.add_argument(option.flag, dest=option.name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help)
         elif option.repeated:
             parser.add_argument(option.flag, dest=option.name, action="append", type=option.kind, default=[],
                                 metavar=option.metavar, help=help)
         else:
             parser.add_argument(option.flag, dest=option.name, type=option.kind, default=default,
-                                metavar=option.metavar, help=help)
+                                metavar=option.metavar, choices=option.choices, help=help)
+
+
+def checked(build, options: list[Option]):
+    """build() (a SamplingParams or EngineArgs from the parsed flags), its InputError naming each field as the flag
+    it was typed as (--top-p, not top_p)."""
+    try:
+        return build()
+    except InputError as exc:
+        message = str(exc)
+        for option in options:
+            message = re.sub(rf"(?<![-\w]){option.name}(?!\w)", option.flag, message)
+        raise InputError(message) from None
 
 
 def add_structured_options(parser) -> None:
@@ -160,12 +186,6 @@ def sampling_params(args):
     has them, are read and compiled here too."""
     options = sampling_options()
     structured = structured_from_args(args)
-    try:
-        values: dict[str, Any] = {o.name: tuple(getattr(args, o.name)) if o.repeated else getattr(args, o.name)
-                                  for o in options}
-        return SamplingParams(**values, structured=structured)
-    except InputError as exc:
-        message = str(exc)
-        for option in options:
-            message = re.sub(rf"(?<![-\w]){option.name}(?!\w)", option.flag, message)
-        raise InputError(message) from None
+    values: dict[str, Any] = {o.name: tuple(getattr(args, o.name)) if o.repeated else getattr(args, o.name)
+                              for o in options}
+    return checked(lambda: SamplingParams(**values, structured=structured), options)

@@ -86,7 +86,8 @@ def serve_replicas(args, sock) -> int:
     address, bound by the caller to check it (a port in use is exit 2 before anything starts); it is closed just
     before smg binds the same port."""
     from ..bench.managed_server import ManagedServer, free_port, stop_all
-    from ..models import open_gguf, resolve_model_path, signals_exit
+    from ..core.gguf_file import open_gguf
+    from ..models import resolve_model_path, signals_exit
     from ..server.runner import CLOSE_GRACE_S
 
     smg = find_smg()

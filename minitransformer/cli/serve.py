@@ -22,7 +22,9 @@ import sys
 from pathlib import Path
 
 from ..core.errors import InputError
-from .options import add_model_options, load_model_from_args
+from ..core.sampling_params import options_of
+from ..serving.engine_args import EngineArgs
+from .options import add_model_options, add_options, checked, load_model_from_args
 from .replicas import add_replicas_options, check_replicas, serve_replicas, watch_supervisor
 from .tensor_parallel import add_tensor_parallel_option, launch_tensor_parallel, model_for_args
 
@@ -39,17 +41,7 @@ def add_serve_parser(commands) -> None:
     add_replicas_options(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in the API (default: the GGUF file name without .gguf)")
-    serve.add_argument("--max-num-seqs", type=int, default=16, metavar="N",
-                       help="most requests in the running batch (default 16)")
-    serve.add_argument("--num-blocks", type=int, metavar="N",
-                       help="KV cache blocks in the pool (default: enough for max-num-seqs contexts, up to 512 MiB)")
-    serve.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block (default 16)")
-    serve.add_argument("--policy", choices=("continuous", "static", "priority"), default="continuous",
-                       help="how the scheduler admits requests (default continuous; priority uses the requests' "
-                            "priority field, lower first)")
-    serve.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N",
-                       help="most tokens in one engine step (default 512): a longer prompt is prefilled in chunks "
-                            "of what is left beside the running decodes (chunked prefill; lesson 16)")
+    add_options(serve.add_argument_group("engine (serving/engine_args.py's EngineArgs)"), options_of(EngineArgs))
     serve.add_argument("--disaggregated", action="store_true",
                        help="prefill in a second process and send each prompt's KV cache to this one, which only "
                             "decodes (two MPI ranks, the 'parallel' extra; lesson 16)")
@@ -148,14 +140,20 @@ def _serve_disaggregated(args, keys, hosts, origins, drain_s: float) -> int:
     return 0
 
 
+def engine_args(args, keys=None) -> EngineArgs:
+    """The EngineArgs the options describe, checked (an error names the flag); keys: the --api-keys tenants."""
+    from ..server.tenants import tenant_quotas
+
+    options = options_of(EngineArgs)
+    return checked(lambda: EngineArgs(**{o.name: getattr(args, o.name) for o in options}, kv_cache=args.kv_cache,
+                                      tenant_token_quota=tenant_quotas(keys) if keys else None), options)
+
+
 def _engine(args, model, keys, kv_connector=None):
     """The Engine the options describe (kv_connector: one side of a disaggregated pair)."""
-    from ..server.tenants import tenant_quotas
     from ..serving import Engine
 
-    return Engine(model, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks, block_size=args.block_size,
-                  policy=args.policy, kv_cache=args.kv_cache, max_num_batched_tokens=args.max_num_batched_tokens,
-                  tenant_token_quota=tenant_quotas(keys) if keys else None, kv_connector=kv_connector)
+    return Engine(model, engine_args(args, keys), kv_connector=kv_connector)
 
 
 def _serve(args, model, sock, keys, hosts, origins, kv_connector=None) -> None:
@@ -189,7 +187,8 @@ def _serve(args, model, sock, keys, hosts, origins, kv_connector=None) -> None:
 
 def _check_options(args) -> None:
     """The numeric options' ranges, before anything is loaded or bound."""
-    for name in ("max_num_seqs", "block_size", "max_num_batched_tokens", "max_waiting", "max_body_bytes"):
+    engine_args(args)
+    for name in ("max_waiting", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:

@@ -50,7 +50,8 @@ def launch_tensor_parallel(args, drain_s: float | None = None) -> int | None:
 
     if args.tensor_parallel_size == 1 or in_rank_process():
         return None
-    from ..models import open_gguf, resolve_model_path
+    from ..core.gguf_file import open_gguf
+    from ..models import resolve_model_path
     from ..parallel.plan import check_tensor_parallel_size
 
     size = args.tensor_parallel_size

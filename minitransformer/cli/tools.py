@@ -10,7 +10,7 @@ import sys
 
 
 def cmd_tokenize(args) -> int:
-    from ..core.tokenizer import load_tokenizer
+    from .. import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     ids = tokenizer.encode(args.text, special=args.special)
@@ -70,9 +70,9 @@ def cmd_bench(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from .. import load_model
     from ..bench.report import markdown, print_table, write_outputs
     from ..bench.run import choose_peers, load_systems, make_settings, parse_sizes, run_bench
-    from ..core.loading import load_model
 
     settings = make_settings(args.quick, args.repeats, parse_sizes(args.prefill_lengths, "--prefill-lengths"),
                              parse_sizes(args.batches, "--batches"))

@@ -9,21 +9,64 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .errors import ModelFileError
 
-# general.architecture -> which dimensions RoPE rotates together (layers.apply_rope). The file does not say: its
-# architecture decides, as in llama.cpp's llama_model_rope_type (llama: interleaved pairs, "NORM"; qwen2, qwen3,
-# gemma3, phi3 and others: split halves, "NEOX"). An architecture runs here only once it has an entry.
-# What each adds to llama's forward: qwen2 biases on q, k and v (bias_tensors); qwen3 an RMSNorm per q and k head
-# (qk_norm); gemma3 gemma3_options. Llama 3 is "llama" with RoPE frequency factors (rope_freq_factors).
-ROPE_PAIRING = {"llama": "interleaved", "gemma3": "neox", "qwen2": "neox", "qwen3": "neox"}
 ROPE_PAIRINGS = ("interleaved", "neox")
 ACTIVATIONS = ("silu", "gelu_tanh")
-SUPPORTED_ARCHITECTURES = tuple(ROPE_PAIRING)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one architecture (GGUF general.architecture) changes from llama's forward, as data: the loader reads it
+    into ModelConfig's fields and the forward reads those, so no code elsewhere names a family. FAMILIES holds every
+    family we run; a new one is a row there. Where a value is not in the file, the source that fixes it is named in
+    FAMILIES' comments (llama.cpp's and HF transformers' code for the family).
+
+    rope_pairing: which dimensions RoPE rotates together. The file does not say: the architecture decides, as in
+    llama.cpp's llama_model_rope_type (llama: interleaved pairs, "NORM"; qwen2, qwen3, gemma3: halves, "NEOX").
+    global_every: 0, or a period p: layer i slides unless i % p == p - 1 (a file may give another p as
+    attention.sliding_window_pattern); sliding windows in a file of a family without it are refused.
+    """
+    rope_pairing: str
+    qk_norm: bool = False               # an RMSNorm of each q and k head before RoPE (attn_q_norm, attn_k_norm)
+    sandwich_norms: bool = False        # an RMSNorm of attention's and the FFN's outputs before each residual add
+    activation: str = "silu"            # the gated FFN's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    scale_embedding: bool = False       # the token vectors are multiplied by sqrt(d_model)
+    global_every: int = 0               # sliding layers: every global_every-th layer attends to everything
+    rope_base_local: float = 0.0        # the sliding layers' RoPE theta when the file gives none (rope.freq_base_swa)
+    heads_span_d_model: bool = False    # n_heads x head_dim == d_model must hold
+    query_scale_by_width: tuple[int, ...] = ()   # set: q is scaled explicitly, by 1/sqrt(head_dim), or by
+                                                 # 1/sqrt(d_model / n_heads) for a model with one of these layer counts
+
+
+FAMILIES = {
+    # Llama 2 and 3 (Llama 3's RoPE frequency factors come from the file's rope_freqs tensor), SmolLM2
+    "llama": Family("interleaved", heads_span_d_model=True),
+    # Qwen2: biases on q, k and v, from the file's tensors (ModelConfig.bias_tensors)
+    "qwen2": Family("neox"),
+    # Qwen3: an RMSNorm per q and k head, its scale stored as is (HF modeling_qwen3.py Qwen3Attention q_norm / k_norm;
+    # llama.cpp src/models/qwen3.cpp build_norm of Qcur / Kcur per head)
+    "qwen3": Family("neox", qk_norm=True),
+    # Gemma 3 (llama.cpp src/models/gemma3.cpp, llama-hparams.cpp; HF configuration_gemma3.py, modeling_gemma3.py):
+    # - layer i slides unless i % 6 == 5 (load_swa_pattern(ml, 6) and set_swa_pattern: swa when il % 6 < 5; HF
+    #   "sliding_attention" when (i + 1) % 6 != 0); the window is attention.sliding_window: key k is masked for query
+    #   p when p - k >= window (llama_hparams::is_masked_swa; HF sliding_window_overlay keeps kv_idx > q_idx - window)
+    # - local RoPE base 10,000 (llama-hparams.h rope_freq_base_train_swa; HF default_theta["local"]); global from
+    #   rope.freq_base (1e6)
+    # - embedding scale sqrt(d_model) (ggml_scale(inpL, sqrtf(n_embd)); HF Gemma3TextScaledWordEmbedding), GELU with
+    #   the tanh approximation in the gated FFN (LLM_FFN_GELU; HF "gelu_pytorch_tanh")
+    # - q scale 1/sqrt(head_dim), except the 62-layer 27B's 1/sqrt(d_model / n_heads) (f_attention_scale, after
+    #   gemma_pytorch's query_pre_attn_scalar; HF query_pre_attn_scalar, 256 = head_dim for 270M)
+    # - norms: the GGUF already holds Gemma's (1 + w) (the converter's Gemma3Model.norm_shift adds 1 to every
+    #   *norm.weight), so the plain RMSNorm applies; Q and K are not permuted (Gemma3Model does not inherit
+    #   LlamaModel's permute), hence the halves pairing
+    "gemma3": Family("neox", qk_norm=True, sandwich_norms=True, activation="gelu_tanh", scale_embedding=True,
+                     global_every=6, rope_base_local=10_000.0, query_scale_by_width=(62,)),
+}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 QKV_TENSORS = ("attn_q", "attn_k", "attn_v")
 
 
@@ -41,11 +84,12 @@ class ModelConfig:
     context_length: int    # the longest sequence the model was trained for
     vocab_size: int
     tied_embeddings: bool  # lm_head reuses token_embd (no output.weight tensor)
-    rope_pairing: str = "interleaved"   # "interleaved" (x[2i], x[2i+1]) or "neox" (x[i], x[i + d/2]): ROPE_PAIRING
+    family: str = "llama"               # general.architecture: its row of FAMILIES
+    rope_pairing: str = "interleaved"   # "interleaved" (x[2i], x[2i+1]) or "neox" (x[i], x[i + d/2]): the family's
     bias_tensors: tuple[str, ...] = ()  # layer tensors the file gives a bias ("attn_q" for blk.N.attn_q.bias)
     rope_freq_factors: tuple[float, ...] = ()  # Llama 3: pair i's angle is divided by factor i (rope_freqs.weight)
-    # What sets Gemma 3 apart from llama; the defaults are llama's, so a llama model pays nothing for them
-    # (gemma3_options says where each Gemma 3 value comes from).
+    # What other families change (FAMILIES says which, and where each value comes from); the defaults are llama's,
+    # so a llama model pays nothing for them.
     qk_norm: bool = False               # an RMSNorm on each query and key head before RoPE (attn_q_norm, attn_k_norm;
                                         # Gemma 3 and Qwen3)
     sandwich_norms: bool = False        # an RMSNorm on attention's and the FFN's outputs before each residual add
@@ -84,21 +128,24 @@ class ModelConfig:
     def from_gguf(cls, reader) -> ModelConfig:
         """Read the config from a `gguf.GGUFReader`; one clear error for anything we cannot run."""
         arch = _field(reader, "general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in FAMILIES:
             raise ModelFileError(f"unsupported model architecture {arch!r}; minitransformer runs: "
                                  f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-        if arch != "gemma3" and _field(reader, f"{arch}.attention.sliding_window", 0):
-            raise ModelFileError(f"this {arch} file has sliding-window layers (attention.sliding_window); "
-                                 "minitransformer runs sliding windows only for gemma3")
+        family = FAMILIES[arch]
         n_heads = int(_field(reader, f"{arch}.attention.head_count"))
         n_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
         d_model = int(_field(reader, f"{arch}.embedding_length"))
+        n_layers = int(_field(reader, f"{arch}.block_count"))
         if n_heads < 1 or n_kv_heads < 1:
             raise ModelFileError(f"GGUF metadata gives {n_heads} attention heads and {n_kv_heads} KV heads; "
                                  "both must be at least 1")
-        # Gemma 3 gives its head size as attention.key_length (256 for 270M, with 4 heads x 256 != d_model 640)
+        # a head's size may be given apart from d_model (Gemma 3 270M: 4 heads x 256 != d_model 640)
         head_dim = int(_field(reader, f"{arch}.attention.key_length",
                               _field(reader, f"{arch}.rope.dimension_count", d_model // n_heads)))
+        if _field(reader, f"{arch}.final_logit_softcapping", 0.0) or _field(reader,
+                                                                             f"{arch}.attn_logit_softcapping", 0.0):
+            raise ModelFileError(f"this {arch} file asks for logit softcapping, which minitransformer does not apply "
+                                 "yet")
         tensor_names = {t.name for t in reader.tensors}
         biases = sorted(name[len("blk.0."):-len(".bias")] for name in tensor_names
                         if name.startswith("blk.0.") and name.endswith(".bias"))
@@ -106,9 +153,12 @@ class ModelConfig:
         if embd is None:
             raise ModelFileError("GGUF has no token_embd.weight tensor; not a llama-architecture model file")
         vocab = int(_field(reader, f"{arch}.vocab_size", int(embd.shape[-1])))
+        window, sliding = sliding_layers(reader, arch, family, n_layers)
+        scale_dim = d_model / n_heads if n_layers in family.query_scale_by_width else head_dim
         config = cls(
             name=str(_field(reader, "general.name", "unnamed")),
-            n_layers=int(_field(reader, f"{arch}.block_count")),
+            family=arch,
+            n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
@@ -119,31 +169,49 @@ class ModelConfig:
             context_length=int(_field(reader, f"{arch}.context_length")),
             vocab_size=vocab,
             tied_embeddings="output.weight" not in tensor_names,
-            rope_pairing=ROPE_PAIRING[arch],
+            rope_pairing=family.rope_pairing,
             bias_tensors=tuple(biases),
             rope_freq_factors=rope_freq_factors(reader, arch, head_dim),
-            **architecture_options(reader, arch, d_model, n_heads, head_dim),
+            qk_norm=family.qk_norm,
+            sandwich_norms=family.sandwich_norms,
+            activation=family.activation,
+            embedding_scale=math.sqrt(d_model) if family.scale_embedding else 1.0,
+            attention_scale=1.0 / math.sqrt(scale_dim) if family.query_scale_by_width else 0.0,
+            sliding_window=window,
+            sliding_layers=sliding,
+            rope_base_local=float(_field(reader, f"{arch}.rope.freq_base_swa", family.rope_base_local))
+            if sliding else 0.0,
         )
         value_dim = int(_field(reader, f"{arch}.attention.value_length", head_dim))
-        if (arch == "llama" and head_dim * n_heads != d_model) or value_dim != head_dim or n_heads % n_kv_heads \
-                or head_dim % 2:
+        if (family.heads_span_d_model and head_dim * n_heads != d_model) or value_dim != head_dim \
+                or n_heads % n_kv_heads or head_dim % 2:
             raise ModelFileError(f"unsupported head layout: {n_heads} heads x head_dim {head_dim} (values "
                                  f"{value_dim}) vs d_model {d_model}, {n_kv_heads} KV heads (need keys and values "
-                                 "of one size, n_heads divisible by n_kv_heads, even head_dim, and for llama "
-                                 "n_heads*head_dim == d_model)")
+                                 "of one size, n_heads divisible by n_kv_heads, even head_dim, and for "
+                                 f"{arch} n_heads*head_dim == d_model)" if family.heads_span_d_model else
+                                 f"unsupported head layout: {n_heads} heads x head_dim {head_dim} (values "
+                                 f"{value_dim}), {n_kv_heads} KV heads (need keys and values of one size, n_heads "
+                                 "divisible by n_kv_heads, even head_dim)")
         return config
 
 
-def architecture_options(reader, arch: str, d_model: int, n_heads: int, head_dim: int) -> dict[str, Any]:
-    """The ModelConfig fields an architecture sets beyond llama's defaults (biases and RoPE factors come from the
-    tensors). Qwen3: an RMSNorm of each query and key head before RoPE, its scale attn_q_norm / attn_k_norm stored
-    as is (HF modeling_qwen3.py Qwen3Attention q_norm / k_norm on head_dim; llama.cpp src/models/qwen3.cpp
-    build_norm of Qcur / Kcur per head)."""
-    if arch == "gemma3":
-        return gemma3_options(reader, d_model, n_heads, head_dim)
-    if arch == "qwen3":
-        return {"qk_norm": True}
-    return {}
+def sliding_layers(reader, arch: str, family: Family, n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(window, the layers that slide) from the file's attention.sliding_window and the family's period (or the
+    file's attention.sliding_window_pattern); (0, ()) without sliding layers. A family without them refuses a file
+    that has a window rather than run it with full attention."""
+    window = int(_field(reader, f"{arch}.attention.sliding_window", 0))
+    if not family.global_every:
+        if window:
+            raise ModelFileError(f"this {arch} file has sliding-window layers (attention.sliding_window); "
+                                 f"minitransformer runs sliding windows only for "
+                                 f"{', '.join(a for a, f in FAMILIES.items() if f.global_every)}")
+        return 0, ()
+    period = _field(reader, f"{arch}.attention.sliding_window_pattern", family.global_every)
+    if not isinstance(period, int):
+        raise ModelFileError(f"this {arch} file lists its sliding layers one by one "
+                             "(attention.sliding_window_pattern as an array), which minitransformer does not read yet")
+    sliding = tuple(i for i in range(n_layers) if window and i % period < period - 1)
+    return (window if sliding else 0), sliding
 
 
 def rope_freq_factors(reader, arch: str, head_dim: int) -> tuple[float, ...]:
@@ -173,51 +241,6 @@ def rope_freq_factors(reader, arch: str, head_dim: int) -> tuple[float, ...]:
         raise ModelFileError(f"rope_freqs.weight must be {head_dim // 2} positive F32 factors (one per rotated "
                              f"pair of head_dim {head_dim}); got {factors.size} of type {tensor.tensor_type.name}")
     return tuple(float(f) for f in factors)
-
-
-GEMMA3_GLOBAL_EVERY = 6          # every 6th layer (5, 11, 17, ...) attends globally, the other five slide
-GEMMA3_ROPE_BASE_LOCAL = 10_000.0
-
-
-def gemma3_options(reader, d_model: int, n_heads: int, head_dim: int) -> dict:
-    """The ModelConfig fields that make a gemma3 file Gemma 3, from its metadata and, where the file is silent, from
-    llama.cpp's and HF transformers' Gemma 3 code (the sources are named so a reader can check them):
-
-    - sliding layers: layer i slides unless i % 6 == 5 (llama.cpp src/models/gemma3.cpp load_swa_pattern(ml, 6) with
-      llama-hparams.cpp set_swa_pattern: swa when il % 6 < 5; HF configuration_gemma3.py: "sliding_attention" when
-      (i + 1) % 6 != 0). A file may override the period with attention.sliding_window_pattern (llama.cpp reads it).
-      Window from attention.sliding_window: key k is masked for query p when p - k >= window (llama.cpp
-      llama_hparams::is_masked_swa; HF masking_utils.sliding_window_overlay keeps kv_idx > q_idx - window).
-    - local RoPE base 10,000 unless rope.freq_base_swa says otherwise (llama.cpp llama-hparams.h
-      rope_freq_base_train_swa = 10000; HF default_theta["local"]); the global base is rope.freq_base (1e6).
-    - embedding scale sqrt(d_model) (llama.cpp gemma3.cpp ggml_scale(inpL, sqrtf(n_embd)); HF
-      Gemma3TextScaledWordEmbedding), GELU with the tanh approximation in the gated FFN (LLM_FFN_GELU;
-      HF hidden_activation "gelu_pytorch_tanh").
-    - attention scale 1/sqrt(head_dim), except the 62-layer 27B's 1/sqrt(d_model / n_heads) (llama.cpp gemma3.cpp
-      f_attention_scale, after gemma_pytorch's query_pre_attn_scalar; HF query_pre_attn_scalar, 256 = head_dim for
-      270M).
-    - norms: the GGUF already holds Gemma's (1 + w): llama.cpp's converter (conversion/gemma.py Gemma3Model.norm_shift)
-      adds 1 to every *norm.weight, so the plain RMSNorm applies. Q and K are not permuted (Gemma3Model does not
-      inherit LlamaModel's permute), hence the "neox" pairing.
-    - final logit softcapping: Gemma 2 had it, Gemma 3 does not (the converter asserts attn_logit_softcapping is
-      absent and writes final_logit_softcapping only if the HF config has one); a file that asks for it is refused
-      rather than run without it.
-    """
-    if _field(reader, "gemma3.final_logit_softcapping", 0.0):
-        raise ModelFileError("this gemma3 file asks for final logit softcapping, which minitransformer does not "
-                             "apply yet")
-    n_layers = int(_field(reader, "gemma3.block_count"))
-    window = int(_field(reader, "gemma3.attention.sliding_window", 0))
-    period = _field(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_GLOBAL_EVERY)
-    if not isinstance(period, int):
-        raise ModelFileError("this gemma3 file lists its sliding layers one by one "
-                             "(attention.sliding_window_pattern as an array), which minitransformer does not read yet")
-    sliding = tuple(i for i in range(n_layers) if window and i % period < period - 1)
-    scale_dim = d_model / n_heads if n_layers == 62 else head_dim
-    return dict(qk_norm=True, sandwich_norms=True, activation="gelu_tanh", embedding_scale=math.sqrt(d_model),
-                attention_scale=1.0 / math.sqrt(scale_dim), sliding_window=window if sliding else 0,
-                sliding_layers=sliding,
-                rope_base_local=float(_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL)))
 
 
 _MISSING = object()

@@ -5,22 +5,22 @@
 
 Each stage lives in the file with its name (prefill.py, decode.py, sampling.py, stopping.py, detokenizer.py,
 metrics.py) and the per-request part after sampling in request.py (RequestState, which the serving Engine uses too);
-this file only calls them in order, so the whole request flow reads top to bottom in `_run`. `stream()` yields the
-text as it is produced; `generate()` runs the same loop to the end. Where the logits come from is a *runner*:
-CachedRunner (prefill, then one token per step through the KV cache), no_cache.py's RecomputeRunner (the whole
-sequence again every step; lesson 04_cache_vs_no_cache compares them) or speculative/'s draft-and-verify runner
-(lesson 12_speculative_decoding), which also picks each verified row's token (accept the draft or resample).
+this file only calls them in order, so the whole request flow reads top to bottom in `run_request`. `stream()`
+yields the text as it is produced; `generate()` runs the same loop to the end.
+
+Where the logits come from is a *runner*, the plug-in point of this loop: CachedRunner below (prefill, then one
+token per step through the KV cache) is the default; `runner=` takes any factory `(model, request, kv_cache) ->
+Runner`, such as no_cache.RecomputeRunner (the whole sequence again every step; lesson 04 compares them) or
+speculative.speculative_runner("ngram") (draft and verify; lesson 12), which also picks each verified row's token.
 `Runner` below is what the loop asks of any of them, so the loop never asks which one it has.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from ..no_cache import RecomputeRunner
-from ..speculative import SpeculativeRunner, make_config
 from .decode import decode_step
 from .errors import InputError
 from .kv_cache import KVCache
@@ -28,11 +28,12 @@ from .kv_storage import check_storage
 from .metrics import now
 from .prefill import prefill
 from .request import Delta, Request, RequestState, Result, make_request
-from .sampling import SamplingParams, request_logprobs
+from .sampling import request_logprobs
+from .sampling_params import SamplingParams
 from .stopping import check_abort
 
-__all__ = ["generate", "stream", "make_request", "Request", "Result", "Delta", "Runner", "CachedRunner",
-           "make_runner"]
+__all__ = ["generate", "stream", "run_request", "make_request", "Request", "Result", "Delta", "Runner",
+           "RunnerFactory", "CachedRunner"]
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -46,44 +47,33 @@ def generate(model, prompt, params: SamplingParams | None = None, chat: bool = F
     return delta.result
 
 
-def stream(model, prompt, params: SamplingParams | None = None, chat: bool = False, *, use_cache: bool = True,
-           timeout: float | None = None, cancel=None, speculative=None,
-           num_speculative_tokens: int = 4, kv_cache: str = "f32") -> Iterator[Delta]:
+def stream(model, prompt, params: SamplingParams | None = None, chat: bool = False, *,
+           runner: RunnerFactory | None = None, timeout: float | None = None, cancel=None,
+           kv_cache: str = "f32") -> Iterator[Delta]:
     """Yield Deltas as tokens are produced. The input is checked here, before any model work, so bad input raises
     InputError at the call; the loop itself starts when iteration does.
 
     prompt: text, token ids, or (with chat=True) a list of {"role", "content"} messages or one user message.
+    runner: where the logits come from, a RunnerFactory (None: CachedRunner, the KV cache).
     timeout: seconds from now after which the request is aborted (finish_reason "abort", stop_reason "timeout").
     cancel: anything with is_set() (a threading.Event); when set, the reply stops with stop_reason "cancelled".
-    speculative: "ngram", "self:L" (the first L layers draft), a draft Transformer of the same vocabulary, or a
-    speculative.SpeculativeConfig; num_speculative_tokens: the k tokens drafted per target pass. Greedy output is
-    the same as without it; sampled output has the same distribution (speculative/).
     kv_cache: how the cache stores keys and values, "f32" or "int8" (kv_storage.py; lesson 13 measures the cost).
     """
     arrival = now()
-    check_stream_options(timeout, cancel)
+    check_stream_options(timeout, cancel, runner)
     params = params if params is not None else SamplingParams()
     request = make_request(model, prompt, params, chat, arrival)
-    deadline = None if timeout is None else arrival + timeout
     check_storage(kv_cache)
-    if kv_cache != "f32" and not use_cache:
-        raise InputError(f"kv_cache={kv_cache!r} chooses how the KV cache is stored; use_cache=False (--no-cache) "
-                         "keeps no cache")
-    if speculative is not None:
-        if not use_cache:
-            raise InputError("speculative decoding verifies drafts against the KV cache; it cannot run with "
-                             "use_cache=False (--no-cache)")
-        speculative = make_config(model, speculative, num_speculative_tokens)
     # The request's memory is taken here, at the call, so one that cannot fit is refused before any work: the KV
     # cache for prompt + max_tokens (the runner) and the RoPE table rows for every position it will use.
-    runner = make_runner(model, request, use_cache, speculative, kv_cache)
+    logits_from = (runner or CachedRunner)(model, request, kv_cache)
     model.reserve_positions(len(request.prompt_token_ids) + params.max_tokens)
-    return _run(model, request, deadline, cancel, runner)
+    return run_request(model, request, logits_from, None if timeout is None else arrival + timeout, cancel)
 
 
-def check_stream_options(timeout, cancel) -> None:
-    """timeout a positive number of seconds and cancel an object with is_set(), checked at the call (the loop only
-    reads them once iteration has started, far from the caller's line)."""
+def check_stream_options(timeout, cancel, runner) -> None:
+    """timeout a positive number of seconds, cancel an object with is_set() and runner a factory, checked at the call
+    (the loop only reads them once iteration has started, far from the caller's line)."""
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             raise InputError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
@@ -91,6 +81,9 @@ def check_stream_options(timeout, cancel) -> None:
             raise InputError(f"timeout must be > 0 seconds, got {timeout}")
     if cancel is not None and not callable(getattr(cancel, "is_set", None)):
         raise InputError(f"cancel must have an is_set() method (a threading.Event), got {type(cancel).__name__}")
+    if runner is not None and not callable(runner):
+        raise InputError(f"runner must be a factory (model, request, kv_cache) -> Runner, such as "
+                         f"no_cache.RecomputeRunner; got {type(runner).__name__}")
 
 
 class Runner(Protocol):
@@ -120,12 +113,17 @@ class Runner(Protocol):
     def report(self) -> dict | None: ...
 
 
+# What stream(runner=) takes: made once per request, before any model work (its memory checked then).
+RunnerFactory = Callable[..., Runner]          # (model, request, kv_cache storage name) -> Runner
+
+
 class CachedRunner:
     """Where the model's logits come from in the normal loop: prefill once, then one token per step via the cache."""
 
-    def __init__(self, model, prompt_ids: list[int], max_tokens: int, storage: str = "f32"):
-        self.model, self.prompt_ids = model, prompt_ids
-        self.cache = KVCache(model.config, len(prompt_ids) + max_tokens, xp=model.xp, storage=storage)
+    def __init__(self, model, request: Request, storage: str = "f32"):
+        self.model, self.prompt_ids = model, request.prompt_token_ids
+        self.cache = KVCache(model.config, len(self.prompt_ids) + request.params.max_tokens, xp=model.xp,
+                             storage=storage)
 
     def first_logits(self):
         return prefill(self.model, self.prompt_ids, self.cache)             # (1, V)
@@ -153,16 +151,10 @@ class CachedRunner:
 
 # ---------------------------------------------------------------------------------------------------- the loop
 
-def make_runner(model, request: Request, use_cache: bool, speculative=None, storage: str = "f32") -> Runner:
-    """Where the loop's logits come from: the speculative runner, the KV cache, or the recompute baseline."""
-    if speculative is not None:
-        return SpeculativeRunner(model, request, speculative, storage)
-    if use_cache:
-        return CachedRunner(model, request.prompt_token_ids, request.params.max_tokens, storage)
-    return RecomputeRunner(model, request.prompt_token_ids)
-
-
-def _run(model, request: Request, deadline: float | None, cancel, runner: Runner) -> Iterator[Delta]:
+def run_request(model, request: Request, runner: Runner, deadline: float | None = None,
+                cancel=None) -> Iterator[Delta]:
+    """The loop over one request already made (make_request): its Deltas, the last with the Result. deadline: on
+    metrics.now()'s clock; stream() sets it from its timeout."""
     state = RequestState(request, model.tokenizer, model.config.context_length,
                          kv_usage=lambda: (runner.kv_tokens, runner.kv_bytes))
     try:

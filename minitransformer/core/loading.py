@@ -1,51 +1,61 @@
-"""`load_model`: a GGUF file -> a ready Transformer (tokenizer, weights dequantized once, attention chosen once).
+"""`load_model`: a GGUF file -> a ready Transformer (tokenizer, weights dequantized once to float32).
 
-It sits above quantize/ because a float16 load is the float32 load followed by quantize_model; everything below
-(model.py, the caches, the stages) takes a built model and never loads one.
+Two hooks let an optimization change what is loaded without this file knowing it (both are None for one process
+with float32 weights, the default):
+
+    shard(config) -> Shard        tensor parallelism (parallel/plan.py's ShardPlan.hook): which heads and FFN columns
+                                  this process loads, and the all-reduce its forward calls after each block
+    weights(model) -> model       a weight format (quantize/: float16, int8, int4): the float32 model stored another way
+
+Naming a model ("smollm2-135m", or nothing for the default), fetching its file, and choosing plug-ins by name
+(attention="kernels", dtype="float16", comm=...) is the package root's `minitransformer.load_model`, which calls this
+with a path and the hooks.
 """
 
 from __future__ import annotations
 
-import time
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..models import dequantize, open_gguf, resolve_model_path
-from ..parallel.communicator import Communicator
-from ..parallel.plan import ShardPlan
-from ..quantize import quantize_model
-from .attention import choose_attention
 from .backend import DTYPE, get_xp
 from .config import QKV_TENSORS, ModelConfig
 from .errors import InputError, ModelFileError
-from .model import LAYER_WEIGHTS, LayerWeight, LayerWeights, Transformer, layer_weights
+from .gguf_file import dequantize, open_gguf
+from .metrics import now
+from .model import LAYER_WEIGHTS, AllReduce, LayerWeight, LayerWeights, Transformer, layer_weights
 from .tokenizer import Tokenizer
 
 
-def load_model(path: str | Path | None = None, device: str = "cpu", attention: str = "auto",
-               dtype: str = "float32", comm: Communicator | None = None) -> Transformer:
-    """Load a llama-architecture GGUF (the default SmolLM2-135M-Instruct when `path` is None, fetched on first
-    use) onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32.
+class Shard(Protocol):
+    """This process's part of a model split over several (parallel/plan.py's ShardPlan is one)."""
 
-    attention: "arrays" (layers.attention), "kernels" (flash_prefill / paged_decode, also on the CPU runner) or
-    "auto" (kernels on the GPU, arrays on the CPU); chosen here, once (attention_backend.py).
-    dtype: "float32" (the default: exact comparison with the CPU and HF) or "float16": float16 storage of every
-    matrix, embedding included, with float32 accumulation = this float32 load, then quantize.quantize_model(model,
-    "f16", embedding="f16") (half the weight bytes; norms, activations, KV cache and logits stay float32).
-    "bfloat16" is refused (check_dtype says why).
-    comm: this process's communicator when the model is split over several (parallel/): the rank loads only its
-    heads and FFN columns (parallel/plan.py) and its forward all-reduces; None or a world of 1 loads everything.
+    @property
+    def comm(self) -> AllReduce: ...                 # the forward's all-reduce after each block (model.comm)
+
+    def shard_config(self) -> ModelConfig: ...       # the config this process's forward and cache run with
+
+    def span(self, size: str) -> slice: ...          # its part of a split size ("q_dim", "kv_dim", "ffn_dim")
+
+
+def load_model(path: str | Path, device: str = "cpu", *, shard: Callable[[ModelConfig], Shard] | None = None,
+               weights: Callable[[Transformer], Any] | None = None) -> Transformer:
+    """Load a llama-family GGUF file onto `device` ("cpu" or "gpu"): every tensor dequantized once to float32.
+
+    shard: called with the whole model's config, it says which part this process loads (None: all of it).
+    weights: called with the loaded float32 model, it returns the model whose weights are stored as it chooses.
     """
-    check_dtype(dtype)
-    if comm is not None and comm.world_size > 1 and dtype != "float32":
-        raise InputError(f"tensor parallelism loads float32 weights; dtype {dtype} is not split yet")
-    start = time.perf_counter()
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"model path must be a str or an os.PathLike (pathlib.Path), got {type(path).__name__} "
+                         f"{path!r:.80}")
+    start = now()
     xp = get_xp(device)
-    path = resolve_model_path(path)
     reader = open_gguf(path)
     config = ModelConfig.from_gguf(reader)
-    plan = ShardPlan(config, comm.world_size, comm.rank) if comm is not None and comm.world_size > 1 else None
+    plan = shard(config) if shard is not None else None
     config = plan.shard_config() if plan is not None else config      # this rank's heads and FFN columns
     tokenizer = Tokenizer.from_gguf(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -70,17 +80,15 @@ def load_model(path: str | Path | None = None, device: str = "cpu", attention: s
     embedding = load("token_embd.weight", (V, D))
     lm_head = embedding.T if config.tied_embeddings else load("output.weight", (D, V), transpose=True)
     final_norm = load("output_norm.weight", (D,))
-    model = Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path),
-                        load_seconds=time.perf_counter() - start,
-                        attention=choose_attention(attention, device, config))
-    model.comm = comm if plan is not None else None
-    if dtype == "float16":
-        model = quantize_model(model, "f16", embedding="f16")
-        model.load_seconds = time.perf_counter() - start
+    model = Transformer(config, tokenizer, embedding, layers, final_norm, lm_head, xp, device, Path(path))
+    model.comm = plan.comm if plan is not None else None
+    if weights is not None:
+        model = weights(model)
+    model.load_seconds = now() - start
     return model
 
 
-def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int, xp, plan: ShardPlan | None = None):
+def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int, xp, plan: Shard | None = None):
     """One entry of LAYER_WEIGHTS for block `layer`: its GGUF tensors, each checked against its shape from the
     config, laid side by side as columns (q | k | v, gate | up): a vector as it is, a matrix as (in, out).
 
@@ -93,7 +101,7 @@ def load_layer_weight(load, weight: LayerWeight, config: ModelConfig, layer: int
     return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=1 if weight.is_matrix else 0)
 
 
-def shard_of(weight: LayerWeight, size: str, plan: ShardPlan | None) -> dict:
+def shard_of(weight: LayerWeight, size: str, plan: Shard | None) -> dict:
     """load()'s rows= or columns= for one tensor of `weight` whose outputs are `size`: nothing without a plan or
     for a weight every rank holds whole."""
     if plan is None or weight.split is None:
@@ -111,14 +119,3 @@ def check_biases(config: ModelConfig, path) -> None:
         with_bias = [w.field for w in LAYER_WEIGHTS if w.kind == "weight" and set(w.tensors) & set(unused)]
         raise ModelFileError(f"{path}: the layers' {', '.join(with_bias)} have biases ({', '.join(unused)}), which "
                              "minitransformer does not add (it adds q, k and v biases, all three together)")
-
-
-def check_dtype(dtype: str) -> None:
-    """float32 and float16 (storage; float32 accumulation) are implemented; say why for the others instead of
-    silently computing in float32."""
-    if dtype in ("float32", "float16"):
-        return
-    if dtype == "bfloat16":
-        raise InputError("dtype bfloat16 is not available: NumPy has no bfloat16 type, so the CPU could not check "
-                         "the GPU's arithmetic; use float16 or float32")
-    raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")

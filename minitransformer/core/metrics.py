@@ -22,8 +22,16 @@ import numpy as np
 
 
 def now() -> float:
-    """The one clock every timestamp comes from (monotonic: immune to wall-clock changes)."""
+    """The one clock every timestamp and timing of the package comes from (monotonic: immune to wall-clock
+    changes); lab/measure.py's repeated timings read it too."""
     return time.perf_counter()
+
+
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile (0-100) of `values`, linear between the closest ranks (NumPy's default, and vLLM's
+    benchmark's); None when there is nothing to rank. The one percentile of the package: the ITL summary below, the
+    benchmarks' TTFT and ITL tails, lab/measure.Timing's median (q = 50)."""
+    return float(np.percentile(values, q)) if len(values) else None
 
 
 @dataclass
@@ -98,10 +106,8 @@ class RequestMetrics:
     def itl_summary(self) -> dict[str, float | None]:
         """mean, p50, p90, p99 of the inter-token latencies (None each when there are fewer than 2 tokens)."""
         gaps = self.itl_s
-        if not gaps:
-            return {"mean": None, "p50": None, "p90": None, "p99": None}
-        p50, p90, p99 = (float(x) for x in np.percentile(gaps, [50, 90, 99]))
-        return {"mean": float(np.mean(gaps)), "p50": p50, "p90": p90, "p99": p99}
+        return {"mean": float(np.mean(gaps)) if gaps else None,
+                "p50": percentile(gaps, 50), "p90": percentile(gaps, 90), "p99": percentile(gaps, 99)}
 
     def to_dict(self) -> dict:
         """The `metrics` object of `generate --json` (Result.to_dict)."""

@@ -23,8 +23,8 @@ A cache is any object with
                                                           (B, K, T, d), out (B, H, T, d)
     advance(T)                                            after the pass: the T tokens are stored
 
-(attention_backend.ForwardCache: kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool).
-`attention` is the model's one choice of arrays or kernels (attention_backend.AttentionBackend), made at load.
+(attention.ForwardCache: kv_cache.KVCache, and serving/paged_cache.PagedStep for the engine's pool).
+`attention` is the model's one choice of arrays or kernels (attention.AttentionBackend), made at load.
 With no cache the T tokens attend to each other.
 
 Split over several processes (tensor parallelism, parallel/plan.py; lesson 15), each rank runs this same forward
@@ -35,19 +35,25 @@ partial outputs: the only two lines here that know other ranks exist.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..parallel.communicator import Communicator
 from .attention import ArrayAttention, AttentionBackend, ForwardCache, SlidingWindowAttention
 from .backend import INDEX_DTYPE
 from .config import ModelConfig
 from .errors import InputError
 from .layers import ACTIVATION, apply_rope, rms_norm, swiglu
 from .rope import RopeTable
+
+
+class AllReduce(Protocol):
+    """What the forward asks of tensor parallelism (parallel/communicator.py's communicators are ones): sum an array
+    over every process, in place, so each holds the whole sum."""
+
+    def all_reduce(self, array: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -99,59 +105,46 @@ class LayerWeight:
         return self.kind == "weight" and any(t in config.bias_tensors for t in self.tensors)
 
 
-# One llama decoder layer, in forward order, then what other families add: the q/k norms of Gemma 3 and Qwen3
-# (config.qk_norm), Gemma 3's sandwich norms (config.sandwich_norms), Qwen2's q|k|v bias (config.qkv_bias): the fields
-# of LayerWeights, in the same order (tests/test_model.py).
-LAYER_WEIGHTS = (
-    LayerWeight("attn_norm", "attn norm", ("attn_norm",), ("d_model",)),
-    LayerWeight("w_qkv", "qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model",
-                split="column"),
-    LayerWeight("wo", "wo", ("attn_output",), ("d_model",), rows="q_dim", split="row"),
-    LayerWeight("ffn_norm", "ffn norm", ("ffn_norm",), ("d_model",)),
-    LayerWeight("w_gate_up", "gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model",
-                split="column"),
-    LayerWeight("w_down", "down", ("ffn_down",), ("d_model",), rows="ffn_dim", split="row"),
-    LayerWeight("attn_q_norm", "q norm", ("attn_q_norm",), ("head_dim",), when="qk_norm"),
-    LayerWeight("attn_k_norm", "k norm", ("attn_k_norm",), ("head_dim",), when="qk_norm"),
-    LayerWeight("post_attention_norm", "post-attn norm", ("post_attention_norm",), ("d_model",),
-                when="sandwich_norms"),
-    LayerWeight("post_ffw_norm", "post-ffn norm", ("post_ffw_norm",), ("d_model",), when="sandwich_norms"),
-    LayerWeight("b_qkv", "qkv bias", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), when="qkv_bias",
-                kind="bias", split="column"),
-)
-LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
-
-
-def layer_weights(config: ModelConfig) -> tuple[LayerWeight, ...]:
-    """The entries of LAYER_WEIGHTS a model of `config` has (llama: the first six; Gemma 3: ten; Qwen2: seven)."""
-    return tuple(w for w in LAYER_WEIGHTS if w.present(config))
-
-
-def layer_parameters(config: ModelConfig) -> int:
-    """Numbers in one layer's weights (its four matrices and its norms), from the config alone."""
-    return sum(math.prod(weight.shape(config)) for weight in layer_weights(config))
+def weight(label: str, tensors: tuple[str, ...], columns: tuple[str, ...], rows: str | None = None,
+           when: str | None = None, kind: str = "weight", split: str | None = None, optional: bool = False):
+    """A LayerWeights field described by its LayerWeight (the field's name is the LayerWeight's `field`); optional:
+    a weight only some families have, None where absent."""
+    meta = {"weight": dict(label=label, tensors=tensors, columns=columns, rows=rows, when=when, kind=kind,
+                           split=split)}
+    return field(default=None, metadata=meta) if optional else field(metadata=meta)
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer's weights, each in the layout its matmul wants (LAYER_WEIGHTS describes each field).
+    """One decoder layer's weights, each in the layout its matmul wants, and each field described (`weight`):
+    LAYER_WEIGHTS below is read off these fields, so the list of a layer's weights is written once, here.
 
+    One llama decoder layer, in forward order, then what other families add: the q/k norms of Gemma 3 and Qwen3
+    (config.qk_norm), Gemma 3's sandwich norms (config.sandwich_norms), Qwen2's q|k|v bias (config.qkv_bias).
     Q, K and V are one (D, H*d + 2*K*d) matrix and gate and up one (D, 2F) matrix: x @ w_qkv is one matmul where
     three would each pay a call and a pass over x, and at decode a matrix-vector product is limited by how fast its
     weights stream from memory, and a few large matrices stream faster than many small ones.
     The separate matrices are still there to read, as views (wq, wk, wv, w_gate, w_up), at no extra memory.
     """
-    attn_norm: Any      # (D,)
-    w_qkv: Any          # (D, H*d + 2*K*d): columns [q | k | v]
-    wo: Any             # (H*d, D)
-    ffn_norm: Any       # (D,)
-    w_gate_up: Any      # (D, 2F): columns [gate | up]
-    w_down: Any         # (F, D)
-    attn_q_norm: Any = None          # (d,) Gemma 3: RMSNorm of each query head, before RoPE; None for llama
-    attn_k_norm: Any = None          # (d,) and of each key head
-    post_attention_norm: Any = None  # (D,) Gemma 3: RMSNorm of attention's output before the residual add
-    post_ffw_norm: Any = None        # (D,) and of the FFN's
-    b_qkv: Any = None                # (H*d + 2*K*d,) Qwen2: the bias x @ w_qkv adds, [q | k | v]; None for llama
+    attn_norm: Any = weight("attn norm", ("attn_norm",), ("d_model",))                        # (D,)
+    w_qkv: Any = weight("qkv", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), rows="d_model",
+                        split="column")                             # (D, H*d + 2*K*d): columns [q | k | v]
+    wo: Any = weight("wo", ("attn_output",), ("d_model",), rows="q_dim", split="row")         # (H*d, D)
+    ffn_norm: Any = weight("ffn norm", ("ffn_norm",), ("d_model",))                           # (D,)
+    w_gate_up: Any = weight("gate|up", ("ffn_gate", "ffn_up"), ("ffn_dim", "ffn_dim"), rows="d_model",
+                            split="column")                         # (D, 2F): columns [gate | up]
+    w_down: Any = weight("down", ("ffn_down",), ("d_model",), rows="ffn_dim", split="row")    # (F, D)
+    # (d,) Gemma 3 and Qwen3: RMSNorm of each query head, and of each key head, before RoPE; None for llama
+    attn_q_norm: Any = weight("q norm", ("attn_q_norm",), ("head_dim",), when="qk_norm", optional=True)
+    attn_k_norm: Any = weight("k norm", ("attn_k_norm",), ("head_dim",), when="qk_norm", optional=True)
+    # (D,) Gemma 3: RMSNorm of attention's output, and of the FFN's, before each residual add
+    post_attention_norm: Any = weight("post-attn norm", ("post_attention_norm",), ("d_model",),
+                                      when="sandwich_norms", optional=True)
+    post_ffw_norm: Any = weight("post-ffn norm", ("post_ffw_norm",), ("d_model",), when="sandwich_norms",
+                                optional=True)
+    # (H*d + 2*K*d,) Qwen2: the bias x @ w_qkv adds, [q | k | v]; None for llama
+    b_qkv: Any = weight("qkv bias", ("attn_q", "attn_k", "attn_v"), ("q_dim", "kv_dim", "kv_dim"), when="qkv_bias",
+                        kind="bias", split="column", optional=True)
 
     @property
     def wq(self):       # (D, H*d)
@@ -176,6 +169,20 @@ class LayerWeights:
         return self.w_gate_up[:, self.w_down.shape[0]:]
 
 
+LAYER_WEIGHTS = tuple(LayerWeight(f.name, **f.metadata["weight"]) for f in fields(LayerWeights))
+LAYER_MATRICES = tuple(w for w in LAYER_WEIGHTS if w.is_matrix)     # the four products every token goes through
+
+
+def layer_weights(config: ModelConfig) -> tuple[LayerWeight, ...]:
+    """The entries of LAYER_WEIGHTS a model of `config` has (llama: the first six; Gemma 3: ten; Qwen2: seven)."""
+    return tuple(w for w in LAYER_WEIGHTS if w.present(config))
+
+
+def layer_parameters(config: ModelConfig) -> int:
+    """Numbers in one layer's weights (its four matrices and its norms), from the config alone."""
+    return sum(math.prod(weight.shape(config)) for weight in layer_weights(config))
+
+
 class Transformer:
     """A loaded model (loading.load_model builds one): config, tokenizer, weights on one device, and `forward`."""
 
@@ -194,7 +201,7 @@ class Transformer:
         self.device = device
         self.path = path
         self.load_seconds = load_seconds
-        self.attention = attention or ArrayAttention()   # arrays or kernels, chosen once (attention_backend.py)
+        self.attention = attention or ArrayAttention()   # arrays or kernels, chosen once (attention.py)
         self.rope = RopeTable(config, xp)       # cos and sin of the positions in use (rope.py)
         # Gemma 3's sliding layers: their own RoPE base and a windowed attention (None/unused for llama)
         self.rope_local = RopeTable(config, xp, config.rope_base_local) if config.sliding_layers else None
@@ -204,7 +211,7 @@ class Transformer:
         self.query_rescale = config.attention_scale * math.sqrt(config.head_dim) if config.attention_scale else 1.0
         # With tensor parallelism (parallel/): this rank's collectives, and `config` holds only this rank's heads
         # and FFN columns. None on one process, where forward skips the all-reduces.
-        self.comm: Communicator | None = None
+        self.comm: AllReduce | None = None
 
     @property
     def kernel_attention(self):

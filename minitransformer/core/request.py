@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..structured import Constraint
 from .detokenizer import IncrementalDetokenizer
 from .errors import InputError
 from .metrics import RequestMetrics, Usage, now
@@ -57,7 +56,7 @@ class Result:
     kv_cache_tokens: int             # tokens whose keys/values were held when the request finished
     kv_cache_bytes: int
     speculative: dict | None = None  # drafter, draft/accepted tokens, acceptance rate (speculative decoding only)
-    structured: dict | None = None   # the constraint's kind, whether it completed, what its masks cost (Constraint)
+    structured: dict | None = None   # the constraint's kind, whether it completed, what its masks cost
 
     def to_dict(self) -> dict:
         out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
@@ -97,9 +96,9 @@ class RequestState:
         self.request, self.tokenizer, self.context_length, self.kv_usage = request, tokenizer, context_length, kv_usage
         self.detokenizer = IncrementalDetokenizer(tokenizer, params.stop)
         self.generator = make_generator(params.seed)                   # this request's own random stream
-        # structured output's matcher, compiled against the vocabulary before any model work (a grammar no token
-        # sequence can write is an InputError here)
-        self.constraint = None if params.structured is None else Constraint(params.structured, tokenizer)
+        # structured output's matcher (a TokenMask), made against the vocabulary before any model work (a grammar no
+        # token sequence can write is an InputError here)
+        self.constraint = None if params.structured is None else params.structured.make_mask(tokenizer)
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.output_ids: list[int] = []
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -32,10 +32,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..structured import Constraint
 from .backend import INDEX_DTYPE, array_module, to_host
 from .layers import softmax
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, TokenMask
 
 # top_p without top_k first sorts only this many of the largest logits, and the whole row only if they fall short.
 TOP_P_PREFIX = 1024
@@ -71,7 +70,7 @@ class SamplingState(Protocol):
     def generator(self) -> np.random.Generator | None: ...   # the request's own random stream (None: greedy only)
 
     @property
-    def constraint(self) -> Constraint | None: ...           # structured output's matcher (None: unconstrained)
+    def constraint(self) -> TokenMask | None: ...            # structured output's matcher (None: unconstrained)
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class SamplingRow:
     output_ids: Sequence[int]
     suppressed: Sequence[int] = ()
     generator: np.random.Generator | None = None
-    constraint: Constraint | None = None
+    constraint: TokenMask | None = None
 
 
 def next_tokens(logits, states: Sequence[SamplingState]) -> tuple[np.ndarray, list[dict | None]]:

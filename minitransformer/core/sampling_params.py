@@ -17,11 +17,10 @@ import math
 import numbers
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..structured import StructuredOutputsParams
 from .backend import is_int
 from .errors import InputError
 
@@ -47,13 +46,38 @@ MAX_STOP_CHARS = 4096               # all stop strings together
 MAX_STOP_TOKEN_IDS = 64
 
 
+class TokenMask(Protocol):
+    """One request's constraint on which token may come next, applied by the sampling stage (sampling.mask_tokens)
+    and advanced by every token the loop takes. structured.py's Constraint is one (JSON schema, regex, grammar)."""
+
+    def allowed(self, vocab_size: int) -> Any: ...      # (V,) bool on the host: True where the token may come next
+
+    def accept(self, token: int) -> None: ...           # the loop took this token
+
+    @property
+    def complete(self) -> bool: ...                      # nothing but EOS could follow: the request stops (stopping.py)
+
+    def summary(self) -> dict: ...                       # what Result.structured reports
+
+
+class TokenMaskSpec(Protocol):
+    """What SamplingParams.structured holds: a description of a constraint that makes each request its own TokenMask
+    (structured.StructuredOutputsParams is one)."""
+    kind: str
+
+    def make_mask(self, tokenizer) -> TokenMask: ...
+
+
 def option(help: str, metavar: str | None = None, *, flag: str | None = None, cli_default=None,
-           http: bool = True) -> dict:
+           http: bool = True, choices: tuple | None = None) -> dict:
     """A field's metadata: how users reach it. help: the CLI's help text ({default} is the CLI default); metavar:
     the CLI's placeholder; flag: the CLI flag without "--" (default: the name with dashes); cli_default: when the CLI
     defaults otherwise than the library (None: the field's default); http: False when the endpoints read it
-    themselves (under other names or with other defaults), True when the JSON field is the field's name."""
-    return {"help": help, "metavar": metavar, "flag": flag, "cli_default": cli_default, "http": http}
+    themselves (under other names or with other defaults), True when the JSON field is the field's name; choices:
+    the values the flag accepts (the owner's own tuple, e.g. scheduler.POLICIES). serving/engine_args.py's
+    EngineArgs describes its fields the same way."""
+    return {"help": help, "metavar": metavar, "flag": flag, "cli_default": cli_default, "http": http,
+            "choices": choices}
 
 
 @dataclass(frozen=True)
@@ -90,9 +114,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = field(default=False, metadata=option("keep the matched stop string in the text"))
     logprobs: int | None = field(default=None, metadata=option(       # top log-probs per generated token
         "report the K most probable tokens at every step", "K", http=False))
-    # A JSON schema, regex, choice list or grammar the output must match (structured.py). No generic option: the
-    # CLI offers it as --json-schema / --regex / --choice, the server as response_format and vLLM's fields.
-    structured: StructuredOutputsParams | None = None
+    # What the output must match, as a TokenMaskSpec: structured.StructuredOutputsParams (a JSON schema, regex, choice
+    # list or grammar). No generic option: the CLI offers it as --json-schema / --regex / --choice, the server as
+    # response_format and vLLM's fields.
+    structured: TokenMaskSpec | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -175,8 +200,11 @@ class SamplingParams:
                 raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
             set_(name, bool(getattr(self, name)))
 
-        if self.structured is not None:    # a dict of its fields is accepted too ({"json": schema})
-            set_("structured", StructuredOutputsParams.of(self.structured))
+        if self.structured is not None and not callable(getattr(self.structured, "make_mask", None)):
+            raise InputError(f"structured must describe a constraint, such as minitransformer.structured."
+                             f"StructuredOutputsParams(json=schema); got {type(self.structured).__name__}"
+                             + (": StructuredOutputsParams.of(fields) takes a dict" if isinstance(self.structured, dict)
+                                else ""))
 
         if self.logprobs is not None:
             if not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -229,9 +257,9 @@ def _real(name: str, value) -> float:
 # ---------------------------------------------------------------------------------------------------- as options
 
 @dataclass(frozen=True)
-class SamplingOption:
-    """One SamplingParams field as the CLI and the HTTP API offer it (from its `option` metadata and its type).
-    kind: the type of one value (int, float, bool, str); repeated: the field holds several (a tuple)."""
+class Option:
+    """One dataclass field as the CLI (and, for SamplingParams, the HTTP API) offers it, from its `option` metadata
+    and its type. kind: the type of one value (int, float, bool, str); repeated: the field holds several (a tuple)."""
     name: str
     kind: type
     repeated: bool
@@ -240,13 +268,15 @@ class SamplingOption:
     metavar: str | None
     flag: str                        # "--top-p"
     http: bool
+    choices: tuple | None = None
 
 
-def sampling_options() -> list[SamplingOption]:
-    """Every SamplingParams field that has an option, in order (see the module docstring)."""
-    hints = typing.get_type_hints(SamplingParams)
+def options_of(cls) -> list[Option]:
+    """Every field of the dataclass `cls` that has `option` metadata, in order: what cli/options.add_options turns
+    into flags (SamplingParams here, serving's EngineArgs)."""
+    hints = typing.get_type_hints(cls)
     out = []
-    for f in fields(SamplingParams):
+    for f in fields(cls):
         if "help" not in f.metadata:           # offered under other names (structured)
             continue
         hint = hints[f.name]
@@ -254,6 +284,11 @@ def sampling_options() -> list[SamplingOption]:
         kinds = [a for a in typing.get_args(hint) if a not in (type(None), Ellipsis)]   # int | None -> int
         meta = f.metadata
         default = f.default if meta["cli_default"] is None else meta["cli_default"]
-        out.append(SamplingOption(f.name, kinds[0] if kinds else hint, repeated, default, meta["help"],
-                                  meta["metavar"], "--" + (meta["flag"] or f.name.replace("_", "-")), meta["http"]))
+        out.append(Option(f.name, kinds[0] if kinds else hint, repeated, default, meta["help"], meta["metavar"],
+                          "--" + (meta["flag"] or f.name.replace("_", "-")), meta["http"], meta["choices"]))
     return out
+
+
+def sampling_options() -> list[Option]:
+    """Every SamplingParams field that has an option, in order (see the module docstring)."""
+    return options_of(SamplingParams)

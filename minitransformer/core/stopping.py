@@ -55,6 +55,23 @@ class StopDecision:
     truncate_to: int | None = None
 
 
+# How the OpenAI-compatible API reports a decision (server/responses.py), beside the rules that make it: every pair
+# not listed passes through as it is. vLLM reports null for EOS and, after a completed constraint, for the EOS it
+# samples next; a request past --request-timeout is "length": OpenAI clients read that as "cut short by a limit",
+# which is what happened, and keep the partial text. A client never sees "abort" for its own disconnect.
+API_REASONS: dict[tuple[str, object], tuple[str, object]] = {
+    ("stop", "eos"): ("stop", None),
+    ("stop", "structured"): ("stop", None),
+    ("abort", "timeout"): ("length", "timeout"),
+}
+
+
+def api_reasons(finish_reason: str, stop_reason: object) -> tuple[str, object]:
+    """(finish_reason, stop_reason) as the HTTP API reports them (API_REASONS)."""
+    key = (finish_reason, stop_reason)
+    return API_REASONS.get(key, key) if isinstance(stop_reason, (str, type(None))) else key
+
+
 def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int], new_chars: int, eos_id: int | None,
                prompt_len: int, context_length: int, constraint_complete: bool = False) -> StopDecision | None:
     """Apply the stop rules after one new token (already in output_ids and in detok.text; it added new_chars).

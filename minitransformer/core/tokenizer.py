@@ -34,7 +34,8 @@ from .pretokenize import PRE_TOKENIZERS, compile_like_llamacpp, pre_tokenize
 from .spm import SPACE, SentencePieceEncoder
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # tokenizer.ggml.token_type (llama_token_type)
-MODELS = ("gpt2", "llama")   # tokenizer.ggml.model values we run: byte-level BPE, SentencePiece-style
+BPE, SENTENCEPIECE = "gpt2", "llama"   # tokenizer.ggml.model values we run: byte-level BPE, SentencePiece-style
+MODELS = (BPE, SENTENCEPIECE)
 
 # Texts llama.cpp takes for end-of-generation tokens and marks control whatever type the file gives them
 # (llama_vocab::impl::load, "control-looking token"): Gemma 3's "</s>" is user-defined in the file, yet llama.cpp
@@ -83,7 +84,7 @@ class Tokenizer:
         if model not in MODELS:
             raise ModelFileError(f"tokenizer model {model!r} is not supported: we run byte-level BPE ('gpt2') and "
                                  "SentencePiece-style ('llama')")
-        if model == "gpt2" and pre not in PRE_TOKENIZERS:
+        if model == BPE and pre not in PRE_TOKENIZERS:
             raise ModelFileError(f"tokenizer pre-tokenizer {pre!r} is not supported (we run {sorted(PRE_TOKENIZERS)})")
         self.model = model
         self.tokens = list(tokens)
@@ -96,9 +97,9 @@ class Tokenizer:
                 raise ModelFileError(f"tokenizer merge {rank} is {merge!r}; expected two symbols separated by a space")
             self.ranks[pair[0], pair[1]] = rank
         self.pre = pre
-        self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]] if model == "gpt2" else []
+        self.patterns = [compile_like_llamacpp(p) for p in PRE_TOKENIZERS[pre]] if model == BPE else []
         self.spm: SentencePieceEncoder | None = None
-        if model == "llama":
+        if model == SENTENCEPIECE:
             if scores is None or len(scores) != len(self.tokens):
                 raise ModelFileError(f"a SentencePiece-style tokenizer needs one score per token ({len(self.tokens)})"
                                      f", got {'none' if scores is None else len(scores)}")
@@ -137,7 +138,7 @@ class Tokenizer:
                                  "SentencePiece-style ('llama')")
         pre = field("tokenizer.ggml.pre", "default")  # llama.cpp's name for "not given"; checked in __init__
         tokens = field("tokenizer.ggml.tokens")
-        spm = model == "llama"
+        spm = model == SENTENCEPIECE
         # llama.cpp's defaults when the file is silent: SentencePiece adds BOS and the space prefix, BPE neither.
         return cls(tokens, field("tokenizer.ggml.token_type", [NORMAL] * len(tokens)),
                    [] if spm else field("tokenizer.ggml.merges"), pre=pre,
@@ -346,8 +347,8 @@ def join_plain(pieces: Iterable[tuple[str, int | None]]) -> list[tuple[str, int 
     return out
 
 
-def load_tokenizer(path=None) -> Tokenizer:
-    """The tokenizer of a GGUF model file (default: the default model, fetched if missing)."""
-    from ..models import open_gguf, resolve_model_path  # lazy: weights imports heavier things
+def load_tokenizer(path) -> Tokenizer:
+    """The tokenizer of a GGUF model file (`minitransformer.load_tokenizer` also takes a known model's name)."""
+    from .gguf_file import open_gguf
 
-    return Tokenizer.from_gguf(open_gguf(resolve_model_path(path)))
+    return Tokenizer.from_gguf(open_gguf(path))

@@ -18,10 +18,9 @@ as what it prints follows from its numbers.
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass
 
-from .measure import Quietness
+from .measure import Quietness, Timing
 
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"        # 1,024  0.14  -3  1e-05
 
@@ -151,7 +150,8 @@ def table_with(text: str, column: str) -> PrintedTable:
 def spread_cell(values, fmt: str = ".2f") -> str:
     """'4.74 (4.80, 0.12)': the fastest of repeated timings (what a quiet machine gives), the median, the spread
     (max - min). cell_range() reads it back."""
-    return f"{min(values):{fmt}} ({statistics.median(values):{fmt}}, {max(values) - min(values):{fmt}})"
+    timing = Timing(tuple(values))
+    return f"{timing.min:{fmt}} ({timing.median:{fmt}}, {timing.spread:{fmt}})"
 
 
 def cell_range(text: str) -> tuple[float, float]:

@@ -23,12 +23,11 @@ import time
 
 import numpy as np
 
-from ..bench.serve_workload import poisson_gaps
-from ..core.metrics import now
+from ..core.metrics import now, percentile
 from ..core.request import Result
 from ..core.sampling_params import SamplingParams
 from ..serving import Engine
-from .measure import interleaved
+from .measure import Timing, interleaved
 
 TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. Ships passed in the dark, "
         "their crews trusting a light they never saw being lit. One winter a storm cut the island off for a month, "
@@ -36,6 +35,15 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the
         "there before him. ") * 6
 AT_BOUND = 0.80       # "limited by the arrivals": at least 80% of the most the arrivals allow (that bound serves the
                       # last request alone at the fastest service any request got: no run can quite reach it)
+
+
+def poisson_gaps(rate: float, n: int, seed: int) -> np.ndarray:
+    """n gaps in seconds between arrivals: exponential with mean 1/rate (Poisson arrivals), zeros when rate is inf."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    if np.isinf(rate):
+        return np.zeros(n)
+    return np.random.default_rng(seed).exponential(1.0 / rate, size=n)
 
 
 def load_label(rate: float) -> str:
@@ -100,15 +108,13 @@ def summarize(results, engine, wall: float, peak_blocks: int, offsets, slots: in
     the throughput the run's median service time (first scheduled -> finished) implies when replayed on the same
     arrivals. ttft_s keeps every request's TTFT, the numbers ttft99 is the 99th percentile of."""
     rs = list(results.values())
-
-    def pct(values, q: float) -> float:
-        return float(np.percentile(values, q))
+    pct = percentile
     queue = [r.metrics.queue_s for r in rs]
     service = [r.metrics.e2e_s - r.metrics.queue_s for r in rs]
     ttft = [r.metrics.ttft_s for r in rs]
     itl = np.concatenate([r.metrics.itl_s for r in rs])                 # (all gaps of all requests,)
     tokens = sum(len(r.token_ids) for r in rs)
-    return {"tok_s": tokens / wall, "implied": tokens / replay_wall(offsets, float(np.median(service)), slots),
+    return {"tok_s": tokens / wall, "implied": tokens / replay_wall(offsets, Timing(tuple(service)).median, slots),
             "queue50": pct(queue, 50), "queue99": pct(queue, 99),
             "prefill50": pct([r.metrics.prefill_s for r in rs], 50),
             "decode50": pct([r.metrics.e2e_s - r.metrics.ttft_s for r in rs], 50),
@@ -140,9 +146,8 @@ def sweep(model, requests, offsets: dict, sizes, repeats: int, num_blocks=None,
 def spread_of(runs: list[dict], key: str, higher_is_better: bool = False) -> tuple[float, float, float]:
     """(best, median, spread) of one number over a configuration's runs: the best run is the one a quiet machine
     gives (noise only slows a run down), the spread (max - min) says how far to trust a difference."""
-    values = [r[key] for r in runs]
-    best = max(values) if higher_is_better else min(values)
-    return best, float(np.median(values)), max(values) - min(values)
+    timing = Timing(tuple(r[key] for r in runs))
+    return (timing.max if higher_is_better else timing.min), timing.median, timing.spread
 
 
 def fastest_service(runs: dict, rate: float) -> float:

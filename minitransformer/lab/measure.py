@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
-import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy
+
+from ..core.metrics import now, percentile
 
 OTHERS_LIMIT = 0.10      # other programs may use at most 10% of all cores during a run that counts as quiet
 DRIFT_LIMIT = 0.10       # the calibration at the end may differ from the one at the start by at most 10%
@@ -45,7 +45,9 @@ class Timing:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.samples)
+        median = percentile(self.samples, 50)
+        assert median is not None, "a Timing has samples"
+        return median
 
     @property
     def max(self) -> float:
@@ -78,11 +80,11 @@ def time_calls(run: Callable[[], object], repeats: int = 5, warmup: int = 1,
             sync()
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = now()
         run()
         if sync:
             sync()
-        samples.append(time.perf_counter() - start)
+        samples.append(now() - start)
     return Timing(tuple(samples))
 
 
@@ -101,11 +103,11 @@ def interleaved(runs: dict[Key, Callable[[], object]], repeats: int = 5, warmup:
     samples: dict[Key, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
+            start = now()
             run()
             if sync:
                 sync()
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(now() - start)
     return {name: Timing(tuple(s)) for name, s in samples.items()}
 
 

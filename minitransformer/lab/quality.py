@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ import numpy as np
 from ..core.backend import synchronize, to_host
 from ..core.decode import decode_step
 from ..core.kv_cache import KVCache
+from ..core.metrics import now
 from ..core.prefill import prefill
 
 CORPUS_MODULES = tuple("""abc argparse ast asyncio base64 bisect calendar collections contextlib copy csv dataclasses
@@ -144,11 +144,11 @@ def greedy(model, prompt_ids: list[int], n: int, storage: str = "f32") -> tuple[
     decode steps), the keys and values stored as `storage` (a codec name of kv_storage.CODECS)."""
     cache = KVCache(model.config, len(prompt_ids) + n, xp=model.xp, storage=storage)
     tokens = [int(to_host(prefill(model, prompt_ids, cache)).argmax(-1)[0])]
-    start = time.perf_counter()
+    start = now()
     for _ in range(n - 1):
         tokens.append(int(to_host(decode_step(model, [tokens[-1]], cache)).argmax(-1)[0]))
     synchronize(model.xp)
-    return tokens, time.perf_counter() - start
+    return tokens, now() - start
 
 
 def score_greedy(settings: dict, scores: dict[str, Scores], prompts: list[list[int]], n: int = 64) -> None:

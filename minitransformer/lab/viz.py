@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import load_model
 from ..core.errors import InputError
 from ..core.generate import generate
 from ..core.kv_cache import estimate_kv_bytes
-from ..core.loading import load_model
 from ..core.sampling_params import SamplingParams
 from .machine import forward_cost
 from .measure import Probe, Quietness

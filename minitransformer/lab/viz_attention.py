@@ -24,6 +24,7 @@ import numpy as np
 from ..core.backend import to_host
 from ..core.decode import decode_step
 from ..core.kv_cache import KVCache
+from ..core.metrics import percentile
 from ..core.prefill import prefill
 from .viz_concepts import pyplot, token_piece
 from .viz_shapes import KV_PROMPT
@@ -44,9 +45,10 @@ class RecordingCache(KVCache):
         if layer == self.layer and q.shape[2] == 1:
             end = self.length + 1                                   # advance() comes after the whole pass
             assert self.store is not None, "attend just stored into it"
-            k, v = self.store.get(layer, (slice(None), slice(None), slice(0, end)))   # (B, K, end, d) each
+            k, v = self.store.get(layer, (slice(None), slice(0, end)))                # (B, end, K, d) each
             self.seen = {"q": to_host(q[0, :, 0]).copy(),           # (H, d): the new token's query, every head
-                         "k": to_host(k[0]).copy(), "v": to_host(v[0]).copy(),        # (K, S, d): what it reads
+                         "k": to_host(k[0].transpose(1, 0, 2)).copy(),                 # (K, S, d): what it reads
+                         "v": to_host(v[0].transpose(1, 0, 2)).copy(),
                          "out": to_host(out[0, :, 0]).copy()}       # (H, d): the model's attention output
         return out
 
@@ -88,7 +90,7 @@ def draw_query_vs_cache(model, path, prompt: str = KV_PROMPT) -> dict:
                             left=0.1, right=0.97, top=0.83, bottom=0.09)
 
     def image(rows):                               # one colour scale per kind (keys and queries, values and sums)
-        vmax = float(np.percentile(np.abs(rows), 99))
+        vmax = percentile(np.abs(rows).ravel(), 99)
         return dict(aspect="auto", cmap=KEY_CMAP, vmin=-vmax, vmax=vmax, interpolation="nearest")
     keys, values = image(np.vstack([data["k"], data["q"]])), image(np.vstack([data["v"], data["weighted"]]))
 

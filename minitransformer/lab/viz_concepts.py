@@ -16,6 +16,7 @@ from pathlib import Path
 from ..core.generate import generate
 from ..core.sampling_params import SamplingParams
 from ..serving import Engine
+from ..speculative import speculative_runner
 
 # Paged attention: two requests share a system text longer than two blocks, so prefix caching maps their first
 # blocks to the same physical blocks; the third request shares nothing. A small pool keeps the whole row readable.
@@ -123,7 +124,7 @@ def draw_paged_attention(model, path) -> dict:
 
 def run_speculative(model):
     """The greedy n-gram run of lesson 12's "repeat" prompt; its Result carries the per-pass record."""
-    return generate(model, SPEC_PROMPT, SPEC_PARAMS, speculative="ngram", num_speculative_tokens=SPEC_K)
+    return generate(model, SPEC_PROMPT, SPEC_PARAMS, runner=speculative_runner("ngram", SPEC_K))
 
 
 def token_piece(tokenizer, token: int) -> str:

@@ -24,7 +24,8 @@ from ..core.sampling_params import SamplingParams
 from .measure import Timing, time_calls
 from .viz_concepts import pyplot
 
-# stage -> the functions that do it, as "module of core/:qualified name"; KV cache writes happen inside prefill and decode
+# stage -> the functions that do it, as "module of core/:qualified name"; KV cache writes happen inside prefill and
+# decode
 CORE = "minitransformer.core"
 STAGES = {
     "tokenize": ["tokenizer:Tokenizer.encode_chat", "tokenizer:Tokenizer.render_chat", "tokenizer:Tokenizer.encode"],

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench.interference import CHAT, LONG
+from ..core.metrics import percentile
 from .viz_concepts import pyplot
+
+CHAT, LONG = "chat", "long"        # the two kinds of request of lesson 16's workload (bench/interference.py)
 
 
 def chat_gaps(done) -> tuple[list[float], list[float]]:
@@ -44,7 +46,7 @@ def draw_interference(rounds: dict, path) -> None:
         for i, record in enumerate(r for a, r in done if a.kind == LONG):
             ax.axvline(record.sent_s, color="tab:red", lw=1, alpha=0.7, label="a long prompt sent" if i == 0 else None)
         if gaps:
-            p99 = float(np.percentile(gaps, 99)) * 1e3
+            p99 = (percentile(gaps, 99) or 0.0) * 1e3
             ax.axhline(p99, color="0.3", ls="--", lw=1, label=f"ITL p99 {p99:,.0f} ms")
         ax.set_yscale("log")
         ax.set_title(config, loc="left", fontsize=10)

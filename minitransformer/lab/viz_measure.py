@@ -22,6 +22,7 @@ from ..core.generate import generate
 from ..core.kv_cache import KVCache
 from ..core.prefill import prefill
 from ..core.sampling_params import SamplingParams
+from ..no_cache import RecomputeRunner
 from .machine import measure_copy_bandwidth, measure_gemm_flops
 from .measure import Timing, interleaved, machine_peaks, time_calls
 
@@ -119,7 +120,7 @@ def measure_cache_vs_no_cache(model, sweep: Sweep, tick) -> dict:
 
     def request(key: str, use_cache: bool):
         def run():
-            results[key].append(generate(model, prompt, params, use_cache=use_cache))
+            results[key].append(generate(model, prompt, params, runner=None if use_cache else RecomputeRunner))
             tick()
         return run
     totals = interleaved({"with_cache": request("with_cache", True), "no_cache": request("no_cache", False)},

@@ -61,7 +61,7 @@ def draw_tensor_parallel_layer(config: ModelConfig, size: int, path) -> dict:
     unit = 1.0 / D                                    # a dimension of d_model draws as 1.0
     lane = 1.9                                        # lane height
     gap = 0.35
-    order = ("w_qkv", "wo", "w_gate_up", "w_down")
+    order = tuple(m.field for m in LAYER_MATRICES)   # w_qkv, wo, w_gate_up, w_down: the x positions below name them
     widths = {f: max(r["shapes"][f][1] for r in data["ranks"]) * unit for f in order}
     x_state = 0.0
     x = {"w_qkv": x_state + 0.35 + gap}

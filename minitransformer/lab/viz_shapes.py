@@ -20,6 +20,7 @@ import numpy as np
 from ..core.backend import to_host
 from ..core.decode import decode_step
 from ..core.kv_cache import KVCache
+from ..core.metrics import percentile
 from ..core.model import LAYER_MATRICES
 from ..core.prefill import prefill
 from ..core.sampling import sample
@@ -47,7 +48,7 @@ def run_kv_growth(model, prompt: str = KV_PROMPT, snapshots=KV_SNAPSHOTS, layer:
     shots = []
 
     def snapshot(steps: int) -> None:
-        k = to_host(cache.k[layer, 0, :, :cache.length])                 # (K, length, d): a copy on the host
+        k = to_host(cache.k[layer, 0, :cache.length].transpose(1, 0, 2))  # (K, length, d): a copy on the host
         shots.append({"steps": steps, "length": cache.length, "shape": cache.shape, "bytes_used": cache.bytes_used,
                       "bytes_reserved": cache.bytes_reserved, "k": k.copy()})
 
@@ -71,7 +72,7 @@ def draw_kv_cache_growth(model, path, prompt: str = KV_PROMPT) -> dict:
     data = run_kv_growth(model, prompt)
     c, shots = model.config, data["snapshots"]
     heads, max_len, P = c.n_kv_heads, data["max_len"], len(data["prompt_ids"])
-    vmax = float(np.percentile(np.abs(shots[-1]["k"]), 99))          # a few outliers would wash out the rest
+    vmax = percentile(np.abs(shots[-1]["k"]).ravel(), 99)           # a few outliers would wash out the rest
     cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")          # grey: reserved, not yet filled
     fig, axes = plt.subplots(len(shots), heads, figsize=(13, 1.9 * len(shots) + 1.6), squeeze=False,
                              sharex=True, sharey=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.metrics import percentile
 from ..core.request import Result
 from ..core.sampling_params import SamplingParams
 from ..serving import Engine
@@ -99,7 +100,8 @@ def draw_request_timeline(model, path, where: str = "", data: dict | None = None
     bottom.axhline(float(np.mean(gaps)), color="black", lw=1, ls=":", label=f"mean ITL {np.mean(gaps):.0f} ms")
     bottom.axhline(a["tpot"], color="tab:green", lw=1.2, label=f"TPOT {a['tpot']:.0f} ms = (E2EL - TTFT) / "
                    f"({len(a['tokens'])} - 1)")
-    bottom.axhline(float(np.median(gaps)), color="grey", lw=1, label=f"ITL p50 {np.median(gaps):.0f} ms")
+    p50 = percentile(gaps, 50) or 0.0
+    bottom.axhline(p50, color="grey", lw=1, label=f"ITL p50 {p50:.0f} ms")
     if data["b_prefill_in_slowest_gap"]:
         slow = data["slowest_gap"]
         bottom.annotate(f"B's prefill ({b['prompt_tokens']} tokens) ran in this step: {gaps[slow]:.0f} ms",

@@ -17,12 +17,12 @@ plain path pays nothing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..core.errors import InputError
+from ..core.metrics import now
 
 PARALLEL_EXTRA_HINT = "install the parallel extra: pip install 'minitransformer[parallel]' (mpi4py and MPICH)"
 
@@ -100,23 +100,23 @@ class MpiCommunicator:
 
     def all_reduce(self, array):
         """Sum `array` (a C-contiguous NumPy array) over the ranks, in place; returns it."""
-        start = time.perf_counter()
+        start = now()
         self.comm.Allreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
-        self.stats.add("all_reduce", array.nbytes, time.perf_counter() - start)
+        self.stats.add("all_reduce", array.nbytes, now() - start)
         return array
 
     def broadcast(self, obj=None):
         """Rank 0's `obj` on every rank (pickled; the others pass None)."""
-        start = time.perf_counter()
+        start = now()
         obj = self.comm.bcast(obj, root=0)
-        self.stats.add("broadcast", 0, time.perf_counter() - start)   # pickled size unknown here: bytes stay 0
+        self.stats.add("broadcast", 0, now() - start)   # pickled size unknown here: bytes stay 0
         return obj
 
     def broadcast_array(self, array):
         """Rank 0's array copied into `array` on every rank (same shape and dtype everywhere); returns it."""
-        start = time.perf_counter()
+        start = now()
         self.comm.Bcast(array, root=0)
-        self.stats.add("broadcast_array", array.nbytes, time.perf_counter() - start)
+        self.stats.add("broadcast_array", array.nbytes, now() - start)
         return array
 
     def barrier(self) -> None:
@@ -182,19 +182,19 @@ class NcclCommunicator:
 
     def all_reduce(self, array):
         """Sum a C-contiguous CuPy array over the ranks, in place (NCCL accepts send == receive buffer)."""
-        start = time.perf_counter()
+        start = now()
         self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, self._dtype(array), self._nccl.NCCL_SUM,
                             self._stream())
-        self.stats.add("all_reduce", array.nbytes, time.perf_counter() - start)   # enqueue time: the GPU is async
+        self.stats.add("all_reduce", array.nbytes, now() - start)   # enqueue time: the GPU is async
         return array
 
     def broadcast(self, obj=None):
         return self.control.broadcast(obj)
 
     def broadcast_array(self, array):
-        start = time.perf_counter()
+        start = now()
         self.comm.bcast(array.data.ptr, array.size, self._dtype(array), 0, self._stream())
-        self.stats.add("broadcast_array", array.nbytes, time.perf_counter() - start)
+        self.stats.add("broadcast_array", array.nbytes, now() - start)
         return array
 
     def barrier(self) -> None:

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..serving.kv_transfer import CONSUMER, PRODUCER, KVTransfer, PrefillRequest
+from ..core.metrics import now
+from ..serving.kv_transfer import CONSUMER, PRODUCER, ConnectorSide, KVTransfer, PrefillRequest
 from .communicator import import_mpi
 from .launch import watch_supervisor
 
@@ -66,7 +67,7 @@ class PoolStatus:
     num_blocks: int
 
 
-class MpiKVConnector:
+class MpiKVConnector(ConnectorSide):
     """One side of the link (serving/kv_transfer.py's KVConnector), chosen by this process's rank: rank 0 is the
     consumer (decode), rank 1 the producer (prefill). producer_pool: the prefill pool's (blocks used, blocks), as
     rank 1 last reported it (the consumer's /metrics and the tests read it)."""
@@ -76,7 +77,7 @@ class MpiKVConnector:
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         if self.comm.Get_size() != 2:
             raise RuntimeError(f"disaggregated serving runs on 2 ranks, this job has {self.comm.Get_size()}")
-        self.role = CONSUMER if self.comm.Get_rank() == DECODE_RANK else PRODUCER
+        super().__init__(CONSUMER if self.comm.Get_rank() == DECODE_RANK else PRODUCER)
         self.producer_pool: tuple[int, int] | None = None
         self._sending: list[tuple[list, list]] = []        # producer: (Isend requests, their arrays) in flight
         self._status: PoolStatus | None = None
@@ -104,18 +105,18 @@ class MpiKVConnector:
             self.producer_pool = (status.blocks_used, status.num_blocks)
 
     def _receive_arrays(self, header: KVTransfer) -> tuple[KVTransfer, float]:
-        start = time.perf_counter()
+        start = now()
         arrays = []
         for shape, dtype in header.arrays:                   # the header carries (shape, dtype) in their place
             array = np.empty(shape, dtype=np.dtype(dtype))
             self.comm.Recv(array, source=PREFILL_RANK, tag=DATA)
             arrays.append(array)
-        return dataclasses.replace(header, arrays=arrays), time.perf_counter() - start
+        return dataclasses.replace(header, arrays=arrays), now() - start
 
     def wait(self, timeout_s: float) -> None:
         """Until a header has arrived or timeout_s passed (polling, not spinning: module docstring)."""
-        deadline = time.perf_counter() + timeout_s
-        while not self.comm.Iprobe(source=PREFILL_RANK, tag=HEADER) and time.perf_counter() < deadline:
+        deadline = now() + timeout_s
+        while not self.comm.Iprobe(source=PREFILL_RANK, tag=HEADER) and now() < deadline:
             time.sleep(POLL_S)
 
     def close(self) -> None:
@@ -172,7 +173,7 @@ def _done(requests) -> bool:
 
 def serve_prefill(engine, connector: MpiKVConnector) -> None:
     """The prefill rank's loop: take the decode rank's requests and aborts, step the engine while it has prompts
-    (each prefilled prompt is sent from inside the step: Engine._hand_off), report the pool, until Stop."""
+    (each prefilled prompt is sent from inside the step: ConnectorSide.hand_off), report the pool, until Stop."""
     while True:
         for message in connector.take_messages(block=not engine.has_unfinished_requests()):
             if isinstance(message, Stop):

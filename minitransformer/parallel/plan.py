@@ -29,7 +29,9 @@ Query heads and FFN columns must divide by N. Anything else is refused before a 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..core.config import ModelConfig
 from ..core.errors import InputError
@@ -66,6 +68,13 @@ class ShardPlan:
     config: ModelConfig          # the whole model's
     world_size: int
     rank: int
+    comm: Any = field(default=None, compare=False, repr=False)   # the all-reduce this rank's forward calls
+
+    @classmethod
+    def hook(cls, comm) -> Callable[[ModelConfig], ShardPlan]:
+        """core.loading.load_model's shard hook for this process of `comm`'s world: the plan of its rank, made when
+        the loader has read the whole model's config."""
+        return lambda config: cls(config, comm.world_size, comm.rank, comm)
 
     def __post_init__(self):
         check_tensor_parallel_size(self.config, self.world_size)

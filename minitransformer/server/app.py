@@ -137,8 +137,8 @@ class Server:
                         ABORT_WAIT_S)
 
     async def _wait_idle(self, timeout_s: float, forced) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.in_flight and time.monotonic() < deadline and not forced():
+        deadline = now() + timeout_s
+        while self.in_flight and now() < deadline and not forced():
             await asyncio.sleep(DRAIN_POLL_S)
         return not self.in_flight
 

@@ -30,14 +30,14 @@ import json
 import logging
 import resource
 import socket
-import time
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..core.metrics import now
+
 log = logging.getLogger("minitransformer.server")
 
-DEFAULT_HEADER_TIMEOUT_S = 10.0      # a request head has this long to arrive (curl and browsers need milliseconds)
 REFUSAL_LOG_INTERVAL_S = 10.0        # at most one log line this often about refused connections or accepts
 OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE}
 
@@ -119,10 +119,10 @@ class RateLimitedLog:
 
     def __init__(self, interval_s: float):
         self.interval_s, self.suppressed = interval_s, 0
-        self.last: float | None = None          # time.monotonic() of the last line logged
+        self.last: float | None = None          # now() of the last line logged
 
     def log(self, message: str, *args) -> None:
-        clock = time.monotonic()
+        clock = now()
         if self.last is not None and clock - self.last < self.interval_s:
             self.suppressed += 1
             return

@@ -17,7 +17,8 @@ The thread reads the Engine only through its read API (serving/outputs.py: the o
 snapshot(), recent_steps()), never its block manager, scheduler or sequences: tests/test_layering.py checks that.
 
 A request lives as long as its client: a handler whose client went away calls abort(), and the thread aborts it
-before the next step. A request older than --request-timeout is aborted with stop_reason "timeout".
+before the next step. A request older than --request-timeout is aborted by the engine itself (add_request's
+timeout), with stop_reason "timeout".
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import queue
 import threading
 from concurrent.futures import Future
 
-from ..core.metrics import now
 from ..core.request import Delta
 from ..serving import Engine
 from .errors import EngineFailed, QueueFull
@@ -49,7 +49,6 @@ class EngineLoop:
         self.error: str | None = None                    # set when a step failed: the server stops taking work
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, object] = {}              # request id -> callable(Delta), into its handler
-        self._deadlines: dict[str, float] = {}
         self.publish_hooks: list = []                    # fn(loop), called in the engine thread after each publish
         self._thread = threading.Thread(target=self._run, name="minitransformer-engine", daemon=True)
 
@@ -106,7 +105,6 @@ class EngineLoop:
                     command()
                 except Exception:                        # a bug in one command must not end the thread
                     log.exception("an engine command failed")
-            self._expire()
             if self.engine.has_unfinished_requests() and self.error is None:
                 try:
                     outputs = self.engine.step()
@@ -142,21 +140,12 @@ class EngineLoop:
         try:
             request_id = self.engine.add_request(prompt_ids, params, priority=priority, tenant=tenant,
                                                  arrival_time=arrival_time, request_id=request_id,
-                                                 cache_salt=cache_salt)
+                                                 cache_salt=cache_salt, timeout=self.request_timeout_s)
         except Exception as exc:                         # InputError, QuotaError, ... or a bug: the handler says
             future.set_exception(exc)
             return
         self._sinks[request_id] = sink
-        if self.request_timeout_s is not None:
-            self._deadlines[request_id] = arrival_time + self.request_timeout_s
         future.set_result(request_id)
-
-    def _expire(self) -> None:
-        clock = now()
-        for request_id, deadline in list(self._deadlines.items()):
-            if clock >= deadline:
-                del self._deadlines[request_id]
-                self.engine.abort(request_id, reason="timeout")
 
     def _dispatch(self, outputs) -> None:
         """Each RequestOutput of the step -> its handler: its Delta (text, tokens, logprob entries, Result)."""
@@ -165,7 +154,6 @@ class EngineLoop:
             sink = self._sinks.get(rid)
             if out.finished:
                 self._sinks.pop(rid, None)
-                self._deadlines.pop(rid, None)
                 self.metrics.observe_finished(out.result, finish(out.result)[0])
             if sink is not None:
                 _deliver(sink, out.delta)
@@ -187,7 +175,6 @@ class EngineLoop:
         for sink in self._sinks.values():
             _deliver(sink, Delta("", [], logprobs=[], error=message))
         self._sinks.clear()
-        self._deadlines.clear()
 
     def _shutdown(self) -> None:
         if self.error is not None:

@@ -78,6 +78,14 @@ class Histogram:
         return out
 
 
+# The names other code reads back off /metrics (bench/router_workload.py, bench/interference.py), written once here.
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+TRANSFER_TIME = "minitransformer:mpi_xfer_time_seconds"
+TRANSFER_BYTES = "minitransformer:mpi_bytes_transferred"
+
+
 class ServerMetrics:
     """The histograms and finish counters; written by the engine thread, read by /metrics (hence the lock)."""
 
@@ -89,16 +97,16 @@ class ServerMetrics:
         self.ttft = seconds("vllm:time_to_first_token_seconds", "Time to first token in seconds.")
         self.itl = seconds("vllm:inter_token_latency_seconds", "Time between consecutive output tokens in seconds.")
         self.queue = seconds("vllm:request_queue_time_seconds", "Time a request waited before its first schedule.")
-        self.prefill = seconds("vllm:request_prefill_time_seconds", "Time from first schedule to first token.")
+        self.prefill = seconds(PREFILL_TIME, "Time from first schedule to first token.")
         self.decode = seconds("vllm:request_decode_time_seconds", "Time from first token to the last.")
         self.e2e = seconds("vllm:e2e_request_latency_seconds", "Arrival to finish in seconds.")
         self.prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens per request.",
                                            TOKEN_BUCKETS)
         self.transfers: TransferStats | None = None                # set under --disaggregated
-        self.transfer_time = Histogram("minitransformer:mpi_xfer_time_seconds",
+        self.transfer_time = Histogram(TRANSFER_TIME,
                                        "Seconds per KV transfer from the prefill process.", TRANSFER_SECONDS_BUCKETS)
-        self.transfer_bytes = Histogram("minitransformer:mpi_bytes_transferred",
+        self.transfer_bytes = Histogram(TRANSFER_BYTES,
                                         "Bytes per KV transfer from the prefill process.", TRANSFER_BYTES_BUCKETS)
         self.structured: dict[tuple[str, bool], int] = {}        # (kind, complete) -> requests
         self.masks, self.mask_s = 0, 0.0
@@ -158,9 +166,9 @@ class ServerMetrics:
             *sample("counter", "vllm:generation_tokens_total", "Generation tokens processed.",
                     stats.num_generation_tokens),
             *sample("counter", "vllm:num_preemptions_total", "Cumulative preemptions.", stats.num_preemptions),
-            *sample("counter", "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+            *sample("counter", PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
                     stats.prefix_cache_queries),
-            *sample("counter", "vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+            *sample("counter", PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
                     stats.prefix_cache_hits),
         ]
         with self.lock:

@@ -5,14 +5,12 @@ completions chunks carry `choices[0].text`, chat chunks `choices[0].delta` (the 
 The last content chunk has the finish_reason; with `stream_options.include_usage` one more chunk follows with
 `"choices": []` and the usage. Concatenating the deltas gives exactly the non-streaming text.
 
-Finish reasons: the engine's "stop" and "length" pass through; `stop_reason` (vLLM's extension) is the stop string or
-stop token id that matched, and null for the end-of-sequence token (as vLLM reports it) and for a completed
-structured-output constraint (vLLM samples the EOS that must follow it and reports null; a string here would read as
-a stop string that matched). A structured request cut by max_tokens is "length" with the partial text, which will
-not parse: the body carries nothing more, as OpenAI's does not. A request that runs past
---request-timeout ends with finish_reason "length" and stop_reason "timeout": OpenAI clients know "length" as "the
-text was cut short by a limit", which is what happened, and keep the partial text. Any other abort is "abort" (vLLM's
-value; a client never sees its own disconnect).
+Finish reasons: as core/stopping.py's API_REASONS maps the engine's decisions: "stop" and "length" pass through;
+`stop_reason` (vLLM's extension) is the stop string or stop token id that matched, and null for the end-of-sequence
+token and for a completed structured-output constraint (a string there would read as a stop string that matched). A
+structured request cut by max_tokens is "length" with the partial text, which will not parse: the body carries
+nothing more, as OpenAI's does not. A request past --request-timeout is "length" with stop_reason "timeout"; any
+other abort is "abort" (vLLM's value).
 """
 
 from __future__ import annotations
@@ -22,15 +20,12 @@ import time
 from collections.abc import Sequence
 
 from ..core.request import Result
+from ..core.stopping import api_reasons
 
 
 def finish(result: Result) -> tuple[str, object]:
-    """(finish_reason, stop_reason) as the API reports them."""
-    if result.finish_reason == "abort":
-        return ("length", "timeout") if result.stop_reason == "timeout" else ("abort", result.stop_reason)
-    if result.finish_reason == "stop" and result.stop_reason in ("eos", "structured"):
-        return "stop", None
-    return result.finish_reason, result.stop_reason
+    """(finish_reason, stop_reason) as the API reports them (core/stopping.py's API_REASONS)."""
+    return api_reasons(result.finish_reason, result.stop_reason)
 
 
 def usage(result: Result) -> dict:

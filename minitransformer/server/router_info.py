@@ -22,13 +22,13 @@ the engine's read API, as /metrics reads it. Lesson 16 reads the prefix-cache co
 from __future__ import annotations
 
 import importlib.metadata
-import time
 from datetime import datetime, timezone
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..core.metrics import now
 from ..serving import EngineConfig, EngineStats
 from .errors import bad_request
 
@@ -83,7 +83,7 @@ class RouterInfo:
     def __init__(self, server):
         self.server = server
         # gen_throughput: generated tokens per second since the previous /v1/loads (the first: since the start)
-        self._last = (time.monotonic(), server.loop.stats.num_generation_tokens)
+        self._last = (now(), server.loop.stats.num_generation_tokens)
 
     def routes(self, endpoint) -> list[Route]:
         return [Route("/v1/loads", endpoint(self.loads), methods=["GET"]),
@@ -104,7 +104,7 @@ class RouterInfo:
             raise bad_request(f"dp_rank {rank!r} does not exist: this server is one data-parallel rank, 0",
                               param="dp_rank")
         stats = self.server.loop.stats
-        clock = time.monotonic()
+        clock = now()
         then, tokens_then = self._last
         self._last = (clock, stats.num_generation_tokens)
         rate = (stats.num_generation_tokens - tokens_then) / (clock - then) if clock > then else 0.0

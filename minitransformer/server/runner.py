@@ -48,9 +48,10 @@ class GracefulServer(uvicorn.Server):
                 self._captured_signals.clear()       # handled: uvicorn must not raise them again on the way out
 
 
-def run(server, sock: socket.socket, *, log_level: str = "info", header_timeout_s: float = 10.0,
-        limit_concurrency: int | None = None, shutdown_timeout_s: float = 5.0) -> None:
-    """Serve `server` (app.Server) on the bound, listening `sock` until a signal, then end gracefully."""
+def run(server, sock: socket.socket, *, header_timeout_s: float, shutdown_timeout_s: float, log_level: str = "info",
+        limit_concurrency: int | None = None) -> None:
+    """Serve `server` (app.Server) on the bound, listening `sock` until a signal, then end gracefully (the timeouts
+    are `serve`'s options, whose defaults cli/serve.py holds)."""
     config = uvicorn.Config(server.app(), log_level=log_level, lifespan="on", loop="asyncio",
                             http=protocol_class(header_timeout_s, limit_concurrency),
                             timeout_graceful_shutdown=CLOSE_GRACE_S)

@@ -17,8 +17,13 @@ in principle still flip one.
 
 Admission control (add_request raises InputError with the numbers): the generate.py checks (context length,
 vocabulary, ...), prompt + max_tokens <= max_model_len, the request must fit in the whole KV pool by itself, and a
-tenant's unfinished requests may hold at most tenant_token_quota tokens (prompt + max_tokens) in flight.
+tenant's unfinished requests may hold at most tenant_token_quota tokens (prompt + max_tokens) in flight. A request
+given a timeout is aborted at the first step after its deadline (stopping.check_abort, as generate's loop does).
 Lessons 08 (static vs continuous), 09 (paged attention) and 10 (priority) drive it and read `step_log`.
+
+What it is given rather than imports: its sizes as EngineArgs (engine_args.py), and, for disaggregated
+prefill/decode, a kv_connector whose hooks (KVHooks below; kv_transfer.ConnectorSide) it calls at four points. The
+forward itself, on the paged pool and through CUDA graphs where they serve, is the ModelRunner's (model_runner.py).
 
 The read API (outputs.py), all a caller above the engine needs: step() -> a RequestOutput per request (its Delta: new
 tokens, text, logprob entries, the Result at the end); `stats`; `config` (the fixed sizes); `snapshot()` (the queues,
@@ -33,134 +38,126 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
-from ..core.backend import check_count, keep_freed_memory
+from ..core.backend import keep_freed_memory
 from ..core.errors import InputError, QuotaError
 from ..core.kv_cache import estimate_kv_bytes
-from ..core.kv_storage import check_storage
 from ..core.metrics import now
 from ..core.request import Result, make_request
-from ..core.sampling import SamplingParams, next_tokens
-from ..core.stopping import StopDecision
-from . import model_runner
+from ..core.sampling import next_tokens
+from ..core.sampling_params import SamplingParams
+from ..core.stopping import StopDecision, check_abort
 from .block_manager import BlockManager
-from .graph_runner import DecodeGraphs, graphs_refusal
-from .kv_transfer import CONSUMER, PRODUCER, KVConnector, KVTransfer, PrefillRequest, TransferStats
+from .engine_args import EngineArgs
+from .model_runner import ModelRunner, prepare
 from .outputs import EngineConfig, EngineSnapshot, EngineStats, RequestOutput, SequenceView, StepRecord
-from .paged_cache import PagedKVCache
-from .scheduler import POLICIES, Scheduler
+from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 
-# num_blocks=None: enough blocks for max_num_seqs full contexts, but no more than this many bytes of K and V
-# (16 full 8192-token contexts of the default model would be 6 GiB).
-DEFAULT_KV_CACHE_BYTES = 512 * 2**20
 STEP_LOG_SIZE = 4096        # step_log keeps the latest this many records (a server steps forever)
 FINISHED_KEPT = 32          # snapshot().finished: the requests that finished lately
-REMOTE_WAIT_S = 0.005       # a consumer with nothing to compute waits this long for a prefill before step() returns
+
+
+class KVHooks(Protocol):
+    """What the engine asks of its kv_connector, one side of a disaggregated pair (kv_transfer.ConnectorSide)."""
+    role: str
+
+    def admit(self, engine: Engine, seq: Sequence) -> bool: ...      # sent away to be prefilled: not scheduled here
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def released(self, seq: Sequence) -> None: ...
+
+    def hand_off(self, engine: Engine, seq: Sequence, token: int, logprobs: dict | None) -> bool: ...
+
+    def adopt(self, engine: Engine) -> list[RequestOutput]: ...
+
+    def idle(self, waited_for: bool) -> bool: ...
+
+    def transfer_stats(self) -> Any: ...
 
 
 class Engine:
     """Many requests on one model: add_request / step / run / abort, stats and step_log (see the module docstring).
 
-    max_num_seqs and max_num_batched_tokens bound one step (sequences, tokens); num_blocks x block_size tokens of
-    K and V are allocated once (num_blocks=None: as many as max_num_seqs full contexts need, capped at
-    kv_cache_bytes); policy "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8", the
-    pool's storage (kv_storage.py: more tokens in the same bytes, lesson 13 measures the quality cost);
-    cuda_graphs: replay decode-only steps from CUDA graphs (default: on a GPU with the paged_decode kernel; on the
-    CPU True runs the same static-buffer step without capture, which is how its equivalence is tested; refused under
-    tensor parallelism). `model` may be rank 0's DriverTransformer (parallel/driver.py): each step's forward then
-    reaches the other ranks' shards and pools, and nothing here changes. kv_connector: one side of a disaggregated
-    pair (kv_transfer.py): a kv_producer engine only prefills and hands each prompt's KV off at its first token; a
-    kv_consumer engine sends its prompts away and decodes what comes back (lesson 16).
+    args: EngineArgs, or its fields as keywords (Engine(model, max_num_seqs=8)): max_num_seqs and
+    max_num_batched_tokens bound one step (sequences, tokens); num_blocks x block_size tokens of K and V are
+    allocated once (num_blocks=None: as many as max_num_seqs full contexts need, capped at kv_cache_bytes); policy
+    "continuous" | "static" | "priority" (scheduler.py); kv_cache "f32" | "int8", the pool's storage (kv_storage.py:
+    more tokens in the same bytes, lesson 13 measures the quality cost); cuda_graphs: replay decode-only steps from
+    CUDA graphs (model_runner.py; refused under tensor parallelism). `model` may be rank 0's DriverTransformer
+    (parallel/driver.py): each step's forward then reaches the other ranks' shards and pools, and nothing here
+    changes. kv_connector: one side of a disaggregated pair (kv_transfer.py): a kv_producer engine only prefills
+    and hands each prompt's KV off at its first token; a kv_consumer engine sends its prompts away and decodes what
+    comes back (lesson 16).
     """
 
-    def __init__(self, model, max_num_seqs: int = 16, num_blocks: int | None = None, block_size: int = 16,
-                 policy: str = "continuous", max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, tenant_token_quota: int | dict | None = None,
-                 aging_steps: int = 32, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, kv_cache: str = "f32",
-                 cuda_graphs: bool | None = None, kv_connector: KVConnector | None = None):
+    def __init__(self, model, args: EngineArgs | None = None, *, kv_connector: KVHooks | None = None,
+                 **options):
+        args = dataclasses.replace(args or EngineArgs(), **options)     # checked again (EngineArgs.__post_init__)
         config = model.config
-        check_storage(kv_cache)
-        self.kv_bytes = lambda tokens: estimate_kv_bytes(config, tokens, storage=kv_cache)   # K and V of `tokens`
-        if policy not in POLICIES:
-            raise InputError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        # every size is checked as an integer before it is multiplied into a byte count
-        max_num_seqs, block_size, max_num_batched_tokens, aging_steps, kv_cache_bytes = (
-            check_count(name, value) for name, value in (
-                ("max_num_seqs", max_num_seqs), ("block_size", block_size),
-                ("max_num_batched_tokens", max_num_batched_tokens), ("aging_steps", aging_steps),
-                ("kv_cache_bytes", kv_cache_bytes)))
-        self.max_model_len = config.context_length if max_model_len is None else check_count("max_model_len",
-                                                                                            max_model_len)
+        self.args = args
+        self.kv_bytes = lambda tokens: estimate_kv_bytes(config, tokens, storage=args.kv_cache)   # K and V bytes
+        self.max_model_len = config.context_length if args.max_model_len is None else args.max_model_len
         if not 1 <= self.max_model_len <= config.context_length:
             raise InputError(f"max_model_len must be in [1, {config.context_length}] (the model's context), "
-                             f"got {max_model_len}")
+                             f"got {args.max_model_len}")
+        num_blocks = args.num_blocks
         if num_blocks is None:
-            per_block = self.kv_bytes(block_size)
-            num_blocks = max(1, min(max_num_seqs * -(-self.max_model_len // block_size),
-                                    kv_cache_bytes // per_block))
-        num_blocks = check_count("num_blocks", num_blocks)
+            num_blocks = max(1, min(args.max_num_seqs * -(-self.max_model_len // args.block_size),
+                                    args.kv_cache_bytes // self.kv_bytes(args.block_size)))
+        if kv_connector is not None and args.policy == "static":
+            raise InputError("disaggregated prefill/decode admits each request when its prefill comes back; the "
+                             "static policy's fixed groups cannot: use continuous or priority")
         keep_freed_memory()          # no page faults on each step's temporaries (backend.py says why)
         self.model = model
-        # cuda_graphs: decode-only steps replay a CUDA graph per padded batch size, whose padding rows write into one
-        # scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool;
-        # the array path would gather max_model_len keys per sequence and layer in every graphed step.
-        refusal = graphs_refusal(model)
-        if cuda_graphs and refusal:
-            raise InputError(refusal)
-        reads_pool = model.attention.reads_pool(check_storage(kv_cache))
-        self.cuda_graphs = (model.device == "gpu" and reads_pool and refusal is None) if cuda_graphs is None \
-            else bool(cuda_graphs)
-        # The pool first: its memory check refuses an impossible num_blocks before the block manager's per-block
-        # bookkeeping is built.
-        self.cache = PagedKVCache(config, num_blocks + self.cuda_graphs, block_size, xp=model.xp, storage=kv_cache)
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         # No sequence is longer than the pool: the RoPE table and the graphs' block tables need no more positions.
-        longest = min(self.max_model_len, num_blocks * block_size)
+        longest = min(self.max_model_len, num_blocks * args.block_size)
         model.reserve_positions(longest)
-        self.graphs = None
-        if self.cuda_graphs:
-            # a step decodes at most max_num_batched_tokens sequences (one token each): no larger graph is needed
-            self.graphs = DecodeGraphs(model, self.cache, min(max_num_seqs, max_num_batched_tokens),
-                                       -(-longest // block_size),
-                                       scratch_block=num_blocks, capture=model.device == "gpu")
-        self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, aging_steps)
-        self.config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, policy,
-                                   self.max_model_len, self.kv_bytes(num_blocks * block_size))
-        self.tenant_token_quota = tenant_token_quota
+        # The pool first (in the runner): its memory check refuses an impossible num_blocks before the block
+        # manager's per-block bookkeeping is built. A step decodes at most max_num_batched_tokens sequences.
+        self.runner = ModelRunner(model, num_blocks, args.block_size, args.kv_cache,
+                                  min(args.max_num_seqs, args.max_num_batched_tokens), longest, args.cuda_graphs)
+        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.policy, args.max_num_seqs, args.max_num_batched_tokens,
+                                   args.aging_steps)
+        self.config = EngineConfig(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                                   args.policy, self.max_model_len, self.kv_bytes(num_blocks * args.block_size))
+        self.tenant_token_quota = args.tenant_token_quota
         self.sequences: dict[str, Sequence] = {}         # unfinished requests
+        self.deadlines: dict[str, float] = {}            # request id -> when it times out (metrics.now()'s clock)
         self.step_log: list[StepRecord] = []             # the latest STEP_LOG_SIZE steps, trimmed by step()
         self._finished: collections.deque[SequenceView] = collections.deque(maxlen=FINISHED_KEPT)
         self.num_steps = 0
         self._pending: list[RequestOutput] = []          # aborts, reported by the next step()
         self._arrivals = itertools.count()
         self._num_prompt_tokens = self._num_generation_tokens = 0
-        # Disaggregated prefill/decode (kv_transfer.py): a producer hands each prefilled request off; a consumer
-        # sends its requests' prompts away and adopts what comes back.
-        self.kv_connector: Any = kv_connector          # a KVConnector (None: this engine prefills and decodes)
+        self.kv_connector = kv_connector                 # None: this engine prefills and decodes
         self.kv_role = None if kv_connector is None else kv_connector.role
-        if self.kv_role not in (None, PRODUCER, CONSUMER):
-            raise InputError(f"kv_connector.role must be {PRODUCER!r} or {CONSUMER!r}, got {self.kv_role!r}")
-        if self.kv_role is not None and policy == "static":
-            raise InputError("disaggregated prefill/decode admits each request when its prefill comes back; the "
-                             "static policy's fixed groups cannot: use continuous or priority")
-        self._remote: dict[str, Sequence] = {}                     # consumer: at the prefill engine
-        self._arrived: collections.deque[tuple[Sequence, KVTransfer]] = collections.deque()   # back, not adopted
-        self._transfer_stats = TransferStats()
+
+    cache = property(lambda self: self.runner.cache)     # the paged KV pool (paged_cache.PagedKVCache)
+    graphs = property(lambda self: self.runner.graphs)   # the decode steps' CUDA graphs, or None
+    cuda_graphs = property(lambda self: self.runner.cuda_graphs)
 
     # ------------------------------------------------------------------ requests in
 
     def add_request(self, prompt, params: SamplingParams | None = None, chat: bool = False, priority: int = 0,
                     tenant: str | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> str:
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    timeout: float | None = None) -> str:
         """Queue a request (text, token ids, or chat messages with chat=True); return its id. InputError if it can
         never be served or breaks a limit -- before any work, never left hanging.
 
         cache_salt (vLLM's name): the request reuses and leaves behind prefix-cache blocks only among requests with
         the same salt (block_manager.py), so requests of different salts cannot learn each other's prompts from the
-        cache. None, the default, is one more salt: every unsalted request shares with the others."""
+        cache. None, the default, is one more salt: every unsalted request shares with the others.
+        timeout: seconds after its arrival when the request is aborted (finish_reason "abort", stop_reason
+        "timeout"), checked before each step."""
         params = params if params is not None else SamplingParams()
+        if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                        and timeout > 0):
+            raise InputError(f"timeout must be a positive number of seconds, got {timeout!r}")
         request = make_request(self.model, prompt, params, chat, arrival_time)
         if request_id is not None:
             request.request_id = str(request_id)
@@ -191,12 +188,9 @@ class Engine:
                        priority=int(priority), tenant=tenant, arrival_index=next(self._arrivals),
                        cache_salt=cache_salt)
         self.sequences[request.request_id] = seq
-        if self.kv_role == CONSUMER:                     # its prompt is prefilled elsewhere (kv_transfer.py)
-            self._remote[request.request_id] = seq
-            self.kv_connector.request_prefill(PrefillRequest(
-                request.request_id, request.prompt_token_ids, params, request.arrival_time, int(priority),
-                cache_salt))
-        else:
+        if timeout is not None:
+            self.deadlines[request.request_id] = request.arrival_time + timeout
+        if self.kv_connector is None or not self.kv_connector.admit(self, seq):   # a decode engine sends it away
             self.scheduler.add(seq)
         return request.request_id
 
@@ -204,10 +198,11 @@ class Engine:
         """Finish a request now (finish_reason "abort", stop_reason `reason`: "cancelled" or "timeout") and free its
         blocks; its final RequestOutput comes with the next step(). Aborting a finished request does nothing."""
         seq = self.sequences.get(request_id)
-        if seq is not None and self._remote.pop(request_id, None) is not None:
-            self.kv_connector.abort(request_id)          # the prefill engine frees its blocks too
-        if seq is not None:
-            self._pending.append(self._finish(seq, StopDecision("abort", reason), new_tokens=[]))
+        if seq is None:
+            return
+        if self.kv_connector is not None:
+            self.kv_connector.cancel(request_id)         # one at the prefill engine is aborted there too
+        self._pending.append(self._finish(seq, StopDecision("abort", reason), new_tokens=[]))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.sequences) or bool(self._pending)
@@ -218,24 +213,19 @@ class Engine:
         """Schedule, run one forward over every scheduled token, sample, stream. Returns this step's outputs."""
         outputs, self._pending = self._pending, []
         start = now()
-        if self.kv_role == CONSUMER:
-            outputs += self._adopt_arrived()
+        outputs += self._expire()
+        if self.kv_connector is not None:
+            outputs += self.kv_connector.adopt(self)     # a decode engine takes in the prefills that came back
         plan = self.scheduler.schedule()
-        if not plan.scheduled and (self._remote or self._arrived):
-            if not outputs:
-                self.kv_connector.wait(REMOTE_WAIT_S)    # nothing to compute here: wait for a prefill, briefly
-            return outputs                               # no forward ran: no step to record
+        if not plan.scheduled and self.kv_connector is not None and self.kv_connector.idle(bool(outputs)):
+            return outputs                               # requests are away; no forward ran: no step to record
         decode_tokens = 0
         if plan.scheduled:
             for seq, _ in plan.scheduled:
                 if seq.metrics.scheduled_time is None:
                     seq.metrics.mark_scheduled()                         # queue time ends at the first schedule
-            inputs = model_runner.prepare(plan.scheduled, self.block_manager, self.model.xp)
-            logits = None
-            if self.graphs is not None and self.graphs.can_run(inputs):
-                logits = self.graphs.run(inputs)                                   # (R, V), or None: no graph
-            if logits is None:
-                logits = model_runner.execute(self.model, self.cache, inputs)      # (R, V)
+            inputs = prepare(plan.scheduled, self.block_manager, self.model.xp)
+            logits = self.runner.execute(inputs)                                   # (R, V)
             for seq, n in plan.scheduled:
                 decode_tokens += seq.is_decode(n)
                 seq.num_computed_tokens += n
@@ -243,12 +233,11 @@ class Engine:
             self._num_prompt_tokens += plan.num_batched_tokens - decode_tokens
             if inputs.sampled:
                 tokens, logprobs = next_tokens(logits, inputs.sampled)             # (R,) on the host, R entries
-                if self.kv_role == PRODUCER:                 # a prefill engine's requests end at their first token
-                    for seq, token, entry in zip(inputs.sampled, tokens, logprobs):
-                        self._hand_off(seq, int(token), entry)
-                else:
-                    outputs += [self._append_token(seq, int(token), entry)
-                                for seq, token, entry in zip(inputs.sampled, tokens, logprobs)]
+                for seq, token, entry in zip(inputs.sampled, tokens, logprobs):
+                    if self.kv_connector is not None and self.kv_connector.hand_off(self, seq, int(token), entry):
+                        self._num_generation_tokens += 1         # a prefill engine's requests end at their first token
+                        continue
+                    outputs.append(self.append_token(seq, int(token), entry))
         self.step_log.append(StepRecord(
             step=self.num_steps, request_ids=[s.request_id for s, _ in plan.scheduled],
             num_prefill_tokens=plan.num_batched_tokens - decode_tokens, num_decode_tokens=decode_tokens,
@@ -271,13 +260,19 @@ class Engine:
 
     # ------------------------------------------------------------------ per-sequence stages (as generate.py)
 
-    def _append_token(self, seq: Sequence, token: int, logprobs: dict | None) -> RequestOutput:
+    def append_token(self, seq: Sequence, token: int, logprobs: dict | None) -> RequestOutput:
         """The request's own stages (request.RequestState.append); a finished one leaves the engine."""
         self._num_generation_tokens += 1
         delta = seq.append(token, logprobs)
         if delta.finish_reason is not None:
             self._release(seq)
         return RequestOutput(seq.request_id, delta)
+
+    def _expire(self) -> list[RequestOutput]:
+        """The requests past their deadline end now, before the step's work (stopping.check_abort's rule)."""
+        expired = [(rid, decision) for rid, deadline in self.deadlines.items()
+                   if (decision := check_abort(deadline, None)) is not None]
+        return [self._finish(self.sequences[rid], decision, new_tokens=[]) for rid, decision in expired]
 
     def _finish(self, seq: Sequence, decision: StopDecision, new_tokens: list[int]) -> RequestOutput:
         """End a request now (an abort): its Result, then its blocks freed."""
@@ -287,59 +282,41 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         """A finished sequence leaves the scheduler and gives its blocks back; snapshot() shows it a while longer."""
+        self._leave(seq)
+        if self.kv_connector is not None:
+            self.kv_connector.released(seq)
+        self._finished.appendleft(SequenceView.of(seq, ()))
+
+    def _leave(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
         self.block_manager.free(seq)
         del self.sequences[seq.request_id]
-        if self._arrived:                                 # aborted after its KV came back, before adoption
-            self._arrived = collections.deque(a for a in self._arrived if a[0] is not seq)
+        self.deadlines.pop(seq.request_id, None)
         seq.status = SequenceStatus.FINISHED
-        self._finished.appendleft(SequenceView.of(seq, ()))
 
-    # ------------------------------------------------------------------ disaggregated prefill/decode
+    # ------------------------------------------------------------------ the pool, for a kv_connector
 
-    def _hand_off(self, seq: Sequence, token: int, logprobs: dict | None) -> None:
-        """Producer: the prompt is in the pool and its first token sampled; send both (and the generator's state)
-        to the decode engine, and let the request go here without a Result: the decode engine reports it."""
+    def export_kv(self, seq: Sequence) -> list:
+        """A prefill engine hands a request off: its prompt's stored K and V copied out of the pool (the arrays of
+        paged_cache.PagedKVCache.export_tokens), then the request leaves this engine with its blocks freed (before
+        the transfer is sent, so the pool's report is up to date)."""
         arrays = self.cache.export_tokens(self.block_manager.block_tables[seq.request_id], seq.num_computed_tokens)
-        scheduled = seq.metrics.scheduled_time
-        transfer = KVTransfer(seq.request_id, seq.num_computed_tokens, token, logprobs,
-                              seq.generator.bit_generator.state, now() if scheduled is None else scheduled, arrays)
-        self._num_generation_tokens += 1
-        self.scheduler.remove(seq)
-        self.block_manager.free(seq)                      # before sending: the pool's report is then up to date
-        del self.sequences[seq.request_id]
-        seq.status = SequenceStatus.FINISHED
-        self.kv_connector.send(transfer)
+        self._leave(seq)
+        return arrays
 
-    def _adopt_arrived(self) -> list[RequestOutput]:
-        """Consumer: take in the prefills that came back. Each gets blocks of this pool, its keys and values
-        written into them, and its first token appended; then it decodes like any running sequence. One that
-        finds no seat or no blocks waits, in arrival order, for a later step; one aborted meanwhile is dropped."""
-        stats = self._transfer_stats
-        for transfer, seconds in self.kv_connector.receive():
-            seq = self._remote.pop(transfer.request_id, None)
-            if seq is None:
-                stats.discarded += 1                       # aborted while it was away: nothing to adopt
-                continue
-            stats.transfers += 1
-            stats.bytes += transfer.nbytes
-            stats.seconds += seconds
-            stats.last.append((transfer.nbytes, seconds))
-            self._arrived.append((seq, transfer))
-        outputs = []
-        while self._arrived and len(self.scheduler.running) < self.scheduler.max_num_seqs:
-            seq, transfer = self._arrived[0]
-            if not self.block_manager.allocate_slots(seq, transfer.num_tokens):
-                break                                     # blocks free up as running sequences finish
-            self._arrived.popleft()
-            self.cache.import_tokens(self.block_manager.block_tables[seq.request_id], transfer.arrays)
-            seq.num_computed_tokens = transfer.num_tokens
-            seq.metrics.scheduled_time = transfer.scheduled_time       # queue time: until the prefill engine began
-            seq.generator.bit_generator.state = transfer.generator_state
-            self.block_manager.cache_full_blocks(seq)
-            self.scheduler.adopt(seq)
-            outputs.append(self._append_token(seq, transfer.token, transfer.logprobs))   # may finish it at once
-        return outputs
+    def import_kv(self, seq: Sequence, num_tokens: int, arrays: list, scheduled_time: float) -> bool:
+        """A decode engine adopts a request whose prompt was prefilled elsewhere: a seat and blocks of this pool,
+        its keys and values written into them, then it runs like any other; False when there is no room yet."""
+        if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+            return False
+        if not self.block_manager.allocate_slots(seq, num_tokens):
+            return False                                  # blocks free up as running sequences finish
+        self.cache.import_tokens(self.block_manager.block_tables[seq.request_id], arrays)
+        seq.num_computed_tokens = num_tokens
+        seq.metrics.scheduled_time = scheduled_time       # queue time: until the prefill engine began
+        self.block_manager.cache_full_blocks(seq)
+        self.scheduler.adopt(seq)
+        return True
 
     # ------------------------------------------------------------------ observability
 
@@ -351,18 +328,11 @@ class Engine:
                            self.num_steps, self._num_prompt_tokens, self._num_generation_tokens,
                            bm.num_free_blocks, bm.num_blocks)
 
-    def take_kv_transfer_stats(self) -> TransferStats | None:
-        """A consumer's transfers so far (None for an engine without a kv_connector). `last` holds the (bytes,
-        seconds) of each transfer since the previous call: this call takes them (the server's histograms do)."""
-        if self.kv_connector is None:
-            return None
-        self.kv_connector.refresh()
-        stats = self._transfer_stats
-        last, stats.last = stats.last, []
-        pool = self.kv_connector.producer_pool                           # (blocks used, blocks) as last reported
-        return dataclasses.replace(stats, last=last, in_flight=len(self._remote) + len(self._arrived),
-                                   producer_blocks_used=None if pool is None else pool[0],
-                                   producer_num_blocks=None if pool is None else pool[1])
+    def take_kv_transfer_stats(self):
+        """A decode engine's transfers so far (kv_transfer.TransferStats; None for an engine without a
+        kv_connector). `last` holds the (bytes, seconds) of each transfer since the previous call: this call takes
+        them (the server's histograms do)."""
+        return None if self.kv_connector is None else self.kv_connector.transfer_stats()
 
     def snapshot(self) -> EngineSnapshot:
         """The queues, every block's state and reference count, the block tables, the requests finished lately: plain

@@ -48,7 +48,7 @@ def graphs_refusal(model) -> str | None:
 
     Tensor parallelism (model.comm set: rank 0's parallel.driver.DriverTransformer) sends every step to the workers
     as a message before the forward, which a replayed graph would skip. A sliding layer (Gemma 3) gathers the pool
-    with array operations (attention_backend.SlidingWindowAttention), which a capture on the GPU would freeze; on
+    with array operations (core.attention.SlidingWindowAttention), which a capture on the GPU would freeze; on
     the CPU the graphed step runs uncaptured, so it is allowed there.
     """
     if getattr(model, "comm", None) is not None:

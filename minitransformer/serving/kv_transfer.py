@@ -12,10 +12,14 @@ usually on different GPUs (DistServe, Splitwise; vLLM's KV connectors, NVIDIA Dy
     written into them, the first token appended (TTFT),
     then decode steps like any other running sequence
 
-The names are vLLM's (KVTransferConfig's kv_role: "kv_producer" / "kv_consumer"). The engine (engine.py) does the
-engine side: hand a finished prefill off, or adopt one that arrived. A KVConnector is the transport between them:
-LocalConnector below (two engines in one process: the tests' and the notebook's), or parallel/kv_connector.py's
-MpiKVConnector (two processes, the KV over MPI: `minitransformer serve --disaggregated`).
+The names are vLLM's (KVTransferConfig's kv_role: "kv_producer" / "kv_consumer"). The engine is given one side of
+the pair (Engine(model, kv_connector=...)) and asks it, at four points of its loop, what disaggregation changes
+(engine.KVHooks): `admit` a new request (a decode engine sends its prompt away), `adopt` what came back before a
+step, `hand_off` a prompt whose first token was just sampled (a prefill engine sends it on), `cancel` an abort.
+ConnectorSide below answers them, with the engine's two pool operations (export_kv, import_kv); a transport
+underneath carries the messages: LocalConnector below (two engines in one process: the tests' and the notebook's),
+or parallel/kv_connector.py's MpiKVConnector (two processes, the KV over MPI: `minitransformer serve
+--disaggregated`). engine.py imports neither.
 
 The request stays the decode engine's: its Sequence (detokenizer, stop rules, metrics, its random generator) lives
 there from add_request on. The prefill engine only computes: it samples the first token with the request's own
@@ -25,13 +29,17 @@ params, and sends the generator's state along, so a seeded request draws the sam
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..core.errors import InputError
+from ..core.metrics import now
 from ..core.sampling_params import SamplingParams
 
 PRODUCER, CONSUMER = "kv_producer", "kv_consumer"     # vLLM's kv_role values: who prefills, who decodes
+REMOTE_WAIT_S = 0.005       # a consumer with nothing to compute waits this long for a prefill before step() returns
 
 
 @dataclass
@@ -80,8 +88,8 @@ class TransferStats:
     last: list[tuple[int, float]] = field(default_factory=list)   # (bytes, seconds) of transfers not yet published
 
 
-class KVConnector(Protocol):
-    """The transport between a prefill engine and a decode engine (one object per side)."""
+class Transport(Protocol):
+    """What carries the messages between a prefill engine and a decode engine (one object per side)."""
     role: str                        # PRODUCER or CONSUMER
     producer_pool: tuple[int, int] | None    # the prefill pool's (blocks used, blocks), as last reported (or None)
 
@@ -98,6 +106,124 @@ class KVConnector(Protocol):
 
     # the prefill engine's side
     def send(self, transfer: KVTransfer) -> None: ...
+
+
+class ConnectorSide:
+    """The engine's hooks for one side of the pair (engine.KVHooks), on top of a transport's methods: a transport
+    class inherits this and calls ConnectorSide.__init__(self, role). It keeps the requests a decode engine has
+    away (`remote`), those whose KV came back but found no room yet (`arrived`), and the transfer counts."""
+    role: str
+
+    def __init__(self, role: str):
+        if role not in (PRODUCER, CONSUMER):
+            raise InputError(f"kv_connector.role must be {PRODUCER!r} or {CONSUMER!r}, got {role!r}")
+        self.role = role
+        self.remote: dict[str, Any] = {}                          # request id -> its Sequence, at the prefill engine
+        self.arrived: collections.deque[tuple[Any, KVTransfer]] = collections.deque()   # back, not adopted yet
+        self.stats = TransferStats()
+
+    # ------------------------------------------------------------------ the engine's hooks
+
+    def admit(self, engine, seq) -> bool:
+        """A new request: a decode engine keeps its Sequence and sends only the prompt away (True: not scheduled
+        here); a prefill engine schedules it (False)."""
+        if self.role != CONSUMER:
+            return False
+        self.remote[seq.request_id] = seq
+        self.request_prefill(PrefillRequest(seq.request_id, seq.prompt_token_ids, seq.params,
+                                            seq.request.arrival_time, seq.priority, seq.cache_salt))
+        return True
+
+    def cancel(self, request_id: str) -> None:
+        """An abort: a request still at the prefill engine is aborted there too (which frees its blocks)."""
+        if self.remote.pop(request_id, None) is not None:
+            self.abort(request_id)
+
+    def released(self, seq) -> None:
+        """A request left the engine: one aborted after its KV came back, before adoption, is dropped."""
+        if self.arrived:
+            self.arrived = collections.deque(a for a in self.arrived if a[0] is not seq)
+
+    def hand_off(self, engine, seq, token: int, logprobs: dict | None) -> bool:
+        """A prefill engine, after a prompt's first token: send its KV (export_kv, which frees its blocks), the
+        token and the generator's state to the decode engine, and let the request go here without a Result: the
+        decode engine reports it. False on a decode engine (the token is appended as usual)."""
+        if self.role != PRODUCER:
+            return False
+        scheduled = seq.metrics.scheduled_time
+        state = seq.generator.bit_generator.state
+        num_tokens, arrays = seq.num_computed_tokens, engine.export_kv(seq)
+        self.send(KVTransfer(seq.request_id, num_tokens, token, logprobs, state,
+                             now() if scheduled is None else scheduled, arrays))
+        return True
+
+    def adopt(self, engine) -> list:
+        """A decode engine, before each step: take in the prefills that came back. Each gets blocks of this pool
+        with its keys and values (import_kv) and its first token appended; then it decodes like any running
+        sequence. One that finds no seat or no blocks waits, in arrival order, for a later step; one aborted
+        meanwhile is dropped."""
+        if self.role != CONSUMER:
+            return []
+        for transfer, seconds in self.receive():
+            seq = self.remote.pop(transfer.request_id, None)
+            if seq is None:
+                self.stats.discarded += 1                  # aborted while it was away: nothing to adopt
+                continue
+            self.stats.transfers += 1
+            self.stats.bytes += transfer.nbytes
+            self.stats.seconds += seconds
+            self.stats.last.append((transfer.nbytes, seconds))
+            self.arrived.append((seq, transfer))
+        outputs = []
+        while self.arrived:
+            seq, transfer = self.arrived[0]
+            if not engine.import_kv(seq, transfer.num_tokens, transfer.arrays, transfer.scheduled_time):
+                break                                     # no seat or no blocks: they free up as others finish
+            self.arrived.popleft()
+            seq.generator.bit_generator.state = transfer.generator_state
+            outputs.append(engine.append_token(seq, transfer.token, transfer.logprobs))   # may finish it at once
+        return outputs
+
+    def idle(self, waited_for: bool) -> bool:
+        """Nothing was scheduled: True when requests are away or waiting for room (the step ends without a forward),
+        after waiting briefly for a prefill to come back unless this step already produced outputs."""
+        if not (self.remote or self.arrived):
+            return False
+        if not waited_for:
+            self.wait(REMOTE_WAIT_S)
+        return True
+
+    def transfer_stats(self) -> TransferStats:
+        """The transfers received so far. `last` holds the (bytes, seconds) of each transfer since the previous
+        call: this call takes them (the server's histograms do)."""
+        self.refresh()
+        last, self.stats.last = self.stats.last, []
+        pool = self.producer_pool                                      # (blocks used, blocks) as last reported
+        return dataclasses.replace(self.stats, last=last, in_flight=len(self.remote) + len(self.arrived),
+                                   producer_blocks_used=None if pool is None else pool[0],
+                                   producer_num_blocks=None if pool is None else pool[1])
+
+    # ------------------------------------------------------------------ the transport (a subclass provides it)
+
+    producer_pool: tuple[int, int] | None = None
+
+    def request_prefill(self, request: PrefillRequest) -> None:
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    def receive(self) -> list[tuple[KVTransfer, float]]:
+        raise NotImplementedError
+
+    def wait(self, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def refresh(self) -> None:
+        raise NotImplementedError
+
+    def send(self, transfer: KVTransfer) -> None:
+        raise NotImplementedError
 
 
 class LocalConnector:
@@ -124,9 +250,10 @@ class LocalConnector:
             engine.abort(self.aborts.popleft())
 
 
-class _LocalSide:
+class _LocalSide(ConnectorSide):
     def __init__(self, pair: LocalConnector, role: str):
-        self.pair, self.role = pair, role
+        super().__init__(role)
+        self.pair = pair
         self.producer_pool = None            # nothing reports: the caller reads the prefill engine's stats itself
 
     def request_prefill(self, request: PrefillRequest) -> None:

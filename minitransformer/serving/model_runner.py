@@ -10,8 +10,12 @@ feed-forward) runs once over all N rows, so the weights are read from memory onc
 share it: that is where batching's speed comes from (decode alone is bound by reading the weights). Only attention is
 per sequence: the one-token rows, shortest first, as padded batches of similar length (paged_cache.length_groups),
 each row with its own block table, and each prefill chunk on its own (its queries attend to its cached prefix and to
-each other, causally). Only the rows that end a sequence's
-pending tokens go through the final norm and lm_head: a partial prefill chunk samples nothing.
+each other, causally). Only the rows that end a sequence's pending tokens go through the final norm and lm_head: a
+partial prefill chunk samples nothing.
+
+ModelRunner owns what the forward runs on: the paged KV pool and, on a GPU, the CUDA graphs its decode-only steps
+replay (graph_runner.py), as vLLM's GPUModelRunner owns the KV cache tensors and captures the graphs. The engine
+asks it for a step's logits and never sees a graph.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from typing import Any
 import numpy as np
 
 from ..core.backend import INDEX_DTYPE
-from .paged_cache import PagedStep, length_groups
+from ..core.errors import InputError
+from ..core.kv_storage import check_storage
+from .graph_runner import DecodeGraphs, graphs_refusal
+from .paged_cache import PagedKVCache, PagedStep, length_groups
 
 
 @dataclass
@@ -87,3 +94,38 @@ def execute(model, cache, inputs: StepInputs):
                      inputs.decode_groups)
     rows = xp.asarray(np.asarray(inputs.logits_rows, dtype=INDEX_DTYPE))                 # (R,)
     return model.forward(inputs.token_ids[None], inputs.positions[None], step, logits_rows=rows)
+
+
+class ModelRunner:
+    """The model with its KV pool of num_blocks x block_size tokens stored as `storage`, and its decode graphs.
+
+    cuda_graphs: replay decode-only steps from CUDA graphs, one per padded batch size, whose padding rows write into
+    one scratch block past the block manager's (graph_runner.py). None: on a GPU when paged_decode reads the pool
+    (the array path would gather max_model_len keys per sequence and layer in every graphed step); True on the CPU
+    runs the same static-buffer step without capture, which is how its equivalence is tested.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, storage: str, max_decodes: int, longest: int,
+                 cuda_graphs: bool | None = None):
+        refusal = graphs_refusal(model)
+        if cuda_graphs and refusal:
+            raise InputError(refusal)
+        reads_pool = model.attention.reads_pool(check_storage(storage))
+        self.cuda_graphs = (model.device == "gpu" and reads_pool and refusal is None) if cuda_graphs is None \
+            else bool(cuda_graphs)
+        self.model = model
+        # the pool first: its memory check refuses an impossible num_blocks before anything else is built
+        self.cache = PagedKVCache(model.config, num_blocks + self.cuda_graphs, block_size, xp=model.xp,
+                                  storage=storage)
+        self.graphs = None
+        if self.cuda_graphs:
+            self.graphs = DecodeGraphs(model, self.cache, max_decodes, -(-longest // block_size),
+                                       scratch_block=num_blocks, capture=model.device == "gpu")
+
+    def execute(self, inputs: StepInputs):
+        """The step's logits (R, V): replayed from a graph when one serves it, else one forward."""
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            logits = self.graphs.run(inputs)                                   # (R, V), or None: no graph
+            if logits is not None:
+                return logits
+        return execute(self.model, self.cache, inputs)

@@ -5,7 +5,7 @@
 A token's keys go to the *slot* the block manager maps it to (block * block_size + offset), so the sequences of a
 batch can each have their own length and grow independently; attention finds a sequence's keys through its block
 table. `PagedStep` is one engine step's view of the pool, the object model.forward talks to (its cache protocol):
-it writes the step's keys to their slots and asks the model's attention (attention_backend.py) for each decode row
+it writes the step's keys to their slots and asks the model's attention (core/attention.py) for each decode row
 and each prefill chunk. The arrays gather a table's blocks into a contiguous (K, S, d) view and mask by position
 (blocks past a sequence's end hold positions beyond every query, so no separate length mask is needed); the
 kernels read float blocks in place (kernels/paged_decode.cu), since the pool already has the kernel's layout.
@@ -14,13 +14,15 @@ Storage is any codec of kv_storage.CODECS (float32 or int8), as for the contiguo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..core.attention import AttentionBackend
 from ..core.backend import DTYPE, check_count, check_memory, to_host
 from ..core.config import ModelConfig
 from ..core.kv_cache import kv_bytes_per_token
-from ..core.kv_storage import KVStorage, check_storage
+from ..core.kv_storage import KVCodec, KVStorage, check_storage
 
 
 def reserve(shape, dtype, xp=np):
@@ -50,7 +52,9 @@ def check_pool(num_blocks, block_size, bytes_per_token: int, xp) -> tuple[int, i
 class PagedKVCache:
     """The K and V pools of every layer, (layers, num_blocks, block_size, kv_heads, head_dim) each, stored as
     `storage` (a codec name of kv_storage.CODECS). The attention backends read it as a PagedPool
-    (attention_backend.py)."""
+    (core/attention.py)."""
+    xp: Any                          # the array module of the pool (NumPy or CuPy)
+    codec: KVCodec                   # how k and v store their numbers (kv_storage.CODECS)
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, xp=np, dtype=DTYPE,
                  storage: str = "f32"):

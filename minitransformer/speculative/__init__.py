@@ -9,10 +9,11 @@ Decode is memory-bound (decode.py): a pass over k+1 tokens streams the same weig
 guesses are good the target produces several tokens for about the price of one. Lesson 12 measures whether that
 holds on the machine at hand (on 2 CPU cores a 5-token pass is not free, see the lesson).
 
-Verification is done row by row inside generate.py's ordinary loop (through request.RequestState), so penalties,
-min_tokens, stop checks, the detokenizer, logprobs and metrics are the same code as plain decoding;
-`SpeculativeRunner` stands where generate.CachedRunner stands and only changes where the next logits come from and
-how a row's token is chosen:
+Verification is done row by row inside core's ordinary loop (core/generate.py, through request.RequestState), so
+penalties, min_tokens, stop checks, the detokenizer, logprobs and metrics are the same code as plain decoding. It plugs
+in as that loop's runner: `generate(model, prompt, params, runner=speculative_runner("ngram", 4))`; the
+`SpeculativeRunner` stands where core's CachedRunner stands and only changes where the next logits come from and how a
+row's token is chosen:
 - greedy: the row's token is the plain greedy choice; the draft is accepted iff it equals it. Output == plain greedy.
 - sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding", and Chen et al.
   2023): accept draft d with probability min(1, p(d)/q(d)), p the target's and q the drafter's distribution after
@@ -34,8 +35,8 @@ Drafters (`propose(context, k, ...)` -> k draft tokens and the distributions the
 
 Modules, in reading order: config.py (SpeculativeConfig, make_config, parse_method), acceptance.py
 (processed_probs, accept_or_resample), drafters.py (the Drafter protocol; n-gram, self, second model), runner.py
-(SpeculativeRunner, SpeculativeStats). Every name is re-exported here, so `from minitransformer.speculative import X`
-works as before.
+(SpeculativeRunner, speculative_runner, SpeculativeStats). Every name is re-exported here, so
+`from minitransformer.speculative import X` works.
 """
 
 from .acceptance import accept_or_resample, processed_probs
@@ -49,12 +50,12 @@ from .config import (
     parse_method,
 )
 from .drafters import Drafter, ModelDrafter, NgramDrafter, SecondModelDrafter, SelfDrafter, make_drafter
-from .runner import SpeculativeRunner, SpeculativeStats, VerifyPass
+from .runner import SpeculativeRunner, SpeculativeStats, VerifyPass, speculative_runner
 
 __all__ = [
     "MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "make_config", "parse_method", "check_layers", "describe",
     "check_same_vocabulary",
     "processed_probs", "accept_or_resample",
     "Drafter", "make_drafter", "NgramDrafter", "ModelDrafter", "SelfDrafter", "SecondModelDrafter",
-    "SpeculativeStats", "SpeculativeRunner", "VerifyPass",
+    "SpeculativeStats", "SpeculativeRunner", "VerifyPass", "speculative_runner",
 ]

@@ -1,4 +1,4 @@
-"""What to speculate with: SpeculativeConfig, checked by make_config from what generate(speculative=...) takes; the
+"""What to speculate with: SpeculativeConfig, checked by make_config from what speculative_runner(...) takes; the
 one parser of a drafter's name ("ngram", "self:L", "model") and the check of self:L's L, which the CLI reuses for
 --speculative (cli/options.py, which names the flags); and the footer line (lesson 12).
 

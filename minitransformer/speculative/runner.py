@@ -1,5 +1,6 @@
-"""SpeculativeRunner, which stands where generate.CachedRunner stands: draft, verify all k in one target pass, roll
-back the rejected drafts' K/V; and SpeculativeStats, its counts for --json (lesson 12).
+"""SpeculativeRunner, which stands where core's CachedRunner stands: draft, verify all k in one target pass, roll
+back the rejected drafts' K/V; speculative_runner, the factory core's generate(runner=) takes; and SpeculativeStats,
+its counts for --json (lesson 12).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from ..core.metrics import now
 from ..core.prefill import prefill
 from ..core.sampling import distribution
 from .acceptance import accept_or_resample
-from .config import SpeculativeConfig
+from .config import SpeculativeConfig, make_config
 from .drafters import make_drafter
 
 
@@ -57,8 +58,18 @@ class SpeculativeStats:
                 "passes": [[p.drafted, p.accepted, p.target_token] for p in self.passes]}
 
 
+def speculative_runner(speculative, num_speculative_tokens: int = 4):
+    """The runner factory for generate / stream (core.generate.RunnerFactory): speculative is "ngram", "self:L" (the
+    first L layers draft), a draft Transformer of the same vocabulary, or a SpeculativeConfig; num_speculative_tokens
+    the k tokens drafted per target pass. Checked against the model when the request is made (make_config), before
+    any model work. Greedy output is the same as without it; sampled output has the same distribution."""
+    def factory(model, request, storage: str = "f32") -> SpeculativeRunner:
+        return SpeculativeRunner(model, request, make_config(model, speculative, num_speculative_tokens), storage)
+    return factory
+
+
 class SpeculativeRunner:
-    """Stands where generate.CachedRunner stands (generate.Runner): first_logits / next_logits / sample_next /
+    """Stands where core's CachedRunner stands (core.generate.Runner): first_logits / next_logits / sample_next /
     release, and report() gives the stats for Result.speculative.
 
     Invariant between calls: the target cache holds K/V for context[:-1] once next_logits has run (the newest token
