@@ -7,7 +7,7 @@ The loop below is the decode loop in miniature (logits -> sampler -> append -> s
 stage functions: prefill.py, decode.py, sampling.py, detokenizer.py, stopping.py. generate.py runs the same loop.
 Try --tokens 200: token 200 still waits for token 199, one full pass through the model each.
 The lesson's claims (claims() below) are decided from the numbers it prints; a claim about time is stated only when
-it holds beyond the measured spread on a quiet machine (minitransformer/measure.py), otherwise the lesson says that
+it holds beyond the measured spread on a quiet machine (minitransformer/lab/measure.py), otherwise the lesson says that
 this run could not show it.
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.

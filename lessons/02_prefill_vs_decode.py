@@ -6,8 +6,8 @@ the weights, and the FLOPs and bytes of each phase say which resource limits it.
 
 Part 2 times one request (TTFT and inter-token latency, generate.py's metrics) several times. Part 3 sweeps the
 prompt length (prefill.py) and the context length (decode.py), and puts each measured time next to the work the pass
-does (bench/machine.py's forward_cost) and this machine's measured peaks: bytes/s of a large copy, FLOP/s of a matmul.
-Every timing is repeated after a warm-up, and every comparison is timed in turns (minitransformer/measure.py); the
+does (lab/machine.py's forward_cost) and this machine's measured peaks: bytes/s of a large copy, FLOP/s of a matmul.
+Every timing is repeated after a warm-up, and every comparison is timed in turns (minitransformer/lab/measure.py); the
 lesson's claims (claims() below) are decided from the numbers it prints, and a claim about time is stated only when
 it holds beyond the measured spread on a quiet machine.
 

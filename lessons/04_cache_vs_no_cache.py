@@ -6,7 +6,7 @@ context grows, and what the total costs.
 Both runs are generate.py's loop: with the cache (prefill.py + decode.py) and with no_cache.py's baseline, whose
 step n runs the model over the prompt and all n tokens so far again. Greedy sampling, so the tokens must agree.
 The lesson's claims (claims() below) are decided from the numbers it prints, and a timing claim is stated only when
-the run was quiet (minitransformer/measure.py): on a busy machine the lesson says it could not show it.
+the run was quiet (minitransformer/lab/measure.py): on a busy machine the lesson says it could not show it.
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """

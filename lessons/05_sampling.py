@@ -8,7 +8,7 @@ sampling.filtered_probs -- the exact distribution sample() draws from -- and we 
 non-zero probability (the candidate set) and the entropy of what is left. Then the same seeded request runs twice,
 and the cost of one sample() call is timed against one decode step of the model, in turns (measure.interleaved).
 The lesson's claims (claims() below) are decided from the numbers it prints; the timing claim is stated only when
-the run was quiet (minitransformer/measure.py).
+the run was quiet (minitransformer/lab/measure.py).
 
 Sections 4-6 add the one sampling stage that changes what may be drawn at all: structured output (structured.py).
 The same chat prompt runs greedy twice, free and held to a JSON schema; the per-step table shows how many tokens each
@@ -39,7 +39,7 @@ from minitransformer.core.prefill import prefill
 from minitransformer.core.sampling import filtered_probs, make_generator, mask_tokens, sample
 from minitransformer.lab.claims import Claim, flat, report, table_with
 from minitransformer.lab.measure import Probe, Timing, interleaved
-from minitransformer.structured import Constraint
+from minitransformer.structured import Constraint, StructuredOutputsParams
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived a"
 SETTINGS = [                                     # (name, params): vLLM's names; temperature 1 unless said
@@ -307,7 +307,8 @@ def show_structured(model, args, V: int) -> dict:
     console.rule(f"[bold]4. Structured output: one chat prompt, greedy, free and held to a JSON schema "
                  f"({args.json_tokens} tokens at most)")
     console.print(f"prompt: {JSON_PROMPT!r}; schema: {json.dumps(SCHEMA)}", markup=False, highlight=False)
-    held_params = SamplingParams(max_tokens=args.json_tokens, temperature=0.0, structured={"json": SCHEMA},
+    held_params = SamplingParams(max_tokens=args.json_tokens, temperature=0.0,
+                                 structured=StructuredOutputsParams(json=SCHEMA),
                                  logprobs=1)                # logprobs come from the raw logits: the unmasked favourite
     free = generate(model, JSON_PROMPT, SamplingParams(max_tokens=args.json_tokens, temperature=0.0), chat=True)
     held = generate(model, JSON_PROMPT, held_params, chat=True)

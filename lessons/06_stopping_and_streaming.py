@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import threading
-import unittest.mock
 from pathlib import Path
 
 from rich.console import Console
@@ -187,18 +186,17 @@ def main() -> None:
     console.rule(f"[bold]4. Cancellation mid-stream: the client stops after {args.cancel_after} deltas")
     runners = []
 
-    class RecordedRunner(CachedRunner):                 # the loop's own runner, remembered so we can look at it
-        def __init__(self, *a):
-            super().__init__(*a)
-            runners.append(self)
+    def recorded(*request):                             # the loop's own runner, remembered so we can look at it
+        runners.append(CachedRunner(*request))
+        return runners[-1]
 
     cancel, reserved = threading.Event(), 0
-    with unittest.mock.patch("minitransformer.core.generate.CachedRunner", RecordedRunner):
-        for n, delta in enumerate(stream(model, args.prompt, greedy(64, ignore_eos=True), chat=True, cancel=cancel)):
-            reserved = max(reserved, runners[0].cache.bytes_reserved)
-            if n + 1 == args.cancel_after:
-                cancel.set()                            # what Ctrl-C or a closed HTTP connection does
-            cancelled = delta.result
+    for n, delta in enumerate(stream(model, args.prompt, greedy(64, ignore_eos=True), chat=True, cancel=cancel,
+                                     runner=recorded)):
+        reserved = max(reserved, runners[0].cache.bytes_reserved)
+        if n + 1 == args.cancel_after:
+            cancel.set()                                # what Ctrl-C or a closed HTTP connection does
+        cancelled = delta.result
     console.print(f"check cancel: finish_reason {cancelled.finish_reason!r}, stop_reason {cancelled.stop_reason!r}, "
                   f"{len(cancelled.token_ids)} of 64 tokens, partial text {cancelled.text!r}")
     console.print(f"check release: KV cache reserved while streaming {reserved:,} bytes; after the abort "

@@ -9,7 +9,7 @@ lever -- output length, context length, bytes per token (model size, quantizatio
 every setting of a lever runs --repeats times, in turns with the others (measure.interleaved), and the fastest run
 (min) is reported with the median and the spread. The tables of the course (T1 phases, T2 levers, T4 tuning guide)
 end it, filled with this run's numbers. The lesson's claims (claims() below) are decided from the numbers it prints,
-and a timing claim is stated only when the run was quiet (minitransformer/measure.py).
+and a timing claim is stated only when the run was quiet (minitransformer/lab/measure.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
@@ -26,7 +26,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import KVCache, SamplingParams, generate, load_model, stream
 from minitransformer.core.errors import InputError, MiniTransformerError
-from minitransformer.core.generate import _run, make_request, make_runner
+from minitransformer.core.generate import CachedRunner, make_request, run_request
 from minitransformer.core.metrics import now
 from minitransformer.core.prefill import prefill
 from minitransformer.core.sampling import make_generator, sample
@@ -187,7 +187,7 @@ def main() -> None:
     console.rule(f"[bold]1. Three requests arrive at once; one slot serves them in order ({args.tokens} tokens each)")
     arrival = now()
     requests = [make_request(model, p, params, chat=True, arrival=arrival) for p in REQUESTS]
-    results = [list(_run(model, r, None, None, make_runner(model, r, use_cache=True)))[-1].result
+    results = [list(run_request(model, r, CachedRunner(model, r)))[-1].result
                for r in requests]                                                       # FIFO, one at a time
     table = Table("request", "prompt tok", "queue ms", "prefill ms", "TTFT ms", "ITL p50 ms", "ITL p90 ms",
                   "decode tok/s", "total ms")
@@ -280,7 +280,7 @@ def main() -> None:
                   f"{bandwidth / 1e9:.1f} GB/s = {ridge:.2f} FLOP/byte ({peaks_from}; both peaks vary between runs)")
     pre, dec = forward_cost(model.config, lengths[-1]), forward_cost(model.config, 1, lengths[-1])
     console.print(f"check roofline: prefill {pre.intensity:.2f} FLOP/byte, decode {dec.intensity:.2f} FLOP/byte "
-                  f"(FLOPs per byte moved, bench/machine.py forward_cost)")
+                  f"(FLOPs per byte moved, lab/machine.py forward_cost)")
     bound = lambda c: f"{'compute' if c.intensity > ridge else 'memory'} ({c.intensity:.2f} FLOP/byte)"
     t1 = Table("T1 phase", "processes", f"roofline bound (ridge {ridge:.2f} FLOP/byte)", "user-facing metric",
                "measured (min)")

@@ -14,7 +14,7 @@ Steps and slot utilization do not depend on the machine. Wall-clock numbers do: 
 workload --repeats times, in turns with the others (static, continuous, static, ... so a busy moment hits all of
 them), after one untimed warm-up round. The lesson's claims (claims() below) are decided from the numbers it prints;
 a timing claim is stated only when it holds beyond the spread of those runs and the machine was quiet
-(minitransformer/measure.py).
+(minitransformer/lab/measure.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """

@@ -18,7 +18,7 @@ Everything is measured on minitransformer.serving.Engine with the real model, gr
 
 The order of service is counted in engine steps, the same on any machine. The seconds are wall-clock: each policy
 runs --repeats times in turns with the other, after one untimed warm-up round, and a timing claim is stated only when
-it holds beyond the spread of those runs on a quiet machine (minitransformer/measure.py). The lesson's claims
+it holds beyond the spread of those runs on a quiet machine (minitransformer/lab/measure.py). The lesson's claims
 (claims() below) are decided from the numbers it prints.
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.

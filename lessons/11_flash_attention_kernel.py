@@ -7,7 +7,7 @@ minitransformer/kernels/*.cu are compiled by g++ with a header that plays the GP
 exact source CuPy would build runs here on the real model's q, k, v next to layers.attention. No GPU needed.
 The lesson's claims (claims() below) are decided from the numbers it prints: the correctness ones (differences below
 the kernel tests' float32 tolerance) hold whatever the machine is doing; the one about time (the runner vs NumPy,
-timed in turns) is stated only when the run was quiet (minitransformer/measure.py).
+timed in turns) is stated only when the run was quiet (minitransformer/lab/measure.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """

@@ -18,7 +18,8 @@ It works the same model out for an H200 from its published peaks, and then check
 cannot be the same tokens but must have the same distribution: a draft x ~ q is kept with probability
 min(1, p(x) / q(x)), otherwise a token is drawn from max(p - q, 0) renormalised, and 10,000 such tokens are compared
 with the target's own distribution p. The lesson's claims (claims() below) are decided from the numbers it prints; a
-claim about time is stated only when it holds beyond the measured spread on a quiet run (minitransformer/measure.py).
+claim about time is stated only when it holds beyond the measured spread on a quiet run
+(minitransformer/lab/measure.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
@@ -404,7 +405,7 @@ def time_generations(model, prompt, params, specs, ks, repeats) -> dict[str, tup
     """Plain greedy and every (drafter, k), each run `repeats` times in turns (a busy moment slows all of them
     alike); per setting its results and the Timing of its decode seconds per token (prefill left out: it is the
     same pass in both)."""
-    settings = {"plain": {}} | {f"{drafter} k={k}": {"speculative": spec, "num_speculative_tokens": k}
+    settings = {"plain": {}} | {f"{drafter} k={k}": {"runner": speculative_runner(spec, k)}
                                 for drafter, spec in specs.items() for k in ks}
     results = {name: [] for name in settings}
 

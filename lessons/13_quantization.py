@@ -6,10 +6,10 @@
 Part 1 unpacks one Q4_1 block of the GGUF file itself by hand (scale, minimum, 32 four-bit values) and compares it
 with the library's dequantize; then quantizes the same 32 weights with our own int4 format. Part 2 builds int8 and int4
 copies of the model (minitransformer/quantize/) and an int8 KV cache, and measures each against float32 on the
-docstrings of Python's standard library (minitransformer/quality.py). Part 3 runs the CUDA dequantize-GEMV kernel on
+docstrings of Python's standard library (minitransformer/lab/quality.py). Part 3 runs the CUDA dequantize-GEMV kernel on
 the CPU runner against the NumPy path. Part 4 times one decode step of each setting, in turns (measure.interleaved),
 against the floor its weight bytes set. The lesson's claims (claims() below) are decided from the numbers it prints,
-and a timing claim is stated only when the run was quiet (minitransformer/measure.py).
+and a timing claim is stated only when the run was quiet (minitransformer/lab/measure.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """

@@ -16,13 +16,13 @@ each step may also get slower as the batch grows (every running request's next t
 the KV cache must hold every running request's keys and values. This lesson drives the real Engine with timed
 arrivals, the loop `minitransformer serve` runs (that server's engine thread does exactly this between HTTP requests;
 `minitransformer bench serve` measures the same quantities over HTTP), and sweeps the arrival rate and max_num_seqs.
-The loop and the numbers each run is summarized into are minitransformer/bench/engine_load.py; the figure
+The loop and the numbers each run is summarized into are minitransformer/lab/engine_load.py; the figure
 figures/serving_tradeoff.png runs the same loop and draws throughput against TTFT p99.
 
 Every configuration runs --repeats times, in turns (round 1 runs each once, then round 2, ...), so a busy moment hits
 them alike; each run's throughput is checked against what its own requests' times imply (a run that stalled is
 flagged), and a change between configurations is called a change only when the ranges of their runs do not overlap.
-The lesson's claims (claims() below) are decided from the numbers it prints (minitransformer/claims.py).
+The lesson's claims (claims() below) are decided from the numbers it prints (minitransformer/lab/claims.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """
@@ -122,7 +122,7 @@ def claims(output: str) -> list[Claim]:
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-# The runs themselves (arrivals, the engine loop, each run's summary) are minitransformer/bench/engine_load.py.
+# The runs themselves (arrivals, the engine loop, each run's summary) are minitransformer/lab/engine_load.py.
 
 
 def draw(path: Path, runs: dict, rates, sizes) -> None:

@@ -21,7 +21,7 @@ splitting stops paying.
 On a 2-core machine more ranks do not add cores: three ranks share the same two. What splitting saves (a third of
 the layers' weights read per rank) and what it costs (60 all-reduces a token, each a round trip between processes,
 waiting for the slowest) are both printed, and the claims (claims() below) are decided from those numbers
-(minitransformer/claims.py). The three about this machine's speed (no-faster-here, joins-cost-more,
+(minitransformer/lab/claims.py). The three about this machine's speed (no-faster-here, joins-cost-more,
 joins-are-waiting) are what the 2-core machine of the committed transcript shows; on a machine with a free core per
 rank and more, a run may not show them, and its verdict lines then say so.
 
@@ -55,7 +55,7 @@ from minitransformer.parallel.plan import ShardPlan, check_tensor_parallel_size,
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The capital of France is"
-LINKS = {"NVLink 4": NVLINK4, "PCIe 5 x16": PCIE5}   # table 3's rows: published figures (bench/machine.py)
+LINKS = {"NVLink 4": NVLINK4, "PCIe 5 x16": PCIE5}   # table 3's rows: published figures (lab/machine.py)
 # Llama 3.1 8B's published shape (its config.json): 32 layers, d_model 4096, 32 query heads and 8 KV heads of 128,
 # FFN 14336, vocabulary 128256, untied lm_head.
 LLAMA_8B = dict(name="Llama 3.1 8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,

@@ -32,7 +32,7 @@ prompt is found there or prefilled again. Round robin against cache aware, each 
 
 Every server runs on this machine's cores: the colocated ones with every core for their matmuls, the disaggregated
 one with one core per process. The claims (claims() below) are decided from the printed numbers
-(minitransformer/claims.py); a claim about time needs a quiet machine and a difference beyond the rounds' spread.
+(minitransformer/lab/claims.py); a claim about time needs a quiet machine and a difference beyond the rounds' spread.
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """

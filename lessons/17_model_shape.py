@@ -10,7 +10,7 @@ decode steps and prefills of both are timed in turns (measure.interleaved); the 
 off a real cache; which of Gemma 3's layers slide is read from its config, and writing garbage into the keys a
 sliding layer can no longer see shows that a cache may drop them. The 8B model is Llama 3.1 8B's shape
 (viz_capacity.LLAMA_3_1_8B): arithmetic only. Claims (claims() below) are decided from the printed numbers; a timing
-claim is shown only beyond the spread on a quiet machine (minitransformer/measure.py).
+claim is shown only beyond the spread on a quiet machine (minitransformer/lab/measure.py).
 
 Words used here: docs/glossary.md. The papers and docs behind this lesson: docs/reading.md.
 """

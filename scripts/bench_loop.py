@@ -10,7 +10,7 @@ Prints, for this machine and this run:
 - the time of no-cache generation over cached generation at 32, 128 and 256 new tokens, after a short and a
   200-token prompt (the same tokens, checked): the baseline's step n re-runs all prompt + n tokens, so the ratio
   grows with the prompt as well as with the output.
-Every timing goes through minitransformer/measure.py: a warm-up, then --repeats runs; each figure is the fastest run
+Every timing goes through minitransformer/lab/measure.py: a warm-up, then --repeats runs; each figure is the fastest run
 (noise only adds time) with the median and the spread next to it; cache and no cache run in turns
 (measure.interleaved), and their ratio is called beyond noise only when every no-cache run is slower than every
 cached one. A measure.Probe says at the end whether the machine was quiet.

@@ -1,8 +1,8 @@
 """What scripts/gpu_check.py measures, one function per number: greedy tokens and logits, decode and prefill
 tokens per second (generate()'s path and the serving Engine's, with and without CUDA graphs), and HF transformers'
 decode on the same GPU. Each takes a loaded model and works on either device (the --device cpu dry run uses them).
-Every timing goes through minitransformer/measure.py: a warm-up, then repeats (each after its own untimed setup where
-a run changes its cache), and the fastest run's rate is returned (noise only ever adds time).
+Every timing goes through minitransformer/lab/measure.py: a warm-up, then repeats (each after its own untimed setup
+where a run changes its cache), and the fastest run's rate is returned (noise only ever adds time).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ what they teach and two at once would share the cores. This machine's peaks (cop
 measured once at the start and handed to every lesson, so all transcripts quote one ridge point.
 
 A transcript is written only from a quiet run whose claims all hold: each lesson prints its quietness probe
-(minitransformer/measure.py) and one verdict line per claim (minitransformer/claims.py). A busy run is tried again
-(--attempts); a lesson that stays busy, fails a claim or crashes keeps its old transcript, the others still run, and
-the script exits 1 naming which and why.
+(minitransformer/lab/measure.py) and one verdict line per claim (minitransformer/lab/claims.py). A busy run is tried
+again (--attempts); a lesson that stays busy, fails a claim or crashes keeps its old transcript, the others still
+run, and the script exits 1 naming which and why.
 
 --verify re-reads every committed transcript and decides each lesson's claims again from the numbers printed in it
 (the lesson's own claims() function), and checks that the run was quiet: an edited or stale number that no longer

@@ -3,7 +3,7 @@ thread, the way the HTTP server runs its engine (server/engine_loop.py).
 
     python tests/engine_page_faults.py MODEL keep|return    -> prints a JSON list: faults per round
 
-"return" replaces backend.keep_freed_memory with a no-op before the Engine is built, so the C allocator keeps its
+"return" replaces model_runner.keep_freed_memory with a no-op before the Engine is built, so the C allocator keeps its
 defaults and hands freed memory back to the OS: the contrast the test needs to show the setting does something.
 """
 

@@ -8,7 +8,9 @@ from minitransformer.lab.claims import tables
 
 def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str, table: str | None = None) -> str:
     """The output with one cell replaced (its width kept): in the first table that has a column `table` (default:
-    `column`), the first row whose first cells are `row_label`."""
+    `column`), the first row whose first cells are `row_label`. A cell rich wrapped onto the lines below (claims.tables
+    joins them back) is replaced whole: its continuation in that column is blanked, so the edited row reads `value`
+    at any terminal width."""
     found = tables(output)
     wanted = next(i for i, t in enumerate(found) if (table or column) in t.columns)
     index = found[wanted].columns.index(column)
@@ -19,6 +21,12 @@ def edit_cell(output: str, column: str, row_label: tuple[str, ...], value: str, 
         if seen == wanted and tuple(c.strip() for c in cells[:len(row_label)]) == row_label:
             cells[index] = f" {value}".ljust(len(cells[index]))
             lines[i] = "│" + "│".join(cells) + "│"
+            for j in range(i + 1, len(lines)):               # its wrapped continuation lines, as tables() sees them
+                more = lines[j].strip("│").split("│") if lines[j].startswith("│") else []
+                if len(more) != len(cells) or (more[0].strip() and any(c.strip() for c in more[1:])):
+                    break
+                more[index] = " " * len(more[index])
+                lines[j] = "│" + "│".join(more) + "│"
             return "\n".join(lines)
     raise AssertionError(f"no row {row_label} in the table with {column!r}")
 

@@ -117,9 +117,9 @@ def test_request_flow_diagram_shows_the_runs_own_times(tiny_model, tmp_path):
     assert data["untimed_s"] == pytest.approx(m.e2e_s - sum(t for s, t in seconds.items() if s != "KV cache"))
     assert data["untimed_s"] > 0
     assert {stage: s["files"] for stage, s in stages.items()} == {
-        "tokenize": ["tokenizer.py"], "schedule": ["kv_cache.py"], "prefill": ["prefill.py"],
-        "KV cache": ["kv_storage.py"], "sample": ["sampling.py"], "decode": ["decode.py"],
-        "stream": ["detokenizer.py"], "stop checks": ["stopping.py"]}
+        "tokenize": ["core/tokenizer.py"], "schedule": ["core/kv_cache.py"], "prefill": ["core/prefill.py"],
+        "KV cache": ["core/kv_storage.py"], "sample": ["core/sampling.py"], "decode": ["core/decode.py"],
+        "stream": ["core/detokenizer.py"], "stop checks": ["core/stopping.py"]}
 
     # and every wrapped function is back in place (generate.py's module, not the function the package exports)
     assert importlib.import_module("minitransformer.core.generate").prefill is prefill

@@ -1,4 +1,4 @@
-"""float16 weight storage with float32 accumulation: backend.matmul_float16, the "f16" QuantizedLinear,
+"""float16 weight storage with float32 accumulation: quantize.schemes.matmul_float16, the "f16" QuantizedLinear,
 load_model(dtype="float16") and --weights f16.
 
 Tolerances come from float16's 11-bit significand: rounding to the nearest float16 changes a value by at most
@@ -15,7 +15,6 @@ import pytest
 
 from minitransformer import SamplingParams, generate, load_model
 from minitransformer.core import attention as attention_module, model as model_module
-from minitransformer.core.backend import matmul_float16
 from minitransformer.core.errors import InputError
 from minitransformer.core.generate import make_request
 from minitransformer.core.kv_cache import KVCache
@@ -24,6 +23,7 @@ from minitransformer.quantize import (
     FLOAT16_MAX,
     QuantizedLinear,
     expected_weight_bytes,
+    matmul_float16,
     quantize_model,
     quantized_bytes,
     set_use_kernel,

@@ -242,7 +242,7 @@ def test_a_planted_import_of_an_optimization_from_core_is_caught():
 
 
 def test_a_planted_folder_circle_is_caught():
-    """bench/run.py -> lab's figures -> bench/machine.py ran back up once (bench/ and lab/ importing each other)."""
+    """bench/run.py -> lab's figures -> lab/machine.py ran back up once (bench/ and lab/ importing each other)."""
     graph = import_graph()
     graph["lab.viz_measure"] = graph["lab.viz_measure"] | {"bench.serve"}
     assert ["bench", "lab"] in cycles(folder_graph(graph))

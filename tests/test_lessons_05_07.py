@@ -172,6 +172,7 @@ def test_lesson_05_structured_output(real_model, out05):
     import jsonschema
 
     from minitransformer import SamplingParams, generate
+    from minitransformer.structured import StructuredOutputsParams
 
     schema, prompt = lesson_module("05_sampling.py").SCHEMA, lesson_module("05_sampling.py").JSON_PROMPT
     tok = real_model.tokenizer
@@ -187,7 +188,8 @@ def test_lesson_05_structured_output(real_model, out05):
            "stop_reason = 'structured'" in out05
 
     steps = constrained_steps(out05)
-    held = generate(real_model, prompt, SamplingParams(max_tokens=24, temperature=0.0, structured={"json": schema}),
+    held = generate(real_model, prompt, SamplingParams(max_tokens=24, temperature=0.0,
+                                                       structured=StructuredOutputsParams(json=schema)),
                     chat=True)                                       # greedy: the lesson's reply, with its token ids
     assert held.text == held_text and len(steps) == len(held.token_ids) == int(row(out05, "constrained")[1])
     ids = held.prompt_token_ids + held.token_ids

@@ -15,6 +15,7 @@ from openai import OpenAI
 
 from minitransformer.server.errors import APIError
 from minitransformer.server.protocol import parse_generation
+from minitransformer.structured import StructuredOutputsParams
 from server_process import running_server
 from structured_cases import CHOICES, REGEXES, SCHEMAS
 from test_server import metrics
@@ -144,7 +145,7 @@ def test_every_schema_through_the_openai_clients_response_format_parses_and_vali
         jsonschema.validate(json.loads(choice.message.content), schema)
     name, schema, prompt = SCHEMAS[0]                                    # the same tokens as the library's
     alone = generate(real_model, prompt, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
-                                                        structured={"json": schema}), chat=True)
+                                                        structured=StructuredOutputsParams(json=schema)), chat=True)
     assert replies[0].choices[0].message.content == alone.text
 
 

@@ -347,9 +347,9 @@ def test_bench_serving_script_runs_and_checks_its_tokens(tiny_model_path):
 
 # ------------------------------------------------------------------------------------------- memory
 
-@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator thresholds (backend.keep_freed_memory)")
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator thresholds (model_runner.keep_freed_memory)")
 def test_an_engine_in_a_thread_does_not_fault_its_memory_in_every_round(real_model_path):
-    """backend.keep_freed_memory: rounds of an Engine run in a thread (as the server runs it). With the default
+    """model_runner.keep_freed_memory: rounds of an Engine run in a thread (as the server runs it). With the default
     allocator thresholds every round pays ~160,000 page faults for the memory the last one gave back (measured over
     three rounds: 249k, 163k, 163k); with the Engine's fixed thresholds the rounds after the first pay almost none
     (5k, 4, 1). Two rounds show it (the third repeated the second): the second round is the first that could reuse

@@ -59,17 +59,27 @@ SMALL_OBJECT = {"type": "object", "properties": {"a": {"type": "integer", "minim
 ])
 def test_a_bad_constraint_is_one_input_error_naming_the_problem(structured, message):
     with pytest.raises(InputError, match=message):
-        SamplingParams(structured=structured)
+        StructuredOutputsParams.of(structured)
 
 
 def test_a_good_constraint_is_accepted_in_every_form():
     schema = SCHEMAS[0][1]
-    assert SamplingParams(structured={"json": schema}).structured == StructuredOutputsParams(json=schema)
-    assert SamplingParams(structured={"json": json.dumps(schema)}).structured.kind == "json"
-    assert SamplingParams(structured={"choice": ["a", "b"]}).structured.choice == ("a", "b")
-    assert SamplingParams(structured={"json_object": True}).structured.kind == "json_object"
-    assert SamplingParams(structured={"grammar": 'root ::= "a" | "b"'}).structured.kind == "grammar"   # GBNF
-    assert SamplingParams(structured={"grammar": 'start: "a" | "b"'}).structured.kind == "grammar"     # Lark
+    of = StructuredOutputsParams.of
+    assert SamplingParams(structured=of({"json": schema})).structured == StructuredOutputsParams(json=schema)
+    assert of({"json": json.dumps(schema)}).kind == "json"
+    assert of({"choice": ["a", "b"]}).choice == ("a", "b")
+    assert of({"json_object": True}).kind == "json_object"
+    assert of({"grammar": 'root ::= "a" | "b"'}).kind == "grammar"   # GBNF
+    assert of({"grammar": 'start: "a" | "b"'}).kind == "grammar"     # Lark
+
+
+def test_sampling_params_take_a_constraint_not_its_fields():
+    """core's SamplingParams holds a TokenMaskSpec and compiles nothing itself; a dict of fields is refused with the
+    one call that makes it a constraint."""
+    with pytest.raises(InputError, match=r"StructuredOutputsParams.of\(fields\) takes a dict"):
+        SamplingParams(structured={"json": SCHEMAS[0][1]})
+    with pytest.raises(InputError, match="structured must describe a constraint"):
+        SamplingParams(structured="[a-z]+")
 
 
 # ---------------------------------------------------------------------------------------------------- the mask step
@@ -112,7 +122,7 @@ def test_the_constraint_wins_over_min_tokens_when_only_eos_may_follow(tiny_model
     assert more[eos] and np.isneginf(mask_tokens(logits, [(eos,)], [more])[0, eos])
     # end to end: min_tokens=10 cannot hold the request past a complete choice
     out = generate(tiny_model, "hi", SamplingParams(max_tokens=20, min_tokens=10, temperature=0.0,
-                                                    structured={"choice": ["ok"]}))
+                                                    structured=StructuredOutputsParams(choice=["ok"])))
     assert (out.text, out.finish_reason, out.stop_reason) == ("ok", "stop", "structured")
 
 
@@ -229,11 +239,13 @@ def test_a_model_drafter_stops_guessing_once_the_constraint_is_complete(tiny_mod
 
 
 CONSTRAINED_TINY = [
-    SamplingParams(max_tokens=30, temperature=0.0, structured={"json": SMALL_OBJECT}),
-    SamplingParams(max_tokens=30, temperature=0.0, structured={"regex": "[a-z]{3,8}( [a-z]{2,5}){2,4}"}),
-    SamplingParams(max_tokens=12, temperature=0.0, structured={"choice": ["hello world", "hello there", "bye"]}),
+    SamplingParams(max_tokens=30, temperature=0.0, structured=StructuredOutputsParams(json=SMALL_OBJECT)),
+    SamplingParams(max_tokens=30, temperature=0.0,
+                   structured=StructuredOutputsParams(regex="[a-z]{3,8}( [a-z]{2,5}){2,4}")),
+    SamplingParams(max_tokens=12, temperature=0.0,
+                   structured=StructuredOutputsParams(choice=["hello world", "hello there", "bye"])),
     SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.4, min_tokens=6,
-                   structured={"grammar": 'root ::= "(" [a-z]+ ")" | "[" [0-9]+ "]"'}),
+                   structured=StructuredOutputsParams(grammar='root ::= "(" [a-z]+ ")" | "[" [0-9]+ "]"')),
 ]
 
 
@@ -266,7 +278,8 @@ def drafts_inside_the_constraint(tokenizer, params, out) -> bool:
 
 
 def test_speculative_constrained_sampling_is_seeded_and_stays_inside_the_constraint(tiny_model, tiny_draft):
-    params = SamplingParams(max_tokens=24, temperature=HOT, seed=4, structured={"regex": "[a-z]{2,6}( [a-z]{2,6})+"})
+    params = SamplingParams(max_tokens=24, temperature=HOT, seed=4,
+                            structured=StructuredOutputsParams(regex="[a-z]{2,6}( [a-z]{2,6})+"))
     for spec in ("self:1", tiny_draft):
         a = generate(tiny_model, "abc abc", params, runner=speculative_runner(spec, 3))
         b = generate(tiny_model, "abc abc", params, runner=speculative_runner(spec, 3))
@@ -278,14 +291,18 @@ def test_speculative_constrained_sampling_is_seeded_and_stays_inside_the_constra
 # ---------------------------------------------------------------------------------------------------- the engine
 
 ENGINE_MIXED = [
-    ("hello", SamplingParams(max_tokens=20, temperature=0.0, structured={"json": SMALL_OBJECT})),
-    ("abc", SamplingParams(max_tokens=20, temperature=HOT, seed=3, structured={"json": SMALL_OBJECT})),
-    ("the", SamplingParams(max_tokens=14, temperature=HOT, seed=5, structured={"regex": "[a-z]{2,4}(-[0-9]{2})+"})),
+    ("hello", SamplingParams(max_tokens=20, temperature=0.0, structured=StructuredOutputsParams(json=SMALL_OBJECT))),
+    ("abc", SamplingParams(max_tokens=20, temperature=HOT, seed=3,
+                           structured=StructuredOutputsParams(json=SMALL_OBJECT))),
+    ("the", SamplingParams(max_tokens=14, temperature=HOT, seed=5,
+                           structured=StructuredOutputsParams(regex="[a-z]{2,4}(-[0-9]{2})+"))),
     ("x", SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)),
-    ("hi there", SamplingParams(max_tokens=12, temperature=HOT, seed=9, structured={"choice": ["alpha", "beta"]})),
+    ("hi there", SamplingParams(max_tokens=12, temperature=HOT, seed=9,
+                                structured=StructuredOutputsParams(choice=["alpha", "beta"]))),
     ("in the", SamplingParams(max_tokens=18, temperature=HOT, seed=2, ignore_eos=True)),
-    ("a", SamplingParams(max_tokens=16, temperature=0.0, structured={"json_object": True})),
-    ("the the", SamplingParams(max_tokens=16, temperature=HOT, seed=8, structured={"grammar": 'start: /[a-c]{3,9}/'})),
+    ("a", SamplingParams(max_tokens=16, temperature=0.0, structured=StructuredOutputsParams(json_object=True))),
+    ("the the", SamplingParams(max_tokens=16, temperature=HOT, seed=8,
+                               structured=StructuredOutputsParams(grammar='start: /[a-c]{3,9}/'))),
 ]
 
 
@@ -317,7 +334,7 @@ def test_the_engine_mixes_constrained_and_free_requests_through_preemption(tiny_
 def test_aborting_a_constrained_request_frees_its_blocks(tiny_model):
     engine = Engine(tiny_model, num_blocks=16, block_size=4)
     victim = engine.add_request("hello", SamplingParams(max_tokens=20, temperature=0.0,
-                                                        structured={"json": SMALL_OBJECT}))
+                                                        structured=StructuredOutputsParams(json=SMALL_OBJECT)))
     other = engine.add_request("abc", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     engine.step()
     engine.step()
@@ -332,7 +349,7 @@ def test_aborting_a_constrained_request_frees_its_blocks(tiny_model):
 def test_a_bad_constraint_is_refused_before_the_engine_takes_the_request(tiny_model):
     engine = Engine(tiny_model, num_blocks=16, block_size=4)
     with pytest.raises(InputError, match="invalid regex"):
-        engine.add_request("hi", SamplingParams(structured={"regex": "(("}))
+        engine.add_request("hi", SamplingParams(structured=StructuredOutputsParams(regex="((")))
     assert not engine.has_unfinished_requests()
 
 
@@ -345,7 +362,7 @@ def valid(text: str, schema: dict) -> bool:
 
 
 def schema_params(schema, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=kw.pop("max_tokens", 120), structured={"json": schema}, **kw)
+    return SamplingParams(max_tokens=kw.pop("max_tokens", 120), structured=StructuredOutputsParams(json=schema), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -387,14 +404,16 @@ def test_eight_mixed_concurrent_requests_give_the_tokens_they_give_alone(real_mo
     mixed = [
         (SCHEMAS[0][2], schema_params(SCHEMAS[0][1], max_tokens=40, temperature=0.0)),
         (SCHEMAS[4][2], schema_params(SCHEMAS[4][1], max_tokens=40, temperature=0.7, seed=1)),
-        (REGEXES[0][1], SamplingParams(max_tokens=12, temperature=0.0, structured={"regex": REGEXES[0][0]})),
-        (CHOICES[2][1], SamplingParams(max_tokens=8, temperature=0.9, seed=2, structured={"choice": CHOICES[2][0]})),
+        (REGEXES[0][1], SamplingParams(max_tokens=12, temperature=0.0,
+                                       structured=StructuredOutputsParams(regex=REGEXES[0][0]))),
+        (CHOICES[2][1], SamplingParams(max_tokens=8, temperature=0.9, seed=2,
+                                       structured=StructuredOutputsParams(choice=CHOICES[2][0]))),
         ("Say hello.", SamplingParams(max_tokens=20, temperature=0.0)),
         ("Write a list of fruits.", SamplingParams(max_tokens=20, temperature=0.8, seed=3)),
         ("A JSON object describing a dog:", SamplingParams(max_tokens=30, temperature=0.0,
-                                                           structured={"json_object": True})),
+                                                           structured=StructuredOutputsParams(json_object=True))),
         ("Count: ", SamplingParams(max_tokens=16, temperature=0.6, seed=4,
-                                   structured={"grammar": 'root ::= [0-9] ("," [0-9])*'})),
+                                   structured=StructuredOutputsParams(grammar='root ::= [0-9] ("," [0-9])*'))),
     ]
     engine = Engine(real_model, max_num_seqs=8)
     ids = {engine.add_request(prompt, params, chat=True): (prompt, params) for prompt, params in mixed}
@@ -418,7 +437,8 @@ def run_in_engine(model, requests: list[tuple[str, SamplingParams]]) -> list:
 
 
 def test_twenty_regexes_are_matched_whole(real_model):
-    requests = [(prompt, SamplingParams(max_tokens=24, temperature=temperature, seed=seed, structured={"regex": regex}))
+    requests = [(prompt, SamplingParams(max_tokens=24, temperature=temperature, seed=seed,
+                                        structured=StructuredOutputsParams(regex=regex)))
                 for seed, (regex, prompt) in enumerate(REGEXES) for temperature in (0.0, 1.0)]
     for (_, params), out in zip(requests, run_in_engine(real_model, requests)):
         regex = params.structured.regex
@@ -428,7 +448,7 @@ def test_twenty_regexes_are_matched_whole(real_model):
 
 def test_twenty_choice_lists_give_one_of_their_choices(real_model):
     requests = [(prompt, SamplingParams(max_tokens=8, temperature=temperature, seed=seed,
-                                        structured={"choice": choices}))
+                                        structured=StructuredOutputsParams(choice=choices)))
                 for seed, (choices, prompt) in enumerate(CHOICES) for temperature in (0.0, 1.0)]
     for (_, params), out in zip(requests, run_in_engine(real_model, requests)):
         assert out.text in params.structured.choice and out.finish_reason == "stop", (params.structured, out.text)
@@ -439,7 +459,8 @@ SPECULATIVE_REGEXES = [REGEXES[4], REGEXES[12]]
 
 @pytest.fixture(scope="module")
 def greedy_regexes(real_model):
-    return [generate(real_model, prompt, SamplingParams(max_tokens=24, temperature=0.0, structured={"regex": regex}))
+    return [generate(real_model, prompt, SamplingParams(max_tokens=24, temperature=0.0,
+                                                        structured=StructuredOutputsParams(regex=regex)))
             for regex, prompt in SPECULATIVE_REGEXES]
 
 
@@ -455,7 +476,7 @@ def test_speculative_constrained_greedy_equals_constrained_greedy(real_model, gr
         assert out.token_ids == greedy_schemas[index].token_ids, (drafter, index)
         accepted += out.speculative["accepted_tokens"]
     for (regex, prompt), plain in zip(SPECULATIVE_REGEXES, greedy_regexes):
-        params = SamplingParams(max_tokens=24, temperature=0.0, structured={"regex": regex})
+        params = SamplingParams(max_tokens=24, temperature=0.0, structured=StructuredOutputsParams(regex=regex))
         out = generate(real_model, prompt, params, runner=speculative_runner(spec, 4))
         assert out.token_ids == plain.token_ids and out.text == plain.text, (drafter, regex)
         assert drafts_inside_the_constraint(real_model.tokenizer, params, out)

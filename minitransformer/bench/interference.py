@@ -104,7 +104,10 @@ def summarize(done: list[tuple[Arrival, RequestRecord]]) -> RoundSummary:
     chats = [r for a, r in done if a.kind == CHAT and r.ok]
     longs = [r for a, r in done if a.kind == LONG and r.ok]
     gaps = [g for r in chats for g in r.itl_s]
-    pct = lambda values, q: percentile(values, q) if values else float("nan")
+
+    def pct(values, q: float) -> float:
+        found = percentile(values, q)
+        return float("nan") if found is None else found
     return RoundSummary(pct([r.ttft_s for r in chats], 50), pct([r.ttft_s for r in chats], 99), pct(gaps, 50),
                         pct(gaps, 99), pct([r.ttft_s for r in longs], 50),
                         sum(r.prompt_tokens or 0 for _, r in done), sum(1 for _, r in done if not r.ok))

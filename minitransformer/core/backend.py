@@ -6,15 +6,13 @@ both devices (`xp.exp`, `xp.matmul`, ...). Rules that keep that promise:
 - float32 everywhere (`DTYPE`). NumPy 2 promotes float32 arrays to float64 through float64 *scalars*
   (`1 / np.sqrt(64)` is a float64), so scale factors are plain Python floats (otherwise the whole forward silently
   runs in float64, several times slower);
-- weights may be *stored* as float16 (quantize/ scheme "f16"): `matmul_float16` multiplies them with float32
-  accumulation, the same arithmetic on both devices; activations stay float32;
+- weights may be *stored* otherwise (quantize/: int8, int4, float16), but activations stay float32;
 - every large reservation (KV caches, the RoPE table, CUDA graph buffers) asks `check_memory` first, so a request
   for more than the machine has is one clear line, not minutes of paging followed by a MemoryError.
 """
 
 from __future__ import annotations
 
-import functools
 import numbers
 import os
 
@@ -79,26 +77,6 @@ def to_host(array) -> np.ndarray:
     if isinstance(array, np.ndarray):
         return array
     return array.get()
-
-
-def matmul_float16(a, b):
-    """a (M, K) float16 @ b (K, N) float16 -> (M, N) float16, accumulated in float32: float16 weight storage.
-
-    On CuPy this is plain `a @ b`: a 2-D matmul goes through cupy/_core/_routines_linalg.pyx `dot` ->
-    `tensordot_core` -> `tensordot_core_v11`, which calls cublasGemmEx with A, B and C as CUDA_R_16F and compute type
-    CUBLAS_COMPUTE_32F (CuPy's default for float16; even its COMPUTE_TYPE_FP16 setting maps to 32F there), algorithm
-    CUBLAS_GEMM_DEFAULT_TENSOR_OP from compute capability 7.0: tensor cores multiply the halves, sums are float32,
-    and the float32 result is rounded to float16 once when C is written.
-    NumPy has no half-precision BLAS (its float16 matmul is a generic loop, far slower than a BLAS for many rows),
-    so here the same arithmetic is emulated through the float32 BLAS: a product of two float16 values (11-bit
-    significands) needs at most 22 bits and is exact in float32 (24 bits); the sums are float32, as on the GPU (in
-    another order, so the two agree to float32 rounding before the final rounding); the result is rounded to float16
-    once. The float32 copies of a and b cost memory and time on the CPU: this path is there to check the GPU's
-    arithmetic anywhere, not to be fast.
-    """
-    if isinstance(a, np.ndarray):
-        return (a.astype(DTYPE) @ b.astype(DTYPE)).astype(np.float16)      # (M, N)
-    return a @ b                                                            # (M, N): cublasGemmEx, see above
 
 
 def synchronize(xp) -> None:
@@ -196,36 +174,3 @@ def format_bytes(n: int) -> str:
             return f"{scaled:.1f} {unit}"
         scaled /= 1024
     return f"{scaled:.1f} PiB"
-
-
-# glibc's mallopt() parameters (malloc.h): allocations below M_MMAP_THRESHOLD come from the heap, and freed heap memory
-# goes back to the OS only past M_TRIM_THRESHOLD bytes of free space at its top.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-KEEP_BELOW = 256 * 2**20        # arrays up to this size are carved from memory the process keeps
-TRIM_ABOVE = 1 * 2**30          # and up to this much freed memory is kept for the next step
-
-
-@functools.cache                # a process-wide setting: made once, whichever Engine comes first
-def keep_freed_memory() -> bool:
-    """Ask the C allocator to keep the memory of freed arrays instead of returning it to the OS; True if it could.
-
-    Why: a forward pass allocates the same large temporaries every step (a (512, 3072) FFN activation is 6 MiB) and
-    frees them at its end. glibc returns freed memory to the OS -- at once for blocks it gave out with mmap, and when
-    the free space at a heap's top passes a threshold -- so the next step gets fresh pages, and touching each 4 KiB
-    page for the first time is a page fault plus the kernel zeroing it. In the main thread glibc's adaptive threshold
-    soon stops doing that; in a thread's own arena, where the HTTP server runs the engine (server/engine_loop.py),
-    it kept doing it: 450,000-600,000 page faults per 32-request round of `bench serve`'s workload against a few
-    hundred for the same Engine in the main thread, and the CPU time of the round ~1.5x. Fixed thresholds end it (a
-    few faults per round). It is a process-wide setting, like the CUDA caching allocator's, made by whoever owns the
-    process's engine (the Engine). A no-op off glibc and on the GPU's memory (CuPy has its own pool).
-    """
-    import ctypes
-    import platform
-
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE))
-    except (OSError, AttributeError):
-        return False

@@ -45,11 +45,6 @@ class Family:
 FAMILIES = {
     # Llama 2 and 3 (Llama 3's RoPE frequency factors come from the file's rope_freqs tensor), SmolLM2
     "llama": Family("interleaved", heads_span_d_model=True),
-    # Qwen2: biases on q, k and v, from the file's tensors (ModelConfig.bias_tensors)
-    "qwen2": Family("neox"),
-    # Qwen3: an RMSNorm per q and k head, its scale stored as is (HF modeling_qwen3.py Qwen3Attention q_norm / k_norm;
-    # llama.cpp src/models/qwen3.cpp build_norm of Qcur / Kcur per head)
-    "qwen3": Family("neox", qk_norm=True),
     # Gemma 3 (llama.cpp src/models/gemma3.cpp, llama-hparams.cpp; HF configuration_gemma3.py, modeling_gemma3.py):
     # - layer i slides unless i % 6 == 5 (load_swa_pattern(ml, 6) and set_swa_pattern: swa when il % 6 < 5; HF
     #   "sliding_attention" when (i + 1) % 6 != 0); the window is attention.sliding_window: key k is masked for query
@@ -65,6 +60,11 @@ FAMILIES = {
     #   LlamaModel's permute), hence the halves pairing
     "gemma3": Family("neox", qk_norm=True, sandwich_norms=True, activation="gelu_tanh", scale_embedding=True,
                      global_every=6, rope_base_local=10_000.0, query_scale_by_width=(62,)),
+    # Qwen2: biases on q, k and v, from the file's tensors (ModelConfig.bias_tensors)
+    "qwen2": Family("neox"),
+    # Qwen3: an RMSNorm per q and k head, its scale stored as is (HF modeling_qwen3.py Qwen3Attention q_norm / k_norm;
+    # llama.cpp src/models/qwen3.cpp build_norm of Qcur / Kcur per head)
+    "qwen3": Family("neox", qk_norm=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 QKV_TENSORS = ("attn_q", "attn_k", "attn_v")

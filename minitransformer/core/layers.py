@@ -123,7 +123,7 @@ QUERY_BLOCK = 64      # query rows per block in causal_attention
 
 def causal_pairs(T: int, S: int, block: int = QUERY_BLOCK) -> int:
     """(query, key) pairs causal_attention computes for T queries that are the last T of S keys: all T x S in one
-    masked product when T <= block, else each block of rows against the keys it can see (bench/machine.py's
+    masked product when T <= block, else each block of rows against the keys it can see (lab/machine.py's
     forward_cost counts attention's FLOPs with this)."""
     if T <= block:
         return T * S

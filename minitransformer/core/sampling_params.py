@@ -63,7 +63,9 @@ class TokenMask(Protocol):
 class TokenMaskSpec(Protocol):
     """What SamplingParams.structured holds: a description of a constraint that makes each request its own TokenMask
     (structured.StructuredOutputsParams is one)."""
-    kind: str
+
+    @property
+    def kind(self) -> str: ...                           # "json", "regex", ...: what Result.structured names
 
     def make_mask(self, tokenizer) -> TokenMask: ...
 

@@ -15,7 +15,7 @@ The machine's ridge point, peak FLOP/s / peak bytes/s, separates the two regimes
     roofline_tokens_per_s   the decode upper bound: bandwidth / bytes read per token
     H200                    a GPU's two peaks from its datasheet, for the same arithmetic on a machine we lack
 
-Every timing goes through minitransformer/measure.py: a warm-up call, then repeats; a peak is the fastest repeat
+Every timing goes through minitransformer/lab/measure.py: a warm-up call, then repeats; a peak is the fastest repeat
 (noise on a shared machine only adds time, so the fastest is the nearest to what the hardware does).
 
 Lesson 02_prefill_vs_decode, scripts/bench_loop.py and the roofline figure use these; lessons 02, 08, 12 and 13 put

@@ -90,7 +90,7 @@ def draw_query_vs_cache(model, path, prompt: str = KV_PROMPT) -> dict:
                             left=0.1, right=0.97, top=0.83, bottom=0.09)
 
     def image(rows):                               # one colour scale per kind (keys and queries, values and sums)
-        vmax = percentile(np.abs(rows).ravel(), 99)
+        vmax = percentile(np.abs(rows).ravel(), 99) or 1.0
         return dict(aspect="auto", cmap=KEY_CMAP, vmin=-vmax, vmax=vmax, interpolation="nearest")
     keys, values = image(np.vstack([data["k"], data["q"]])), image(np.vstack([data["v"], data["weighted"]]))
 

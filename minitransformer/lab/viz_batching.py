@@ -3,7 +3,7 @@
     batching_sweep.png   one decode step of B sequences, each with CONTEXT tokens cached, timed on this machine for
                          B = 1 .. 64 (the fastest of a few steps after a warm-up): tokens/s = B / step time, and the
                          step time itself, which is every sequence's ITL; next to them the roofline projection of the
-                         same steps on an H200 (bench/machine.py's datasheet peaks: a lower bound on time, no launch
+                         same steps on an H200 (lab/machine.py's datasheet peaks: a lower bound on time, no launch
                          costs). A marker shows the batch size from which no doubling gains STOPS_PAYING in tokens/s
                          any more
 

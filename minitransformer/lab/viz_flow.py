@@ -104,10 +104,11 @@ def resolve(target: str) -> tuple[object, str]:
 
 def references(owner, name: str, original) -> list:
     """Where a call can find `original`: a method on its class; a function in its module and in every module of the
-    package that imported it by name (`from .prefill import prefill` in generate.py)."""
+    package that imported it by name (`from .prefill import prefill` in core/generate.py)."""
     if isinstance(owner, type):
         return [owner]
-    package = [m for key, m in list(sys.modules.items()) if key == __package__ or key.startswith(f"{__package__}.")]
+    root = CORE.split(".")[0]
+    package = [m for key, m in list(sys.modules.items()) if key == root or key.startswith(f"{root}.")]
     return [owner] + [m for m in package if m is not owner and _alias(m, original) is not None]
 
 

@@ -4,7 +4,7 @@ of one layer in prefill vs decode (lesson 02).
     kv_cache_growth.png            a real KVCache after prefill and after a few decode steps: one layer's K for each
                                    KV head (positions x head_dim, the values as colour), its shape and bytes as the
                                    object reports them, and the reserved slots still empty
-    prefill_vs_decode_shapes.png   the six products of one layer (bench/layer_cost.py) for a T-token prompt and for
+    prefill_vs_decode_shapes.png   the six products of one layer (lab/layer_cost.py) for a T-token prompt and for
                                    one decode token, as rectangles of their real sizes, with FLOPs, bytes, FLOP/byte
 
 `minitransformer figures` draws both (viz.py); tests/test_concept_diagrams.py checks the numbers drawn are the run's.
@@ -72,7 +72,7 @@ def draw_kv_cache_growth(model, path, prompt: str = KV_PROMPT) -> dict:
     data = run_kv_growth(model, prompt)
     c, shots = model.config, data["snapshots"]
     heads, max_len, P = c.n_kv_heads, data["max_len"], len(data["prompt_ids"])
-    vmax = percentile(np.abs(shots[-1]["k"]).ravel(), 99)           # a few outliers would wash out the rest
+    vmax = percentile(np.abs(shots[-1]["k"]).ravel(), 99) or 1.0           # a few outliers would wash out the rest
     cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")          # grey: reserved, not yet filled
     fig, axes = plt.subplots(len(shots), heads, figsize=(13, 1.9 * len(shots) + 1.6), squeeze=False,
                              sharex=True, sharey=True)
@@ -192,7 +192,7 @@ def draw_prefill_vs_decode_shapes(model, path, prompt_tokens: int = SHAPES_PROMP
     ax.set_title(f"Prefill vs decode: the matrix products of one layer, drawn to scale ({model.path.stem}: d_model "
                  f"{c.d_model}, {c.n_heads} query heads on {c.n_kv_heads} KV heads, head_dim {c.head_dim}, FFN "
                  f"{c.ffn_dim}; float32)\nthe same weights multiply {T} rows in prefill and 1 row in decode: FLOPs "
-                 f"scale with the rows, the weight bytes do not (bench/layer_cost.py; x {c.n_layers} layers per pass)",
+                 f"scale with the rows, the weight bytes do not (lab/layer_cost.py; x {c.n_layers} layers per pass)",
                  fontsize=10)
     ax.set_xlim(-0.2 * widest, 2 * panel)
     ax.set_ylim(y - 0.02 * widest, 0.25 * widest)

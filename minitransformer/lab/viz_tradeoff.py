@@ -1,7 +1,7 @@
 """Lesson 14's trade-off in one picture: output tokens/s against TTFT p99 as max_num_seqs grows, one line per
 arrival rate.
 
-    serving_tradeoff.png   bench/engine_load.py's loop (the Engine stepping while lesson 14's requests arrive at
+    serving_tradeoff.png   lab/engine_load.py's loop (the Engine stepping while lesson 14's requests arrive at
                            Poisson times) for every arrival rate and max_num_seqs of LOAD_SWEEP, each configuration
                            run `repeats` times in turns. Each line goes through its configurations' fastest runs (a
                            run's throughput and that same run's TTFT p99), each point labelled with its max_num_seqs;

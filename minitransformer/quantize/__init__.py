@@ -14,7 +14,7 @@ of GGUF (one row per output channel), so a row block is a block of output channe
   group still lies in [min, min + 15 * scale]: 4 + 32 / 32 = 5 bits per weight. Error per element <= scale / 2.
 - f16, float16 storage with float32 accumulation: each weight rounded to the nearest float16, relative
   error <= 2^-11; activations are rounded to float16 at each product too, and the products summed in float32
-  (backend.matmul_float16: cuBLAS on the GPU, an emulation of its arithmetic on NumPy). 2 bytes per weight.
+  (schemes.matmul_float16: cuBLAS on the GPU, an emulation of its arithmetic on NumPy). 2 bytes per weight.
   load_model(dtype="float16") is the float32 load followed by quantize_model(model, "f16", embedding="f16").
 
 `QuantizedLinear` stands where a float (in, out) matrix stood in `x @ w` and dequantizes on the fly, a block of output
@@ -49,6 +49,7 @@ from .schemes import (
     dequantize_float16,
     dequantize_int4,
     dequantize_int8,
+    matmul_float16,
     quantize_float16,
     quantize_int4,
     quantize_int8,
@@ -58,6 +59,7 @@ from .schemes import (
 __all__ = [
     "SCHEMES", "GROUP", "INT8_MAX", "INT4_LEVELS", "quantize_int8", "dequantize_int8",
     "quantize_int4", "unpack_int4", "dequantize_int4", "FLOAT16_MAX", "quantize_float16", "dequantize_float16",
+    "matmul_float16",
     "DEFAULT_BLOCK_BYTES", "KERNEL_MAX_ROWS", "quantized_bytes", "QuantizedLinear", "quantize_model",
     "set_use_kernel", "expected_weight_bytes",
 ]

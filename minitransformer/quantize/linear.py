@@ -3,7 +3,7 @@ quantized Transformer from them without touching model.py (lesson 13).
 
 The matrix keeps the formats of schemes.py and multiplies a block of output rows at a time (bounded extra memory), or
 hands decode-sized inputs to the CUDA dequantize-GEMV kernel when `use_kernel` is set. float16 storage ("f16") is one
-product with float32 accumulation instead (backend.matmul_float16): load_model(dtype="float16") is quantize_model(...,
+product with float32 accumulation instead (schemes.matmul_float16): load_model(dtype="float16") is quantize_model(...,
 "f16", embedding="f16"). quantized_bytes and expected_weight_bytes are the computed memory that the stored arrays
 must match.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.backend import DTYPE, array_module, matmul_float16
+from ..core.backend import DTYPE, array_module
 from ..core.config import ModelConfig
 from ..core.errors import InputError
 from ..core.model import LAYER_MATRICES, LAYER_WEIGHTS, LayerWeights, Transformer, layer_weights
@@ -22,6 +22,7 @@ from .schemes import (
     dequantize_float16,
     dequantize_int4,
     dequantize_int8,
+    matmul_float16,
     quantize_float16,
     quantize_int4,
     quantize_int8,
@@ -123,7 +124,7 @@ class QuantizedLinear:
         return [(a, min(a + rows, self.out_features)) for a in range(0, self.out_features, rows)]
 
     def _matmul_float16(self, x):
-        """x rounded to float16, one float16 product with float32 accumulation (backend.matmul_float16), widened
+        """x rounded to float16, one float16 product with float32 accumulation (schemes.matmul_float16), widened
         back to float32: float16 is the storage, the activations stay float32. No row blocks: on the GPU it is one
         cublasGemmEx that reads the float16 weights as they are, so no float32 copy of the weights exists to bound.
         On NumPy the emulation makes one, of the whole matrix at every call (the tied lm_head: V x D x 4 bytes): far

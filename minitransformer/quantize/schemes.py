@@ -108,3 +108,23 @@ def quantize_float16(w):
 def dequantize_float16(w16):
     """(out, in) float16 -> (out, in) float32 (exact: every float16 is a float32)."""
     return w16.astype(DTYPE)
+
+
+def matmul_float16(a, b):
+    """a (M, K) float16 @ b (K, N) float16 -> (M, N) float16, accumulated in float32: float16 weight storage.
+
+    On CuPy this is plain `a @ b`: a 2-D matmul goes through cupy/_core/_routines_linalg.pyx `dot` ->
+    `tensordot_core` -> `tensordot_core_v11`, which calls cublasGemmEx with A, B and C as CUDA_R_16F and compute type
+    CUBLAS_COMPUTE_32F (CuPy's default for float16; even its COMPUTE_TYPE_FP16 setting maps to 32F there), algorithm
+    CUBLAS_GEMM_DEFAULT_TENSOR_OP from compute capability 7.0: tensor cores multiply the halves, sums are float32,
+    and the float32 result is rounded to float16 once when C is written.
+    NumPy has no half-precision BLAS (its float16 matmul is a generic loop, far slower than a BLAS for many rows),
+    so here the same arithmetic is emulated through the float32 BLAS: a product of two float16 values (11-bit
+    significands) needs at most 22 bits and is exact in float32 (24 bits); the sums are float32, as on the GPU (in
+    another order, so the two agree to float32 rounding before the final rounding); the result is rounded to float16
+    once. The float32 copies of a and b cost memory and time on the CPU: this path is there to check the GPU's
+    arithmetic anywhere, not to be fast.
+    """
+    if isinstance(a, np.ndarray):
+        return (a.astype(DTYPE) @ b.astype(DTYPE)).astype(np.float16)      # (M, N)
+    return a @ b                                                            # (M, N): cublasGemmEx, see above

@@ -40,7 +40,6 @@ import dataclasses
 import itertools
 from typing import Any, Protocol
 
-from ..core.backend import keep_freed_memory
 from ..core.errors import InputError, QuotaError
 from ..core.kv_cache import estimate_kv_bytes
 from ..core.metrics import now
@@ -50,7 +49,7 @@ from ..core.sampling_params import SamplingParams
 from ..core.stopping import StopDecision, check_abort
 from .block_manager import BlockManager
 from .engine_args import EngineArgs
-from .model_runner import ModelRunner, prepare
+from .model_runner import ModelRunner, keep_freed_memory, prepare
 from .outputs import EngineConfig, EngineSnapshot, EngineStats, RequestOutput, SequenceView, StepRecord
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -110,7 +109,7 @@ class Engine:
         if kv_connector is not None and args.policy == "static":
             raise InputError("disaggregated prefill/decode admits each request when its prefill comes back; the "
                              "static policy's fixed groups cannot: use continuous or priority")
-        keep_freed_memory()          # no page faults on each step's temporaries (backend.py says why)
+        keep_freed_memory()          # no page faults on each step's temporaries (model_runner.py says why)
         self.model = model
         # No sequence is longer than the pool: the RoPE table and the graphs' block tables need no more positions.
         longest = min(self.max_model_len, num_blocks * args.block_size)

@@ -20,6 +20,7 @@ asks it for a step's logits and never sees a graph.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,3 +130,36 @@ class ModelRunner:
             if logits is not None:
                 return logits
         return execute(self.model, self.cache, inputs)
+
+
+# glibc's mallopt() parameters (malloc.h): allocations below M_MMAP_THRESHOLD come from the heap, and freed heap memory
+# goes back to the OS only past M_TRIM_THRESHOLD bytes of free space at its top.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_BELOW = 256 * 2**20        # arrays up to this size are carved from memory the process keeps
+TRIM_ABOVE = 1 * 2**30          # and up to this much freed memory is kept for the next step
+
+
+@functools.cache                # a process-wide setting: made once, whichever Engine comes first
+def keep_freed_memory() -> bool:
+    """Ask the C allocator to keep the memory of freed arrays instead of returning it to the OS; True if it could.
+
+    Why: a forward pass allocates the same large temporaries every step (a (512, 3072) FFN activation is 6 MiB) and
+    frees them at its end. glibc returns freed memory to the OS -- at once for blocks it gave out with mmap, and when
+    the free space at a heap's top passes a threshold -- so the next step gets fresh pages, and touching each 4 KiB
+    page for the first time is a page fault plus the kernel zeroing it. In the main thread glibc's adaptive threshold
+    soon stops doing that; in a thread's own arena, where the HTTP server runs the engine (server/engine_loop.py),
+    it kept doing it: 450,000-600,000 page faults per 32-request round of `bench serve`'s workload against a few
+    hundred for the same Engine in the main thread, and the CPU time of the round ~1.5x. Fixed thresholds end it (a
+    few faults per round). It is a process-wide setting, like the CUDA caching allocator's, made by whoever owns the
+    process's engine (the Engine). A no-op off glibc and on the GPU's memory (CuPy has its own pool).
+    """
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE))
+    except (OSError, AttributeError):
+        return False
