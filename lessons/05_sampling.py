@@ -10,7 +10,7 @@ and the cost of one sample() call is timed against one decode step of the model,
 The lesson's claims (claims() below) are decided from the numbers it prints; the timing claim is stated only when
 the run was quiet (minitransformer/lab/measure.py).
 
-Sections 4-6 add the one sampling stage that changes what may be drawn at all: structured output (structured.py).
+Sections 4-6 add the one sampling stage that changes what may be drawn at all: structured output (structured/).
 The same chat prompt runs greedy twice, free and held to a JSON schema; the per-step table shows how many tokens each
 step's mask allowed and where it overruled the model's own favourite; then one mask per token is timed against a
 decode step, in turns.

@@ -40,7 +40,7 @@ LAYERS = [
     # what plugs into core: models by name, the kernels, weight formats, ranks, masks, other runners
     ("models", ["models"]),
     ("plug-ins", ["kernels.*", "quantize.*", "parallel", "parallel.communicator", "parallel.plan", "parallel.launch",
-                  "structured", "no_cache", "speculative.*"]),
+                  "structured.*", "no_cache", "speculative.*"]),
     ("front door", ["minitransformer"]),
     ("serving", ["serving.*"]),
     ("serving, split", ["parallel.driver", "parallel.kv_connector"]),
@@ -57,8 +57,8 @@ PLUG_INS = {
     "parallel.communicator.MpiCommunicator": "core.model.AllReduce",
     "parallel.communicator.NcclCommunicator": "core.model.AllReduce",
     "parallel.plan.ShardPlan": "core.loading.Shard",
-    "structured.StructuredOutputsParams": "core.sampling_params.TokenMaskSpec",
-    "structured.Constraint": "core.sampling_params.TokenMask",
+    "structured.params.StructuredOutputsParams": "core.sampling_params.TokenMaskSpec",
+    "structured.constraint.Constraint": "core.sampling_params.TokenMask",
     "no_cache.RecomputeRunner": "core.generate.Runner",
     "speculative.runner.SpeculativeRunner": "core.generate.Runner",
     "serving.paged_cache.PagedStep": "core.attention.ForwardCache",
@@ -66,7 +66,7 @@ PLUG_INS = {
     "serving.kv_transfer.ConnectorSide": "serving.engine.KVHooks",
 }
 # Folders whose modules sit in different layers of LAYERS; a folder's modules are otherwise one unit below.
-FOLDERS_OF_ROOT_MODULES = {"models", "structured", "no_cache", "__main__", "minitransformer"}
+FOLDERS_OF_ROOT_MODULES = {"models", "no_cache", "__main__", "minitransformer"}
 
 
 def module_name(path: Path) -> str:
@@ -206,7 +206,7 @@ def test_core_imports_only_core():
 
 def folder_of(module: str) -> str:
     """The unit of the folder rule: a sub-package's first name (core, serving, ...), or a module of the package
-    root on its own (models, structured, no_cache, the root __init__)."""
+    root on its own (models, no_cache, the root __init__)."""
     return module.split(".")[0] if module not in FOLDERS_OF_ROOT_MODULES else module
 
 

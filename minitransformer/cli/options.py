@@ -14,9 +14,9 @@ from .. import ATTENTION
 from ..core.backend import DEVICES
 from ..core.errors import InputError
 from ..core.kv_storage import CODECS, STORAGES
-from ..core.sampling_params import Option, SamplingParams, sampling_options
+from ..core.sampling_params import Option, SamplingParams, options_of, sampling_options
 from ..quantize.schemes import SCHEMES
-from ..structured import StructuredOutputsParams
+from ..structured import ConstraintLimits, StructuredOutputsParams
 
 MODEL_HELP = ("path of a llama-architecture GGUF, or a model fetched by name: smollm2-135m (the default, "
               "SmolLM2-135M-Instruct) or gemma3-270m")
@@ -127,7 +127,7 @@ def checked(build, options: list[Option]):
 
 def add_structured_options(parser) -> None:
     """--json-schema / --regex / --choice / --grammar / --json-object: the output must match one of them (the
-    sampler masks every token that would break it; structured.py). argparse refuses two at once."""
+    sampler masks every token that would break it; structured/). argparse refuses two at once."""
     group = parser.add_argument_group("structured output (at most one; the sampler masks every token that would "
                                       "break it)").add_mutually_exclusive_group()
     group.add_argument("--json-schema", metavar="FILE",
@@ -139,6 +139,19 @@ def add_structured_options(parser) -> None:
     group.add_argument("--grammar", metavar="FILE",
                        help="the output follows the Lark or GBNF grammar in FILE (- reads stdin)")
     group.add_argument("--json-object", action="store_true", help="the output is a JSON object (any keys)")
+    add_constraint_limit_options(parser)
+
+
+def add_constraint_limit_options(parser) -> None:
+    """--structured-max-chars, --structured-max-rules, ...: what one constraint may cost (ConstraintLimits)."""
+    add_options(parser.add_argument_group("structured output: what one constraint may cost (structured/limits.py's "
+                                          "ConstraintLimits)"), options_of(ConstraintLimits))
+
+
+def constraint_limits(args) -> ConstraintLimits:
+    """The ConstraintLimits the --structured-* options describe, checked (an error names the flag)."""
+    options = options_of(ConstraintLimits)
+    return checked(lambda: ConstraintLimits(**{o.name: getattr(args, o.name) for o in options}), options)
 
 
 def structured_from_args(args) -> StructuredOutputsParams | None:
@@ -157,8 +170,9 @@ def structured_from_args(args) -> StructuredOutputsParams | None:
         flag, kind, value = "--json-object", "json_object", True
     else:
         return None
+    limits = constraint_limits(args)
     try:
-        return StructuredOutputsParams.of({kind: value})
+        return StructuredOutputsParams.of({kind: value}, limits)
     except InputError as exc:
         raise InputError(f"{flag}: {exc}") from None
 

@@ -27,6 +27,12 @@ def now() -> float:
     return time.perf_counter()
 
 
+def cpu_now() -> float:
+    """The calling thread's CPU time, seconds: for a budget that must not depend on what else the machine runs
+    (a structured-output mask's, structured/constraint.py); a timing someone reads comes from now()."""
+    return time.thread_time()
+
+
 def percentile(values, q: float) -> float | None:
     """The q-th percentile (0-100) of `values`, linear between the closest ranks (NumPy's default, and vLLM's
     benchmark's); None when there is nothing to rank. The one percentile of the package: the ITL summary below, the

@@ -136,9 +136,11 @@ class RequestState:
         if self.constraint is not None:
             self.constraint.accept(token)
         new_chars = self.detokenizer.add_token(token)
+        constraint = self.constraint
         decision = check_stop(self.params, self.detokenizer, self.output_ids, new_chars, self.tokenizer.eos_id,
                               len(self.prompt_token_ids), self.context_length,
-                              self.constraint is not None and self.constraint.complete) or abort
+                              constraint is not None and constraint.complete,
+                              constraint is not None and constraint.error is not None) or abort
         if decision is None:
             return Delta(self.detokenizer.take_delta(), [token], logprobs=self._new_logprobs())
         return self.finish(decision, [token])

@@ -48,7 +48,9 @@ MAX_STOP_TOKEN_IDS = 64
 
 class TokenMask(Protocol):
     """One request's constraint on which token may come next, applied by the sampling stage (sampling.mask_tokens)
-    and advanced by every token the loop takes. structured.py's Constraint is one (JSON schema, regex, grammar)."""
+    and advanced by every token the loop takes. structured/'s Constraint is one (JSON schema, regex, grammar). A
+    constraint that fails while the request runs does not raise: it sets `error`, allows EOS alone, and the stop
+    rules end its request (stopping.check_stop), not the batch it runs in."""
 
     def allowed(self, vocab_size: int) -> Any: ...      # (V,) bool on the host: True where the token may come next
 
@@ -56,6 +58,15 @@ class TokenMask(Protocol):
 
     @property
     def complete(self) -> bool: ...                      # nothing but EOS could follow: the request stops (stopping.py)
+
+    @property
+    def error(self) -> str | None: ...                   # why it cannot go on (a limit hit): the request ends
+
+    @property
+    def masks(self) -> int: ...                          # masks computed so far (the server's /metrics counts them)
+
+    @property
+    def mask_s(self) -> float: ...                       # ... and the seconds they took
 
     def summary(self) -> dict: ...                       # what Result.structured reports
 

@@ -5,6 +5,8 @@ function, in one fixed order, makes finish_reason / stop_reason a single decisio
 The order is vLLM v1's, checked after each new token, once it has been detokenized. The stop_reason "eos" below is
 ours: vLLM leaves stop_reason None when EOS ends a request, and our HTTP server reports null there as vLLM does.
 
+0. the constraint failed        -> "abort", stop_reason "constraint" (a structured-output constraint that reached a
+                                   limit while the request ran: TokenMask.error says which; it cannot go on)
 1. min_tokens not reached       -> no stop at all (the sampler also masks EOS and the stop ids: tokens_to_suppress),
                                    unless the structured-output constraint is complete (no token could follow)
 2. EOS, unless ignore_eos       -> "stop", stop_reason "eos"
@@ -43,9 +45,10 @@ class StopDecision:
     "stop"         "eos"            the model produced its end-of-sequence token
     "stop"         int              a token of params.stop_token_ids (the id)
     "stop"         str              a string of params.stop (the string)
-    "stop"         "structured"     the structured-output constraint is complete (structured.py)
+    "stop"         "structured"     the structured-output constraint is complete (structured/)
     "length"       None             max_tokens reached, or the context window is full
     "abort"        "timeout" | "cancelled"
+    "abort"        "constraint"     the structured-output constraint failed (Result.structured["error"] says why)
 
     vLLM leaves stop_reason None for EOS; we say "eos" so a learner reading a result sees what happened.
     truncate_to: cut the text to this many characters (the caller calls detok.truncate), or None to keep it.
@@ -73,12 +76,16 @@ def api_reasons(finish_reason: str, stop_reason: object) -> tuple[str, object]:
 
 
 def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int], new_chars: int, eos_id: int | None,
-               prompt_len: int, context_length: int, constraint_complete: bool = False) -> StopDecision | None:
+               prompt_len: int, context_length: int, constraint_complete: bool = False,
+               constraint_failed: bool = False) -> StopDecision | None:
     """Apply the stop rules after one new token (already in output_ids and in detok.text; it added new_chars).
 
     Reads params.min_tokens, ignore_eos, stop_token_ids, stop, include_stop_str_in_output, max_tokens.
-    constraint_complete: the request's structured-output constraint admits nothing more (Constraint.complete).
+    constraint_complete: the request's structured-output constraint admits nothing more (Constraint.complete);
+    constraint_failed: it cannot go on (TokenMask.error is set).
     """
+    if constraint_failed:
+        return StopDecision("abort", "constraint")
     num_output = len(output_ids)
     if num_output < params.min_tokens and not constraint_complete:
         return None                       # vLLM v1 (scheduler check_stop): no stop check at all before min_tokens

@@ -132,6 +132,7 @@ class Engine:
         self._pending: list[RequestOutput] = []          # aborts, reported by the next step()
         self._arrivals = itertools.count()
         self._num_prompt_tokens = self._num_generation_tokens = 0
+        self._num_masks, self._mask_s = 0, 0.0      # of finished requests' constraints (stats adds the running)
         self.kv_connector = kv_connector                 # None: this engine prefills and decodes
         self.kv_role = None if kv_connector is None else kv_connector.role
 
@@ -287,6 +288,9 @@ class Engine:
         self._finished.appendleft(SequenceView.of(seq, ()))
 
     def _leave(self, seq: Sequence) -> None:
+        if seq.constraint is not None:
+            self._num_masks += seq.constraint.masks
+            self._mask_s += seq.constraint.mask_s
         self.scheduler.remove(seq)
         self.block_manager.free(seq)
         del self.sequences[seq.request_id]
@@ -322,10 +326,13 @@ class Engine:
     @property
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        running = [seq.constraint for seq in list(self.sequences.values()) if seq.constraint is not None]
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.usage,
                            self.scheduler.num_preemptions, bm.prefix_cache_queries, bm.prefix_cache_hits,
                            self.num_steps, self._num_prompt_tokens, self._num_generation_tokens,
-                           bm.num_free_blocks, bm.num_blocks)
+                           bm.num_free_blocks, bm.num_blocks,
+                           self._num_masks + sum(c.masks for c in running),
+                           self._mask_s + sum(c.mask_s for c in running))
 
     def take_kv_transfer_stats(self):
         """A decode engine's transfers so far (kv_transfer.TransferStats; None for an engine without a

@@ -46,6 +46,8 @@ class EngineStats:
     num_generation_tokens: int       # tokens sampled
     num_free_blocks: int
     num_blocks: int
+    num_masks: int = 0               # structured-output masks computed so far, running requests' included
+    mask_s: float = 0.0              # ... and the seconds they took (the engine thread's, computing them)
 
 
 @dataclass

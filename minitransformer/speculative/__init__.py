@@ -20,7 +20,7 @@ row's token is chosen:
   the same SamplingParams processing; on rejection draw from normalize(max(p - q, 0)). The token then has exactly
   distribution p. A rejected draft has p(d) < q(d), so max(p - q, 0) is 0 at d: "token == draft" means accepted.
 Rejected drafts are rolled back with KVCache.truncate: the target cache then equals plain decoding's.
-With structured output (structured.py) each verified row goes through the request's mask like any sampled token, so
+With structured output (structured/) each verified row goes through the request's mask like any sampled token, so
 greedy output is plain constrained greedy's; the drafters guess inside the constraint too (drafters.py), so no
 verify row is spent on a draft the mask would refuse.
 
