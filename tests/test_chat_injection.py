@@ -231,5 +231,7 @@ def test_a_long_prompt_is_refused_with_the_room_it_had(tiny_model, chat):
     with pytest.raises(InputError, match=r"^prompt \(more than 120 tokens\) \+ max_tokens \(8\) exceeds the context "
                                          r"length of 128 tokens$"):
         make_request(tiny_model, "the cat sat. " * 5000, greedy(8), chat=chat)
-    with pytest.raises(InputError, match=r"prompt \(more than 0 tokens\) \+ max_tokens \(200\)"):
+    with pytest.raises(InputError, match=r"^max_tokens \(200\) leaves no room for a prompt in the context length of "
+                                         r"128 tokens; at most 127 are allowed$") as refused:
         make_request(tiny_model, "the cat", greedy(200), chat=chat)
+    assert refused.value.param == "max_tokens"

@@ -100,8 +100,9 @@ def test_a_step_that_raises_ends_its_requests_and_refuses_new_ones(tiny_model, m
     loop = make_loop(FailingEngine(tiny_model, max_num_seqs=4))
     _, items = submit(loop, tiny_model.tokenizer.encode("the cat"))
     last = drain(items)[-1]
-    assert last.error == "the engine failed: ValueError: planted" and loop.error == last.error
-    with pytest.raises(EngineFailed, match="planted"):
+    # the exception's text (which may hold another request's data) goes to the log, not to every client
+    assert last.error == "the engine failed (ValueError); the server log has the details" and loop.error == last.error
+    with pytest.raises(EngineFailed, match=r"the engine failed \(ValueError\)"):
         submit(loop, tiny_model.tokenizer.encode("the cat"))
     assert loop._thread.is_alive()
     bm = loop.engine.block_manager

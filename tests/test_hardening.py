@@ -59,7 +59,7 @@ MISSING = "/nonexistent/model.gguf"       # checks that must come before the mod
 CLI_CASES = [
     (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
     (["--max-tokens", "x"], "invalid int value: 'x'"),
-    (["--max-tokens", "200"], "exceeds the context length of 128 tokens"),
+    (["--max-tokens", "200"], "max_tokens (200) leaves no room for a prompt in the context length of 128 tokens"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
     (["--temperature", "nan"], "--temperature must be >= 0, got nan"),
     (["--temperature", "inf"], "--temperature must be finite"),

@@ -4,10 +4,13 @@ client would: each test sends what the attacker sent to a real server process an
  1. costs bounded per request    stop strings, stop_token_ids, logit_bias and the prompt are capped (400 naming it);
                                  a bystander's step CPU time with four neighbours at the caps (in-process)
  2. loopback stays loopback      a Host the server does not answer to is a 403 (DNS rebinding)
- 3. graceful shutdown            SIGTERM / Ctrl-C: 503 for new requests, running ones end with their final chunk, exit 0
+ 3. graceful shutdown            SIGTERM / Ctrl-C: 503 for new requests, running ones end with their final chunk,
+                                 exit 0; a second signal during the drain ends them at once, the same way, one line
  4. cross-site requests          JSON routes take only application/json (415); CORS only for --allowed-origins
- 5. connection hygiene           a request head must arrive in time; --limit-concurrency; out of file descriptors
- 6. tenants apart                prefix cache salted per tenant, /metrics and the events need a key, random ids
+ 5. connection hygiene           a request head and its body must arrive in time (one line per closed connection);
+                                 --limit-concurrency; out of file descriptors
+ 6. tenants apart                prefix cache salted per tenant, /metrics and the events need a key, random ids; the
+                                 events show another tenant's requests and steps as occupancy, the totals to operators
  7. quotas that tell the truth   never-fitting requests are 400s; chat's default max_tokens fits the quota
  8. 400, not 500                 deep JSON, numbers no float can hold
  9. HEAD on the event stream     answers its headers and ends
@@ -21,7 +24,6 @@ cost comparison (section 1) is CPU time measured in-process, as a ratio within o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import resource
@@ -33,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -42,7 +43,18 @@ from minitransformer import SamplingParams
 from minitransformer.core.errors import InputError
 from minitransformer.core.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from minitransformer.serving import Engine
-from server_process import ServerProcess, running_server, wait_for
+from server_process import (
+    Stream,
+    address,
+    assert_error,
+    metric,
+    post,
+    read_to_close,
+    running_server,
+    server_to_signal,
+    sse_payloads,
+    wait_for,
+)
 
 REAL = "SmolLM2-135M-Instruct.Q4_1"
 MISSING = "/nonexistent/model.gguf"      # options checked before the model loads are tried with this path
@@ -85,46 +97,11 @@ def keyed(real_model_path, tmp_path_factory):
 
 # ---------------------------------------------------------------------------------------------------- helpers
 
-def post(server, body, path="/v1/completions", headers=None, **kwargs) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, headers=headers, timeout=120, **kwargs)
-
-
-def assert_error(response: httpx.Response, status: int, *words: str, param=None, code=None) -> dict:
-    """An OpenAI error object with this status, these words in its message, this param and code."""
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    for word in words:
-        assert word in error["message"], error["message"]
-    assert (error["param"], error["code"]) == (param, code), error
-    return error
-
-
-def metric(server, name: str, headers=None) -> float:
-    """One sample of /metrics (without labels but model_name)."""
-    text = httpx.get(server.url + "/metrics", headers=headers, timeout=30).text
-    match = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
-    assert match, text
-    return float(match.group(1))
-
-
-def address(server) -> tuple[str, int]:
-    parts = urlsplit(server.url)
-    return parts.hostname, parts.port
-
-
 def raw(server, data: bytes, timeout_s: float = 30) -> bytes:
     """Send bytes on a fresh connection and read until the server closes it."""
     with socket.create_connection(address(server), timeout=timeout_s) as sock:
         sock.sendall(data)
         return read_to_close(sock)
-
-
-def read_to_close(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def read_head(sock: socket.socket) -> bytes:
@@ -135,11 +112,6 @@ def read_head(sock: socket.socket) -> bytes:
         assert chunk, data
         data += chunk
     return data
-
-
-def sse_payloads(response):
-    """The `data:` payloads of a server-sent-event stream, as they arrive."""
-    return (line[6:] for line in response.iter_lines() if line.startswith("data: "))
 
 
 def generated(server, headers=None) -> float:
@@ -290,40 +262,6 @@ LONG = {"prompt": "Write a very long story about a dragon and a lighthouse.", "m
         "ignore_eos": True}
 
 
-class Stream(threading.Thread):
-    """A streamed completion read in the background: its payloads, and an event once two chunks arrived."""
-
-    def __init__(self, server, body):
-        super().__init__(daemon=True)
-        self.server, self.body, self.payloads, self.running, self.error = server, body, [], threading.Event(), None
-
-    def run(self):
-        try:
-            with httpx.stream("POST", self.server.url + "/v1/completions", json=self.body, timeout=120) as response:
-                for payload in sse_payloads(response):
-                    self.payloads.append(payload)
-                    if len(self.payloads) >= 2:
-                        self.running.set()
-        except Exception as exc:                              # the test reports it: a stream must end cleanly
-            self.error = exc
-        finally:
-            self.running.set()
-
-    def chunks(self) -> list[dict]:
-        return [json.loads(p) for p in self.payloads if p != "[DONE]"]
-
-
-@contextlib.contextmanager
-def server_to_signal(*args: str):
-    """A server the test itself ends with a signal; stopped anyway afterwards, its log shown if the test failed."""
-    server = ServerProcess(list(args))
-    try:
-        yield server
-    finally:
-        server.stop()
-        print(f"--- server log ---\n{server.log}")
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_ends_running_requests_with_their_partial_text_and_exits_0(real_model_path, signum):
     with server_to_signal("--model", str(real_model_path), "--shutdown-timeout", "4", "--log-level", "info") as server:
@@ -361,6 +299,31 @@ def test_a_signal_ends_running_requests_with_their_partial_text_and_exits_0(real
         assert text and 0 < chunks[-1]["usage"]["completion_tokens"] < 4000
     assert_error(whole["response"], 503, "shut down before this request finished", code="server_shutting_down")
     assert "shutting down: ending the 3 requests still running" in log, log
+    free = re.search(r"the engine stopped; (\d+) of (\d+) KV blocks free", log)
+    assert free and free.group(1) == free.group(2), log
+
+
+def test_a_second_signal_during_the_drain_ends_every_stream_with_its_final_chunk_and_one_line(real_model_path):
+    """The drain would wait 60 s for the running streams; a second Ctrl-C ends them now, each with its final chunk
+    and [DONE] (not cut mid-write as uvicorn's forced exit cuts them), one log line, no traceback, exit 0."""
+    with server_to_signal("--model", str(real_model_path), "--shutdown-timeout", "60", "--log-level", "info") as server:
+        streams = [Stream(server, {**LONG, "stream": True}) for _ in range(2)]
+        for stream in streams:
+            stream.start()
+        assert all(s.running.wait(120) for s in streams)
+        server.process.send_signal(signal.SIGINT)
+        assert server.wait_for_log("shutting down: new requests get 503")
+        server.process.send_signal(signal.SIGINT)
+        for stream in streams:
+            stream.join(30)
+        assert server.process.wait(30) == 0                   # well before the 60 s the drain would have waited
+    log = server.log
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert log.count("a second signal") == 1, log
+    for stream in streams:
+        assert stream.error is None and stream.payloads[-1] == "[DONE]", stream.payloads[-3:]
+        last = [c for c in stream.chunks() if c["choices"]][-1]["choices"][0]
+        assert (last["finish_reason"], last["stop_reason"]) == ("abort", "shutdown")
     free = re.search(r"the engine stopped; (\d+) of (\d+) KV blocks free", log)
     assert free and free.group(1) == free.group(2), log
 
@@ -473,6 +436,40 @@ def test_connections_past_the_limit_get_a_503_error_object(configured):
     assert wait_for(lambda: httpx.get(configured.url + "/health").status_code == 200, 30)
 
 
+SLOW_BODY = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 100000\r\n\r\n{\"prompt\": \"h")         # a complete head, 13 bytes, then nothing
+
+
+def test_bodies_that_stop_arriving_are_closed_after_the_body_timeout_with_one_line_each(tiny_model_path):
+    with running_server("--model", str(tiny_model_path), "--header-timeout", "1", "--body-timeout", "1",
+                        "--log-level", "warning") as server:
+        slow = [socket.create_connection(address(server), timeout=30) for _ in range(30)]
+        try:
+            for sock in slow:
+                sock.sendall(SLOW_BODY)
+            assert [read_to_close(sock) for sock in slow] == [b""] * 30       # closed by the server, nothing owed
+        finally:
+            for sock in slow:
+                sock.close()
+        closed = "whose request body did not arrive within 1s (--body-timeout)"
+        assert wait_for(lambda: server.log.count(closed) == 30, 10), server.log
+        assert post(server, {"prompt": "the cat", "max_tokens": 2}).status_code == 200
+    assert "ClientDisconnect" not in server.log
+
+
+def test_a_body_sent_in_pieces_within_the_body_timeout_is_served(tiny_model_path):
+    body = json.dumps({"prompt": "the cat", "max_tokens": 2}).encode()
+    with running_server("--model", str(tiny_model_path), "--body-timeout", "3", "--log-level", "warning") as server:
+        with socket.create_connection(address(server), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+            for piece in (body[:10], body[10:20], body[20:]):
+                time.sleep(0.5)
+                sock.sendall(piece)
+            reply = read_to_close(sock)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+
+
 def test_out_of_file_descriptors_is_one_line_and_the_server_recovers(tiny_model_path):
     """100 silent connections against a 48-descriptor limit: accepts fail, which is logged once (not a traceback per
     attempt), and the request-head deadline frees the descriptors, so /health is answered while they stay open."""
@@ -557,10 +554,11 @@ def test_with_api_keys_alone_metrics_need_a_key(tiny_model_path, tmp_path):
         assert httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer sk-x"}).status_code == 200
 
 
-def first_event(server, headers) -> dict:
+def events_with_steps(server, headers) -> dict:
+    """The first event of the engine's stream that carries steps (the first snapshot may have none yet)."""
     with httpx.stream("GET", server.url + "/v1/engine/events", headers=headers, timeout=60) as response:
         assert response.status_code == 200
-        return json.loads(next(p for p in sse_payloads(response)))
+        return next(event for event in map(json.loads, sse_payloads(response)) if event["steps"])
 
 
 def test_the_events_show_a_tenant_only_its_own_requests(keyed):
@@ -569,13 +567,21 @@ def test_the_events_show_a_tenant_only_its_own_requests(keyed):
                                                                      json=body) as running:
         lines = running.iter_lines()                  # kept: a dropped iterator closes the connection (an abort)
         bob_id = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
-        alice_sees, ops_sees = first_event(keyed, ALICE), first_event(keyed, OPS)
+        alice_sees, ops_sees = events_with_steps(keyed, ALICE), events_with_steps(keyed, OPS)
         assert_error(httpx.get(keyed.url + "/v1/engine/events"), 401, "missing API key", code="invalid_api_key")
     other = [s for s in alice_sees["running"] if s["id"] is None]
     assert other and set(other[0]) == {"id", "tenant", "status", "num_blocks"} and other[0]["num_blocks"] > 0
     assert bob_id.removeprefix("cmpl-") not in json.dumps(alice_sees)
     assert [s["tenant"] for s in ops_sees["running"]] == ["bob"]
     assert ops_sees["running"][0]["id"] == bob_id.removeprefix("cmpl-") and ops_sees["running"][0]["prompt_tokens"]
+    # bob's steps are occupancy to alice (how many ran, how long), not his prompt and decode token counts
+    assert all(step["prefill_tokens"] is None and step["decode_tokens"] is None for step in alice_sees["steps"])
+    assert all(step["num_seqs"] >= 1 for step in alice_sees["steps"])
+    assert any(step["decode_tokens"] for step in ops_sees["steps"])
+    # and of the engine's counters, only its occupancy: the totals are what --metrics-key keeps off /metrics
+    assert set(alice_sees["stats"]) == {"num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "num_free_blocks",
+                                        "num_blocks"}
+    assert {"num_generation_tokens", "num_prompt_tokens", "prefix_cache_hits"} <= set(ops_sees["stats"])
 
 
 def test_request_ids_are_random(keyed):
@@ -629,7 +635,7 @@ def test_an_integer_no_float_can_hold_is_a_400(plain, field):
 
 @pytest.mark.parametrize("field, status, param", [("top_k", 200, None), ("seed", 200, None), ("priority", 200, None),
                                                   ("min_tokens", 400, "min_tokens"), ("logprobs", 400, "logprobs"),
-                                                  ("n", 400, "n"), ("max_tokens", 400, None)])
+                                                  ("n", 400, "n"), ("max_tokens", 400, "max_tokens")])
 def test_huge_integers_elsewhere_are_served_or_refused_never_a_500(plain, field, status, param):
     response = post(plain, {"prompt": "hi", "max_tokens": 2, field: 10**400})
     assert response.status_code == status, response.text

@@ -16,7 +16,7 @@ from openai import OpenAI
 from minitransformer.server.errors import APIError
 from minitransformer.server.protocol import parse_generation
 from minitransformer.structured import StructuredOutputsParams
-from server_process import running_server
+from server_process import metric, running_server, sse_payloads, wait_for
 from structured_cases import CHOICES, REGEXES, SCHEMAS
 from test_server import metrics
 
@@ -228,3 +228,17 @@ def test_metrics_show_what_the_masks_cost(server):
     histogram = "minitransformer:structured_output_mask_seconds_per_token"
     assert after[histogram + "_count"] == before[histogram + "_count"] + 1
     assert after[histogram + "_bucket{le=+Inf}"] == after[histogram + "_count"]
+
+
+def test_the_mask_counters_move_while_a_constrained_request_runs(server):
+    masks = "minitransformer:structured_output_masks_total"
+    before = metric(server, masks)
+    body = {"prompt": "Spell a long word:", "max_tokens": 200, "stream": True,
+            "structured_outputs": {"regex": "[a-z]{200}"}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
+        payloads = sse_payloads(response)
+        for _ in range(4):
+            next(payloads)
+        assert metric(server, "vllm:num_requests_running") == 1
+        assert metric(server, masks) >= before + 3                  # counted as computed, not when it finishes
+    assert wait_for(lambda: metric(server, "vllm:num_requests_running") == 0, 60)

@@ -24,7 +24,14 @@ from pathlib import Path
 from ..core.errors import InputError
 from ..core.sampling_params import options_of
 from ..serving.engine_args import EngineArgs
-from .options import add_model_options, add_options, checked, load_model_from_args
+from .options import (
+    add_constraint_limit_options,
+    add_model_options,
+    add_options,
+    checked,
+    constraint_limits,
+    load_model_from_args,
+)
 from .replicas import add_replicas_options, check_replicas, serve_replicas, watch_supervisor
 from .tensor_parallel import add_tensor_parallel_option, launch_tensor_parallel, model_for_args
 
@@ -42,6 +49,7 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in the API (default: the GGUF file name without .gguf)")
     add_options(serve.add_argument_group("engine (serving/engine_args.py's EngineArgs)"), options_of(EngineArgs))
+    add_constraint_limit_options(serve)
     serve.add_argument("--disaggregated", action="store_true",
                        help="prefill in a second process and send each prompt's KV cache to this one, which only "
                             "decodes (two MPI ranks, the 'parallel' extra; lesson 16)")
@@ -70,6 +78,9 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                        help="close a connection whose request head has not fully arrived after this long "
                             "(default 10)")
+    serve.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                       help="close a connection whose request body has not fully arrived this long after its head "
+                            "(default 30)")
     serve.add_argument("--limit-concurrency", type=int, metavar="N",
                        help="answer connections past this many open ones with 503 (default: no limit)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
@@ -122,16 +133,9 @@ def _serve_disaggregated(args, keys, hosts, origins, drain_s: float) -> int:
     from ..parallel.kv_connector import disaggregated_rank
     from ..parallel.launch import in_rank_process, run_ranks
 
-    if args.tensor_parallel_size > 1:
-        raise InputError("--disaggregated with --tensor-parallel-size is not supported; use one or the other")
-    if args.policy == "static":
-        raise InputError("--disaggregated admits each request when its prefill comes back, which the static "
-                         "policy's fixed groups cannot; use --policy continuous or priority")
-    if args.device == "gpu":
-        raise InputError("--disaggregated runs its two ranks on the CPU (the KV cache goes over MPI through host "
-                         "memory); use --device cpu")
     if not in_rank_process():
-        return run_ranks(args.argv, 2, drain_s=drain_s)
+        return run_ranks(args.argv, 2, drain_s=drain_s, rank_names=("the decode process (rank 0)",
+                                                                    "the prefill process (rank 1)"))
     with disaggregated_rank(lambda: load_model_from_args(args),
                             lambda model, connector: _engine(args, model, keys, connector)) as rank:
         if rank is not None:                     # rank 0; rank 1 has prefilled until rank 0 stopped it
@@ -167,6 +171,7 @@ def _serve(args, model, sock, keys, hosts, origins, kv_connector=None) -> None:
     name = args.served_model_name or Path(model.path).name.removesuffix(".gguf")
     server = Server(model, EngineLoop(engine, ServerMetrics(name), args.request_timeout, args.max_waiting),
                     ServerConfig(name, api_keys=keys, max_body_bytes=args.max_body_bytes, allowed_hosts=hosts,
+                                 constraint_limits=constraint_limits(args),
                                  allowed_origins=origins, metrics_key=args.metrics_key))
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -181,19 +186,29 @@ def _serve(args, model, sock, keys, hosts, origins, kv_connector=None) -> None:
         + f"  max {args.max_num_seqs} running, policy {args.policy}"
         + ("  API keys required" if keys else "") + "  (Ctrl-C stops)", highlight=False)
     _log_to_stderr(args.log_level)
-    run(server, sock, log_level=args.log_level, header_timeout_s=args.header_timeout,
+    run(server, sock, log_level=args.log_level, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
         limit_concurrency=args.limit_concurrency, shutdown_timeout_s=args.shutdown_timeout)
 
 
 def _check_options(args) -> None:
     """The numeric options' ranges, before anything is loaded or bound."""
     engine_args(args)
+    constraint_limits(args)
+    if args.disaggregated:                   # decided here, before any rank starts (each would say it again)
+        if args.tensor_parallel_size > 1:
+            raise InputError("--disaggregated with --tensor-parallel-size is not supported; use one or the other")
+        if args.policy == "static":
+            raise InputError("--disaggregated admits each request when its prefill comes back, which the static "
+                             "policy's fixed groups cannot; use --policy continuous or priority")
+        if args.device == "gpu":
+            raise InputError("--disaggregated runs its two ranks on the CPU (the KV cache goes over MPI through host "
+                             "memory); use --device cpu")
     for name in ("max_waiting", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("request_timeout", "header_timeout"):
+    for name in ("request_timeout", "header_timeout", "body_timeout"):
         value = getattr(args, name)
         if value is not None and not 0 < value < float("inf"):
             raise InputError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")

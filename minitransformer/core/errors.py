@@ -18,7 +18,12 @@ class ModelFetchError(MiniTransformerError):
 
 
 class InputError(MiniTransformerError):
-    """A prompt, token id or setting is out of range (e.g. longer than the context)."""
+    """A prompt, token id or setting is out of range (e.g. longer than the context). `param` names the request's
+    field at fault where one is ("prompt", "max_tokens", "stop_token_ids"): the server's 400 carries it."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class QuotaError(InputError):

@@ -177,34 +177,46 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
                          + (": build one with SamplingParams(**params)" if isinstance(params, dict) else ""))
     tokenizer, context = model.tokenizer, model.config.context_length
     text = None
-    room = max(context - params.max_tokens, 0)     # prompt tokens that fit; tokenizing stops soon after, if it must
+    if params.max_tokens >= context:
+        raise InputError(f"max_tokens ({params.max_tokens}) leaves no room for a prompt in the context length of "
+                         f"{context} tokens; at most {context - 1} are allowed", param="max_tokens")
+    room = context - params.max_tokens             # prompt tokens that fit; tokenizing stops soon after, if it must
     if chat:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if isinstance(prompt, str) and not prompt:
-            raise InputError("the prompt is empty; give at least one character")
+            raise InputError("the prompt is empty; give at least one character", param="prompt")
         text = tokenizer.render_chat(messages)                  # what a human reads; the ids keep contents plain text
         ids = tokenizer.encode_chat(messages, limit=room)
     elif isinstance(prompt, str):
         if not prompt:
-            raise InputError("the prompt is empty; give at least one character")
+            raise InputError("the prompt is empty; give at least one character", param="prompt")
         text = prompt
-        ids = tokenizer.encode(text, limit=room)
-        if tokenizer.add_bos and tokenizer.bos_id is not None:    # the file asks for BOS first (Gemma; not SmolLM2)
-            ids = [tokenizer.bos_id] + ids
+        ids = encode_prompt(tokenizer, text, limit=room)
     else:
         ids = prompt_token_ids(prompt, tokenizer.vocab_size)
     if not ids:
-        raise InputError("the prompt has no tokens; give at least one")
+        raise InputError("the prompt has no tokens; give at least one", param="prompt")
     if len(ids) > room and text is not None:       # tokenizing may have stopped early: only a bound is known
         raise InputError(f"prompt (more than {_tokens(room)}) + max_tokens ({params.max_tokens}) exceeds the context "
-                         f"length of {context} tokens")
+                         f"length of {context} tokens", param="prompt")
     if len(ids) + params.max_tokens > context:
         raise InputError(f"prompt ({_tokens(len(ids))}) + max_tokens ({params.max_tokens}) = "
-                         f"{len(ids) + params.max_tokens} exceeds the context length of {context} tokens")
+                         f"{len(ids) + params.max_tokens} exceeds the context length of {context} tokens",
+                         param="prompt")
     outside = [i for i in params.stop_token_ids if i >= tokenizer.vocab_size]
     if outside:
-        raise InputError(f"stop token id {outside[0]} is outside the vocabulary [0, {tokenizer.vocab_size})")
+        raise InputError(f"stop token id {outside[0]} is outside the vocabulary [0, {tokenizer.vocab_size})",
+                         param="stop_token_ids")
     return Request(f"req-{next(_request_ids)}", text, ids, params, arrival if arrival is not None else now())
+
+
+def encode_prompt(tokenizer, text: str, limit: int | None = None) -> list[int]:
+    """A text prompt's ids as the model reads them: BOS first where the model file asks for it (Gemma; not
+    SmolLM2), then the text's tokens (encoding may stop soon after `limit` of them)."""
+    ids = tokenizer.encode(text, limit=limit)
+    if tokenizer.add_bos and tokenizer.bos_id is not None:
+        ids = [tokenizer.bos_id] + ids
+    return ids
 
 
 def prompt_token_ids(prompt, vocab_size: int) -> list[int]:
@@ -213,20 +225,21 @@ def prompt_token_ids(prompt, vocab_size: int) -> list[int]:
     accepted = "a str, a list of token ids, or with chat=True a list of {'role', 'content'} messages"
     if isinstance(prompt, (bytes, bytearray)):
         raise InputError(f"prompt is {type(prompt).__name__}, not text: decode it first (prompt.decode('utf-8')); "
-                         f"a prompt is {accepted}")
+                         f"a prompt is {accepted}", param="prompt")
     if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
-        raise InputError(f"prompt token ids must be one sequence (1-D), got an array of shape {prompt.shape}")
+        raise InputError(f"prompt token ids must be one sequence (1-D), got an array of shape {prompt.shape}",
+                         param="prompt")
     if not isinstance(prompt, (list, tuple, np.ndarray)):
-        raise InputError(f"prompt must be {accepted}; got {type(prompt).__name__} {prompt!r:.80}")
+        raise InputError(f"prompt must be {accepted}; got {type(prompt).__name__} {prompt!r:.80}", param="prompt")
     for index, value in enumerate(prompt):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
             hints: dict[type, str] = {str: " (one prompt per call; an Engine takes many)",
                                       dict: " (chat messages need chat=True)"}
             hint = hints.get(type(value), "")
             raise InputError(f"prompt token ids must be integers, got {type(value).__name__} {value!r:.80} at index "
-                             f"{index}{hint}; a prompt is {accepted}")
+                             f"{index}{hint}; a prompt is {accepted}", param="prompt")
         if not 0 <= int(value) < vocab_size:
-            raise InputError(f"prompt token id {value} is outside the vocabulary [0, {vocab_size})")
+            raise InputError(f"prompt token id {value} is outside the vocabulary [0, {vocab_size})", param="prompt")
     return [int(i) for i in prompt]
 
 

@@ -30,19 +30,19 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import cast
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..core.errors import MiniTransformerError, QuotaError
+from ..core.errors import InputError, MiniTransformerError, QuotaError
 from ..core.metrics import now
-from ..core.request import Delta, make_request
+from ..core.request import Delta, encode_prompt, make_request, prompt_token_ids
+from ..structured import DEFAULT_LIMITS, ConstraintLimits, StructuredOutputsParams
 from .connections import quiet_accept_errors
 from .engine_loop import EngineLoop
 from .errors import APIError, EngineFailed, QueueFull, bad_request, http_error, internal_error, too_many_requests
@@ -70,6 +70,7 @@ class ServerConfig:
     allowed_hosts: AllowedHosts = field(default_factory=lambda: AllowedHosts.for_binding("127.0.0.1"))
     allowed_origins: frozenset[str] = frozenset()    # web origins whose pages may read the API (CORS)
     metrics_key: str | None = None                   # the operator's key: /metrics and every tenant's events
+    constraint_limits: ConstraintLimits = DEFAULT_LIMITS   # what a structured-output constraint may cost
 
 
 class Server:
@@ -132,7 +133,7 @@ class Server:
         log.info("shutting down: ending the %d requests still running, with their partial text "
                  "(finish_reason abort)", len(self.in_flight))
         self.loop.abort_all(SHUTDOWN)
-        if not await self._wait_idle(ABORT_WAIT_S, forced):
+        if not await self._wait_idle(ABORT_WAIT_S, lambda: False):     # the aborts' final items: not to be hurried
             log.warning("shutting down: %d requests did not end within %gs of their abort", len(self.in_flight),
                         ABORT_WAIT_S)
 
@@ -150,7 +151,9 @@ class Server:
             except APIError as exc:
                 return exc.response()
             except MiniTransformerError as exc:
-                return bad_request(str(exc)).response()
+                return bad_request(str(exc), param=getattr(exc, "param", None)).response()
+            except ClientDisconnect:                     # the client left mid-body (or was closed by --body-timeout)
+                return Response(status_code=499)         # nobody reads it
             except Exception:
                 log.exception("internal error while serving %s %s", request.method, request.url.path)
                 return APIError(500, "internal server error; the server log has the details",
@@ -168,7 +171,8 @@ class Server:
     async def _generate(self, request: Request, chat: bool) -> Response:
         arrival = now()
         tenant = self._authorize(request)
-        api = parse_generation(await self._json(request), chat, self.prompt_limits)
+        api = await run_in_threadpool(parse_generation, await self._json(request), chat, self.prompt_limits,
+                                      self.config.constraint_limits)        # compiling a constraint takes a while
         self._check_model(api.model)
         prompt_ids, params = await run_in_threadpool(self._tokenize_request, api, tenant)
         priority = api.priority if api.priority is not None else (tenant.priority if tenant else 0)
@@ -208,17 +212,21 @@ class Server:
         builder = ResponseBuilder(request_id, self.config.model_name, chat, self.model.tokenizer,
                                   params.logprobs, api.return_token_ids)
         if api.stream:
-            return EventStream(self._events(items, builder, api.include_usage),
+            return EventStream(self._events(items, builder, api.include_usage, api.structured_param),
                                on_close=lambda: self.loop.abort(request_id))
-        return await self._whole(request, request_id, items, builder)
+        return await self._whole(request, request_id, items, builder, api.structured_param)
 
     def _tokenize_request(self, api: ApiRequest, tenant: Tenant | None):
         """Tokenize (chat template for chat) and check against the context and the tenant's quota, off the event
         loop. A chat request without max_tokens may use the rest of the context, as vLLM allows, and no more than
         its tenant's quota leaves. A request larger than the whole quota can never run: a 400 that says so, not a
         429 that invites retries (the openai client retries a 429 by itself)."""
-        request = make_request(self.model, api.prompt, api.params, api.chat)
-        ids, params = request.prompt_token_ids, api.params
+        ids, params = self._prompt_ids(api), api.params
+        if isinstance(params.structured, StructuredOutputsParams):   # its matcher over this model's vocabulary,
+            try:                                                     # built here so the engine thread only copies it
+                params.structured.prepare(self.model.tokenizer)
+            except MiniTransformerError as exc:
+                raise bad_request(f"{api.structured_param}: {exc}", param=api.structured_param) from None
         quota = tenant.quota_tokens if tenant is not None else None
         budget = self.max_request_tokens if quota is None else min(self.max_request_tokens, quota)
         if not api.max_tokens_given:
@@ -237,9 +245,20 @@ class Server:
                               code="quota_exceeded")
         return ids, params
 
-    async def _events(self, items: asyncio.Queue, builder: ResponseBuilder, include_usage: bool):
+    def _prompt_ids(self, api: ApiRequest) -> list[int]:
+        """The prompt's ids, checked against the context and the vocabulary (core's make_request); its refusal
+        names the field: a chat request's prompt is its `messages`."""
+        try:
+            return make_request(self.model, api.prompt, api.params, api.chat).prompt_token_ids
+        except InputError as exc:
+            param = "messages" if exc.param == "prompt" and api.chat else exc.param
+            raise bad_request(str(exc), param=param) from None
+
+    async def _events(self, items: asyncio.Queue, builder: ResponseBuilder, include_usage: bool,
+                      structured_param: str | None = None):
         """The server-sent events of one streamed request, to its final chunk and [DONE]. Leaving early (a
-        disconnect cancels it) aborts the request: EventStream's on_close."""
+        disconnect cancels it) aborts the request: EventStream's on_close. A request whose constraint failed ends
+        with its final chunk (finish_reason "abort"), then an error event naming the constraint."""
         first = builder.first_chunk()
         if first is not None:
             yield sse(first)
@@ -254,11 +273,13 @@ class Server:
             if item.result is not None:                 # finished
                 if include_usage:
                     yield sse(builder.usage_chunk(item.result))
+                if (failed := constraint_failure(item.result, structured_param)) is not None:
+                    yield sse(failed.body())
                 break
         yield SSE_DONE
 
     async def _whole(self, request: Request, request_id: str, items: asyncio.Queue,
-                     builder: ResponseBuilder) -> Response:
+                     builder: ResponseBuilder, structured_param: str | None = None) -> Response:
         """Gather one request's items into one response, watching that the client is still there."""
         entries, finished = [], False
         try:
@@ -279,6 +300,8 @@ class Server:
                         raise APIError(503, f"the server shut down before this request finished (after "
                                             f"{len(item.result.token_ids)} tokens); send it again once the server "
                                             "is back", type="server_error", code="server_shutting_down")
+                    if (failed := constraint_failure(item.result, structured_param)) is not None:
+                        raise failed
                     return JSONResponse(builder.response(item.result, entries))
         finally:
             if not finished:
@@ -298,15 +321,18 @@ class Server:
         data = await self._json(request)
         self._check_model(data.get("model"))
         chat = "messages" in data
-        api = parse_generation({"max_tokens": 1, **data}, chat=chat, limits=self.prompt_limits)
+        api = await run_in_threadpool(parse_generation, {"max_tokens": 1, **data}, chat, self.prompt_limits,
+                                      self.config.constraint_limits)
         tokenizer = self.model.tokenizer
         if chat:
-            ids = await run_in_threadpool(lambda: make_request(self.model, api.prompt, api.params, True)
-                                          .prompt_token_ids)
-        elif isinstance(api.prompt, str):
-            ids = await run_in_threadpool(tokenizer.encode, api.prompt)
+            ids = await run_in_threadpool(self._prompt_ids, api)
+        elif isinstance(api.prompt, str):               # counted whole, BOS included, as a completion reads it
+            ids = await run_in_threadpool(encode_prompt, tokenizer, api.prompt)
         else:
-            ids = cast(list[int], api.prompt)           # not text: parse_generation checked it is token ids
+            try:
+                ids = prompt_token_ids(api.prompt, tokenizer.vocab_size)
+            except InputError as exc:
+                raise bad_request(str(exc), param="prompt") from None
         body = {"count": len(ids), "max_model_len": self.loop.engine.config.max_model_len, "tokens": ids}
         if data.get("return_token_strs"):
             body["token_strs"] = tokenizer.pieces(ids)
@@ -430,3 +456,14 @@ def _bearer(request: Request) -> str | None:
     """The key of an 'Authorization: Bearer KEY' header, or None."""
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+def constraint_failure(result, structured_param: str | None) -> APIError | None:
+    """The 400 that names a structured-output constraint which failed while its request ran (a limit of its parser,
+    a mask over its time budget: Result.structured["error"]), or None. The request ended there (finish_reason
+    "abort", stop_reason "constraint") and its blocks are freed; the server and the rest of the batch go on."""
+    if result.stop_reason != "constraint":
+        return None
+    reason = (result.structured or {}).get("error") or "the constraint failed"
+    return APIError(400, f"{structured_param}: {reason} (after {len(result.token_ids)} tokens)",
+                    param=structured_param, code="constraint_failed")

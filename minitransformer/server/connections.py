@@ -7,8 +7,10 @@ forever. uvicorn has no setting for it and h11 (the HTTP/1.1 parser uvicorn uses
 unfinished request head, not its time. So `protocol_class` below subclasses uvicorn's own h11 protocol with one timer:
 armed while the connection waits for a request head (from the moment it opens, and again when the first bytes of a
 next request arrive), cancelled when the head is complete, and when it fires the connection is closed. It is the
-timer Go's http.Server calls ReadHeaderTimeout and nginx client_header_timeout; it does not limit a request body or a
-long streamed response, only the head.
+timer Go's http.Server calls ReadHeaderTimeout and nginx client_header_timeout. A second timer does the same for the
+body (Go's ReadTimeout, nginx client_body_timeout): armed when a head announces a body, cancelled when the whole body
+has arrived; a client that sends a head with Content-Length 100000, 13 bytes and then nothing is closed after
+--body-timeout seconds, with one log line. Neither limits a long streamed response.
 
 The same class caps the open connections (--limit-concurrency): a connection over the cap is answered 503 with
 OpenAI's error object (uvicorn's own limit answers in plain text) and closed, so it gives its descriptor back; an
@@ -42,14 +44,16 @@ REFUSAL_LOG_INTERVAL_S = 10.0        # at most one log line this often about ref
 OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE}
 
 
-def protocol_class(header_timeout_s: float, limit_concurrency: int | None) -> type:
-    """uvicorn's h11 protocol with a request-head deadline and a connection cap (see the module docstring)."""
+def protocol_class(header_timeout_s: float, limit_concurrency: int | None, body_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with request-head and request-body deadlines and a connection cap (see the module
+    docstring)."""
     refusals = RateLimitedLog(REFUSAL_LOG_INTERVAL_S)
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._head_timer: asyncio.TimerHandle | None = None
+            self._body_timer: asyncio.TimerHandle | None = None
             if limit_concurrency is not None and len(self.connections) > limit_concurrency:
                 self.app = _over_capacity(limit_concurrency)
                 refusals.log("refusing connections over --limit-concurrency %d with 503", limit_concurrency)
@@ -62,9 +66,17 @@ def protocol_class(header_timeout_s: float, limit_concurrency: int | None) -> ty
                     self._arm_head_timer()
             else:                                           # a whole head arrived: the request runs
                 self._cancel_head_timer()
+            if self.conn.their_state is h11.SEND_BODY:      # its body is on the way, or not
+                if self._body_timer is None and not self.transport.is_closing():
+                    self._body_timer = self.loop.call_later(body_timeout_s, self._body_timed_out)
+            elif self._body_timer is not None:              # the whole body arrived
+                self._body_timer.cancel()
+                self._body_timer = None
 
         def connection_lost(self, exc) -> None:
             self._cancel_head_timer()
+            if self._body_timer is not None:
+                self._body_timer.cancel()
             super().connection_lost(exc)
 
         def _arm_head_timer(self) -> None:
@@ -79,6 +91,14 @@ def protocol_class(header_timeout_s: float, limit_concurrency: int | None) -> ty
             self._head_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()                      # nothing was asked: no response is owed
+
+        def _body_timed_out(self) -> None:
+            self._body_timer = None
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                peer = self.transport.get_extra_info("peername")
+                log.warning("closed a connection from %s whose request body did not arrive within %gs "
+                            "(--body-timeout)", peer[0] if peer else "?", body_timeout_s)
+                self.transport.close()                      # the handler reading it ends as a disconnect
 
     return GuardedH11Protocol
 

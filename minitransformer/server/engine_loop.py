@@ -110,7 +110,9 @@ class EngineLoop:
                     outputs = self.engine.step()
                 except Exception as exc:                 # a bug in a step: fail its requests, keep the process up
                     log.exception("engine step failed; the server stops taking requests")
-                    self._fail_all(f"the engine failed: {type(exc).__name__}: {exc}")
+                    # what every client and /health (no key needed) are told: not the exception's text, which can
+                    # hold another request's data (a grammar, a prompt); the log has it
+                    self._fail_all(f"the engine failed ({type(exc).__name__}); the server log has the details")
                     continue
                 self._publish()                          # first: a client that sees its token sees these stats
                 self._dispatch(outputs)

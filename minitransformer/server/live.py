@@ -20,8 +20,10 @@ snapshot nobody reads. Its cost is one pass over the blocks and the sequences.
 With --api-keys the events need the key too. A browser's EventSource cannot send an Authorization header, so the page
 reads this stream with fetch(), as it reads a streamed completion, and sends `Authorization: Bearer KEY`. A tenant's
 key shows that tenant's requests in full and every other tenant's as anonymous occupancy (`view()`: status and
-block count, no id, token counts or block table), so one tenant cannot watch another's traffic; the metrics key
-(--metrics-key), or no keys at all, shows everything. HEAD answers the headers and ends: the stream never would.
+block count, no id, token counts or block table), the steps as occupancy too (how many requests ran, how long it took;
+not how many prompt and decode tokens, which are the others' traffic), and of the engine's counters only the
+occupancy (running, waiting, blocks in use): the engine-wide totals are what --metrics-key keeps off /metrics. The
+metrics key, or no keys at all, shows everything. HEAD answers the headers and ends: the stream never would.
 """
 
 from __future__ import annotations
@@ -87,19 +89,25 @@ def snapshot(engine_snapshot, finished: collections.deque, model_name: str) -> d
             "finished": list(finished)}
 
 
-def view(state: dict, tenant) -> dict:
-    """The snapshot as one viewer may see it: `tenant`'s own requests in full, the others as anonymous occupancy
-    (their status and how many blocks they hold). tenant=None: the viewer sees everything (the caller decides)."""
+OCCUPANCY = ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "num_free_blocks", "num_blocks")
+
+
+def view(state: dict, steps: list[dict], tenant) -> tuple[dict, list[dict]]:
+    """The snapshot and its steps as one viewer may see them: `tenant`'s own requests in full, the others as
+    anonymous occupancy (their status and how many blocks they hold), each step without its token counts, and of
+    the counters only OCCUPANCY. tenant=None: the viewer sees everything (the caller decides)."""
     if tenant is None:
-        return state
+        return state, steps
 
     def seen(seq: dict) -> dict:
         if seq["tenant"] == tenant:
             return seq
         return {"id": None, "tenant": None, "status": seq["status"], "num_blocks": len(seq["blocks"])}
 
-    return {**state, "running": [seen(s) for s in state["running"]], "waiting": [seen(s) for s in state["waiting"]],
-            "finished": [f for f in state["finished"] if f["tenant"] == tenant]}
+    return ({**state, "running": [seen(s) for s in state["running"]], "waiting": [seen(s) for s in state["waiting"]],
+             "finished": [f for f in state["finished"] if f["tenant"] == tenant],
+             "stats": {key: value for key, value in state["stats"].items() if key in OCCUPANCY}},
+            [{**step, "prefill_tokens": None, "decode_tokens": None} for step in steps])
 
 
 def step_dict(record) -> dict:
@@ -183,7 +191,8 @@ class LiveFeed:
                         steps = [r for r in steps if r.step > last_step]
                     if steps:
                         last_step = steps[-1].step
-                    yield sse({**view(state, tenant), "steps": [step_dict(r) for r in steps]})
+                    seen, seen_steps = view(state, [step_dict(r) for r in steps], tenant)
+                    yield sse({**seen, "steps": seen_steps})
                     quiet_since = now()
                 elif now() - quiet_since > KEEPALIVE_S:
                     yield ": keepalive\n\n"

@@ -17,7 +17,8 @@ with one vLLM adds later):
 
     minitransformer:structured_output_requests_total{type,complete}   counter: constrained requests finished, by
                                                                       kind and whether the output completed it
-    minitransformer:structured_output_masks_total                     counter: masks computed (one per token)
+    minitransformer:structured_output_masks_total                     counter: masks computed (one per token), as
+                                                                      they are computed (the engine's count)
     minitransformer:structured_output_mask_seconds_total              counter: time computing them; the ratio of
                                                                       the two rates is the mean cost per token
     minitransformer:structured_output_mask_seconds_per_token          histogram: one request's mean mask time
@@ -109,7 +110,6 @@ class ServerMetrics:
         self.transfer_bytes = Histogram(TRANSFER_BYTES,
                                         "Bytes per KV transfer from the prefill process.", TRANSFER_BYTES_BUCKETS)
         self.structured: dict[tuple[str, bool], int] = {}        # (kind, complete) -> requests
-        self.masks, self.mask_s = 0, 0.0
         self.mask_per_token = Histogram("minitransformer:structured_output_mask_seconds_per_token",
                                         "Mean time per token computing a request's structured-output mask.",
                                         MASK_BUCKETS)
@@ -145,8 +145,6 @@ class ServerMetrics:
         """Result.structured (structured.Constraint.summary) of a finished request; the caller holds the lock."""
         key = (summary["type"], bool(summary["complete"]))
         self.structured[key] = self.structured.get(key, 0) + 1
-        self.masks += summary["masks"]
-        self.mask_s += summary["mask_s"]
         if summary["mask_s_per_token"] is not None:
             self.mask_per_token.observe(summary["mask_s_per_token"])
 
@@ -179,12 +177,13 @@ class ServerMetrics:
             for histogram in (self.ttft, self.itl, self.queue, self.prefill, self.decode, self.e2e,
                               self.prompt_tokens, self.generation_tokens):
                 lines += histogram.lines(labels)
-            lines += self._structured_lines(sample)
+            lines += self._structured_lines(sample, stats)
             lines += self._transfer_lines(sample)
         return "\n".join(lines) + "\n"
 
-    def _structured_lines(self, sample) -> list[str]:
-        """The structured-output families (see the module docstring); the caller holds the lock."""
+    def _structured_lines(self, sample, stats: EngineStats) -> list[str]:
+        """The structured-output families (see the module docstring); the caller holds the lock. The mask counters
+        are the engine's, running requests' masks included, so they move while a costly constraint runs."""
         name = "minitransformer:structured_output_requests_total"
         lines = [f"# HELP {name} Finished requests with a structured-output constraint, by kind and completion.",
                  f"# TYPE {name} counter"]
@@ -192,9 +191,9 @@ class ServerMetrics:
                   for (kind, complete), count in sorted(self.structured.items())]
         return [*lines,
                 *sample("counter", "minitransformer:structured_output_masks_total",
-                        "Structured-output masks computed (one per generated token).", self.masks),
+                        "Structured-output masks computed (one per generated token).", stats.num_masks),
                 *sample("counter", "minitransformer:structured_output_mask_seconds_total",
-                        "Seconds spent computing structured-output masks.", self.mask_s),
+                        "Seconds spent computing structured-output masks.", stats.mask_s),
                 *self.mask_per_token.lines(self.labels)]
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from ..core.backend import is_int
 from ..core.errors import InputError
 from ..core.sampling_params import SamplingParams, sampling_options
+from ..structured import DEFAULT_LIMITS, ConstraintLimits
 from .errors import bad_request, json_type
 from .structured_fields import structured_outputs
 
@@ -72,6 +73,7 @@ class ApiRequest:
     include_usage: bool
     priority: int | None
     return_token_ids: bool = False
+    structured_param: str | None = None     # the field that gave the structured-output constraint, if one did
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,10 @@ def parse_json(body: bytes) -> dict:
     return data
 
 
-def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None) -> ApiRequest:
-    """A completions or chat body -> ApiRequest; every problem is a 400 naming its field. limits: the prompt's caps."""
+def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None,
+                     constraint_limits: ConstraintLimits = DEFAULT_LIMITS) -> ApiRequest:
+    """A completions or chat body -> ApiRequest; every problem is a 400 naming its field. limits: the prompt's caps;
+    constraint_limits: a structured-output constraint's (compiling one takes time: called off the event loop)."""
     for name in ("n", "best_of"):
         if (count := _get(data, name, int, 1)) != 1:
             raise bad_request(f"{name}={count} is not supported: this server returns exactly one choice per "
@@ -137,14 +141,15 @@ def parse_generation(data: dict, chat: bool, limits: PromptLimits | None = None)
               if (value := data.get(name) if kind is None else _get(data, name, kind, None)) is not None}
     stream_options = _get(data, "stream_options", dict, None) or {}
     stream = _get(data, "stream", bool, False)
-    structured = structured_outputs(data)            # compiled and checked here: a bad schema is a 400 now
+    structured, structured_param = structured_outputs(data, constraint_limits)   # compiled: a bad schema is a 400
     return ApiRequest(
         chat=chat, prompt=prompt,
         params=sampling_params(max_tokens=max_tokens if max_tokens is not None else 1, logprobs=logprobs,
                                structured=structured, **fields),
         max_tokens_given=max_tokens is not None, model=_get(data, "model", str, None), stream=stream,
         include_usage=stream and _get(stream_options, "include_usage", bool, False, "stream_options.include_usage"),
-        priority=_get(data, "priority", int, None), return_token_ids=_get(data, "return_token_ids", bool, False))
+        priority=_get(data, "priority", int, None), return_token_ids=_get(data, "return_token_ids", bool, False),
+        structured_param=structured_param)
 
 
 def sampling_params(**fields) -> SamplingParams:

@@ -1,5 +1,6 @@
 """Structured output as the HTTP API asks for it: OpenAI's `response_format`, vLLM's `structured_outputs` and its
-older `guided_*` fields, read into one StructuredOutputsParams (structured.py) that is compiled before any model work.
+older `guided_*` fields, read into one StructuredOutputsParams (structured/params.py) that is compiled before any
+model work.
 
     response_format {"type": "text"}                          free text (the default: no constraint)
     response_format {"type": "json_object"}                   any JSON object
@@ -32,7 +33,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.errors import InputError
-from ..structured import KINDS, StructuredOutputsParams
+from ..structured import DEFAULT_LIMITS, KINDS, ConstraintLimits, StructuredOutputsParams
 from .errors import bad_request, json_type
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -48,12 +49,14 @@ class Ask(NamedTuple):
     value: object
 
 
-def structured_outputs(data: dict) -> StructuredOutputsParams | None:
-    """The body's one structured-output constraint, compiled and checked, or None; each problem a 400 naming its
-    field."""
+def structured_outputs(data: dict, limits: ConstraintLimits = DEFAULT_LIMITS
+                       ) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The body's one structured-output constraint, compiled and checked within `limits` (--structured-*), and the
+    field it came from (what a later error about it names), or (None, None); each problem a 400 naming its field.
+    Compiling may take a while (limits.compile_timeout_s at most): the server calls this off its event loop."""
     asks = [*_response_format(data), *_structured_outputs(data), *_guided(data)]
     if not asks:
-        return None
+        return None, None
     if len(asks) > 1:
         names = [ask.field for ask in asks]
         listed = ", ".join(names[:-1]) + " and " + names[-1]
@@ -61,7 +64,7 @@ def structured_outputs(data: dict) -> StructuredOutputsParams | None:
                           param=names[1])
     ask = asks[0]
     try:
-        return StructuredOutputsParams.of({ask.kind: ask.value})
+        return StructuredOutputsParams.of({ask.kind: ask.value}, limits), ask.param
     except InputError as exc:
         raise bad_request(f"{ask.param}: {exc}", param=ask.param) from None
 

@@ -338,16 +338,20 @@
     $("c-peak").textContent = view.peakRunning;
     const used = s.num_blocks - s.num_free_blocks;
     $("c-kv").textContent = `${used} / ${s.num_blocks} (${Math.round((100 * used) / s.num_blocks)}%)`;
-    view.rates.push([state.time, s.num_generation_tokens]);
-    view.rates = view.rates.filter(([t]) => t >= state.time - RATE_WINDOW_S);
-    const [t0, n0] = view.rates[0];
-    $("c-tps").textContent = state.time > t0 && state.running.length ? ((s.num_generation_tokens - n0) /
-      (state.time - t0)).toFixed(0) : "–";
+    if (s.num_generation_tokens == null) {            // a tenant's view: the engine-wide totals are the operator's
+      $("c-tps").textContent = "–";
+    } else {
+      view.rates.push([state.time, s.num_generation_tokens]);
+      view.rates = view.rates.filter(([t]) => t >= state.time - RATE_WINDOW_S);
+      const [t0, n0] = view.rates[0];
+      $("c-tps").textContent = state.time > t0 && state.running.length ? ((s.num_generation_tokens - n0) /
+        (state.time - t0)).toFixed(0) : "–";
+    }
     const ttfts = state.finished.map((f) => f.ttft_s).filter((x) => x != null).sort((a, b) => a - b);
     const itls = state.finished.map((f) => f.itl_s).filter((x) => x != null);
     $("c-ttft").textContent = ttfts.length ? ms(ttfts[Math.floor((ttfts.length - 1) / 2)]) : "–";
     $("c-itl").textContent = itls.length ? ms(itls.reduce((a, b) => a + b, 0) / itls.length) : "–";
-    $("c-preempt").textContent = s.num_preemptions;
+    $("c-preempt").textContent = s.num_preemptions == null ? "–" : s.num_preemptions;
     $("c-prefix").textContent = s.prefix_cache_queries ?
       `${Math.round((100 * s.prefix_cache_hits) / s.prefix_cache_queries)}%` : "–";
     $("c-prefix").title = `${s.prefix_cache_hits} of ${s.prefix_cache_queries} prompt tokens looked up were cached`;
@@ -470,12 +474,14 @@
     ctx.clearRect(0, 0, width, height);
     const steps = view.steps;
     if (!steps.length) return;
-    const top = Math.max(...steps.map((s) => s.prefill_tokens + s.decode_tokens), 1);
+    // a tenant's view has no token counts (the others' traffic): its bars are the requests each step ran
+    const counted = (s) => (s.prefill_tokens == null ? s.num_seqs : s.prefill_tokens + s.decode_tokens);
+    const top = Math.max(...steps.map(counted), 1);
     const scale = (n) => (height - 14) * Math.sqrt(n / top);
     const bar = width / STEPS_SHOWN;
     steps.forEach((s, i) => {
       const x = width - (steps.length - i) * bar;
-      const decode = scale(s.decode_tokens), both = scale(s.prefill_tokens + s.decode_tokens);
+      const decode = scale(s.decode_tokens == null ? counted(s) : s.decode_tokens), both = scale(counted(s));
       ctx.fillStyle = "#3d7be0";
       ctx.fillRect(x, height - decode, Math.max(1, bar - 1), decode);
       ctx.fillStyle = "#f0932b";
@@ -487,10 +493,12 @@
     });
     ctx.fillStyle = "#5b6475";
     ctx.font = "11px system-ui, sans-serif";
-    ctx.fillText(`${top} tokens`, 4, 11);
     const last = steps[steps.length - 1];
-    $("timeline-note").textContent = `Last step: ${last.num_seqs} requests, ${last.prefill_tokens} prompt + ` +
-      `${last.decode_tokens} decode tokens in ${ms(last.duration_s)}.`;
+    ctx.fillText(last.prefill_tokens == null ? `${top} requests` : `${top} tokens`, 4, 11);
+    $("timeline-note").textContent = last.prefill_tokens == null
+      ? `Last step: ${last.num_seqs} requests in ${ms(last.duration_s)}.`
+      : `Last step: ${last.num_seqs} requests, ${last.prefill_tokens} prompt + ` +
+        `${last.decode_tokens} decode tokens in ${ms(last.duration_s)}.`;
     canvas.setAttribute("aria-label", `step timeline: ${steps.length} recent steps; ${$("timeline-note").textContent}`);
   }
 
