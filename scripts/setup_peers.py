@@ -4,7 +4,9 @@
 
 llama-server  downloads the llama-cpp-python sdist (it vendors llama.cpp's C++ source), configures that llama.cpp
               with CMake and builds only llama-server and llama-batched-bench, then copies them with their shared
-              libraries into the cache (~10 minutes on 2 cores).
+              libraries into the cache (~10 minutes on 2 cores) and runs them once on the model; a native build
+              that dies of SIGILL (a CPU that reports AMX inside a virtual machine that does not enable it) is
+              built again for the instruction sets /proc/cpuinfo reports, AMX off.
 vllm          makes a venv of its own with vLLM's CPU build (~3.4 GiB), removes the torchvision / torchaudio /
               torchcodec it drags in (CUDA-linked builds that break vLLM's import), adds gguf and accelerate, and
               exports the GGUF to HF format, which is what vLLM serves here.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -113,29 +116,67 @@ def llama_sdist(cache: Path) -> Path:
     return source
 
 
-def llama_build(cache: Path, jobs: int) -> None:
-    """Configure (once) and build the two targets, then copy them and every shared library into llama.cpp-<v>/bin."""
+def llama_build(cache: Path, jobs: int, gguf: Path | None) -> None:
+    """Configure (once) and build the two targets, copy them and every shared library into llama.cpp-<v>/bin, and
+    check that they run here (llama_runs). A native build that dies of a signal (SIGILL: the CPU reports an
+    instruction set, AMX, that the virtual machine does not enable) is built again for the instruction sets the
+    CPU reports, AMX left out."""
     bin_dir = llama_bin_dir(cache)
     if all(os.access(bin_dir / name, os.X_OK) for name in LLAMA_BINARIES):
-        say(f"llama.cpp: already built: {', '.join(str(bin_dir / n) for n in LLAMA_BINARIES)}")
-        return
+        if (died := llama_runs(bin_dir, gguf)) is None:
+            say(f"llama.cpp: already built: {', '.join(str(bin_dir / n) for n in LLAMA_BINARIES)}")
+            return
+        say(f"llama.cpp: the cached build {died}; building it again")
     need("cmake", "llama.cpp builds with CMake")
     if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
         raise SetupError("no C++ compiler on PATH (c++, g++ or clang++); install one (apt-get install g++) and rerun")
     source = llama_sdist(cache)
-    build = cache / "llama.cpp-build"
+    for build, options in ((cache / "llama.cpp-build", CMAKE_OPTIONS),
+                           (cache / "llama.cpp-build-portable", [*CMAKE_OPTIONS, *portable_options()])):
+        llama_compile(source, build, options, cache, jobs, bin_dir)
+        if (died := llama_runs(bin_dir, gguf)) is None:
+            say(f"llama.cpp: cached {', '.join(LLAMA_BINARIES)} and their libraries in {bin_dir}")
+            return
+        say(f"llama.cpp: the build in {build} {died}")
+    raise SetupError(f"llama.cpp's binaries in {bin_dir} do not run on this machine even built for the instruction "
+                     f"sets its CPU reports ({' '.join(portable_options())}): {died}")
+
+
+# The instruction sets of /proc/cpuinfo's flags that ggml has a CMake switch for (llama.cpp's ggml/CMakeLists.txt);
+# AMX is not among them on purpose: a CPU can report it to a virtual machine that does not enable it.
+GGML_INSTRUCTION_SETS = {"sse4_2": "GGML_SSE42", "avx": "GGML_AVX", "avx_vnni": "GGML_AVX_VNNI", "avx2": "GGML_AVX2",
+                         "bmi2": "GGML_BMI2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "avx512f": "GGML_AVX512",
+                         "avx512vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
+                         "avx512_bf16": "GGML_AVX512_BF16"}
+
+
+def portable_options(cpuinfo: str | None = None) -> list[str]:
+    """CMake options for a build that uses what this CPU reports (not -march=native), AMX off."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")),
+                     []))
+    return ["-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if flag in flags else 'OFF'}"
+                                   for flag, option in GGML_INSTRUCTION_SETS.items()),
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
+def llama_compile(source: Path, build: Path, options: list[str], cache: Path, jobs: int, bin_dir: Path) -> None:
+    """Configure `build` (once) with `options`, build the two targets there, copy them with their libraries."""
     if (build / "CMakeCache.txt").is_file():
         say(f"llama.cpp configure: already configured in {build}")
     else:
-        say(f"llama.cpp configure: cmake -S {source} -B {build} {' '.join(CMAKE_OPTIONS)}")
-        run(["cmake", "-S", source, "-B", build, *CMAKE_OPTIONS], "cmake configure",
-            log=cache / "logs" / "cmake-config.log")
-    say(f"llama.cpp build: {' '.join(LLAMA_BINARIES)} with -j{jobs} (log: {cache / 'logs' / 'build.log'})")
+        say(f"llama.cpp configure: cmake -S {source} -B {build} {' '.join(options)}")
+        run(["cmake", "-S", source, "-B", build, *options], "cmake configure",
+            log=cache / "logs" / f"cmake-config-{build.name}.log")
+    say(f"llama.cpp build: {' '.join(LLAMA_BINARIES)} with -j{jobs} (log: {cache / 'logs' / f'{build.name}.log'})")
     run(["cmake", "--build", build, "--target", *LLAMA_BINARIES, "-j", jobs], "cmake build",
-        log=cache / "logs" / "build.log")
+        log=cache / "logs" / f"{build.name}.log")
     bin_dir.mkdir(parents=True, exist_ok=True)
-    built = build / "bin"
-    for path in sorted(built.iterdir()):
+    for path in sorted((build / "bin").iterdir()):
         if path.name in LLAMA_BINARIES or ".so" in path.name:
             target = bin_dir / path.name
             if target.is_symlink() or target.exists():
@@ -144,7 +185,26 @@ def llama_build(cache: Path, jobs: int) -> None:
                 target.symlink_to(os.readlink(path))
             else:
                 shutil.copy2(path, target)
-    say(f"llama.cpp: cached {', '.join(LLAMA_BINARIES)} and their libraries in {bin_dir}")
+
+
+def llama_runs(bin_dir: Path, gguf: Path | None) -> str | None:
+    """None when the built binaries run here, else what went wrong ("died of SIGILL ..."). With a model, one short
+    llama-batched-bench run (a prefill and a few decode steps: the matrix kernels an instruction set would fault
+    in); without one, llama-server --version."""
+    if gguf is not None and gguf.is_file():
+        argv = [bin_dir / "llama-batched-bench", "-m", gguf, "-c", "256", "-npp", "16", "-ntg", "4", "-npl", "1"]
+    else:
+        argv = [bin_dir / "llama-server", "--version"]
+    try:
+        done = subprocess.run([str(a) for a in argv], capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return f"did not finish {argv[0].name} within 300 s"
+    if done.returncode < 0:
+        return f"died of {signal.Signals(-done.returncode).name} running {argv[0].name}"
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return f"exits with code {done.returncode} running {argv[0].name}: {last[0]}"
+    return None
 
 
 # ---- vLLM's CPU build and the HF export --------------------------------------------------------------------
@@ -237,13 +297,23 @@ def hf_setup(cache: Path) -> None:
     say(f"HF venv: ready in {venv}")
 
 
+def default_gguf(given: Path | None) -> Path | None:
+    """The model llama.cpp's build is tried on: --model, else the default model if it is on disk (else None)."""
+    from minitransformer.models import resolve_model_path
+    try:
+        return Path(given or resolve_model_path(None, fetch=False)).resolve()
+    except MiniTransformerError:
+        return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("peers", nargs="*", choices=("llama-server", "vllm", "hf"), metavar="PEER",
                    help="llama-server, vllm and/or hf (default: llama-server and vllm)")
     p.add_argument("--cache", type=Path, help=f"where to put them (default: {peers_dir()})")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile jobs (default: cores)")
-    p.add_argument("--model", type=Path, help="the GGUF to export for vLLM (default: minitransformer's default model)")
+    p.add_argument("--model", type=Path, help="the GGUF to export for vLLM and to try llama.cpp's build on (default: "
+                                              "minitransformer's default model)")
     args = p.parse_args(argv)
     wanted = args.peers or ["llama-server", "vllm"]
     cache = (args.cache or peers_dir()).expanduser().resolve()
@@ -251,7 +321,7 @@ def main(argv=None) -> int:
         cache.mkdir(parents=True, exist_ok=True)
         say(f"peers cache: {cache}")
         if "llama-server" in wanted:
-            llama_build(cache, args.jobs)
+            llama_build(cache, args.jobs, default_gguf(args.model))
         if "vllm" in wanted:
             from minitransformer.models import resolve_model_path
             gguf = Path(args.model or resolve_model_path(None, fetch=False)).resolve()

@@ -144,6 +144,8 @@ class Stream(threading.Thread):
     def run(self):
         try:
             with httpx.stream("POST", self.server.url + "/v1/completions", json=self.body, timeout=120) as response:
+                if response.status_code != 200:
+                    raise AssertionError(f"status {response.status_code}: {response.read().decode()}")
                 for payload in sse_payloads(response):
                     self.payloads.append(payload)
                     if len(self.payloads) >= 2:

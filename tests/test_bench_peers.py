@@ -185,3 +185,40 @@ def test_setup_script_does_nothing_when_everything_is_there():
     assert done.returncode == 0, done.stderr
     assert "already installed" in done.stdout and "HF export: already at" in done.stdout
     assert json.loads((peer_cache.hf_export_dir(model) / "config.json").read_text()).get("quantization_config") is None
+
+
+def _setup_module():
+    """scripts/setup_peers.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("setup_peers", ROOT / "scripts" / "setup_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_build_that_dies_of_a_signal_is_told_from_one_that_runs(tmp_path):
+    """The check after a build: a binary killed by SIGILL (AMX reported, not enabled) is named as such; one that
+    runs passes; one that fails says its exit code and last line."""
+    setup = _setup_module()
+    bench, server = tmp_path / "llama-batched-bench", tmp_path / "llama-server"
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    for script, expected in (("kill -ILL $$", "died of SIGILL running llama-batched-bench"),
+                             ("exit 0", None),
+                             ("echo 'error: bad model' >&2; exit 1",
+                              "exits with code 1 running llama-batched-bench: error: bad model")):
+        bench.write_text(f"#!/bin/sh\n{script}\n")
+        bench.chmod(0o755)
+        assert setup.llama_runs(tmp_path, model) == expected
+    server.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\nexit 3\n")     # no model: --version only
+    server.chmod(0o755)
+    assert setup.llama_runs(tmp_path, None) is None
+
+
+def test_the_portable_build_uses_what_the_cpu_reports_and_never_amx():
+    setup = _setup_module()
+    options = setup.portable_options("processor : 0\nflags : fpu sse4_2 avx avx2 fma f16c avx512f amx_tile amx_int8\n")
+    assert "-DGGML_NATIVE=OFF" in options
+    assert {"-DGGML_AVX2=ON", "-DGGML_AVX512=ON", "-DGGML_F16C=ON", "-DGGML_SSE42=ON"} <= set(options)
+    assert "-DGGML_AVX512_VNNI=OFF" in options
+    assert not any(option.startswith("-DGGML_AMX") and option.endswith("=ON") for option in options)

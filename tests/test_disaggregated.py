@@ -12,8 +12,11 @@ cannot run are refused with exit 2. No process outlives a test.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -23,7 +26,7 @@ from minitransformer.core.errors import InputError
 from minitransformer.core.sampling_params import SamplingParams
 from minitransformer.serving import Engine
 from minitransformer.serving.kv_transfer import LocalConnector
-from server_process import running_server, wait_for
+from server_process import ServerProcess, running_server, wait_for
 from test_tensor_parallel import cli, needs_mpi, process_tag
 
 __all__ = ["process_tag"]                       # a fixture shared with test_tensor_parallel.py
@@ -189,3 +192,39 @@ def test_serve_disaggregated_refuses(tiny_model_path, options, message):
     done = cli("serve", "--disaggregated", "--port", "0", "--model", str(tiny_model_path), *options, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@needs_mpi
+def test_a_dead_prefill_process_is_named_in_one_line_without_mpiexecs_banner(tiny_model_path, process_tag):
+    """The death line names the process that died (the prefill process, rank 1), not "a tensor-parallel rank", and
+    none of mpiexec's 80-column banner of '=' reaches the terminal."""
+    server = ServerProcess(["--disaggregated", "--model", str(tiny_model_path), "--log-level", "warning"])
+    try:
+        prefill = wait_for(lambda: rank_pids(server.process.pid).get(1), 60)
+        assert prefill, server.log
+        os.kill(prefill, signal.SIGKILL)
+        assert server.process.wait(60) == 1
+        server.reader.join(10)
+    finally:
+        server.stop()
+    lines = server.log.strip().splitlines()
+    errors = [line for line in lines if line.startswith("minitransformer: error:")]
+    assert len(errors) == 1 and errors[0].startswith("minitransformer: error: the prefill process (rank 1) died"), \
+        server.log
+    assert not any(line and set(line) == {"="} for line in lines) and "BAD TERMINATION" not in server.log
+    assert "Traceback" not in server.log, server.log
+
+
+def rank_pids(supervisor: int) -> dict[int, int]:
+    """The ranks `supervisor` started, by rank number (PMI_RANK is Hydra's name for it)."""
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if f"MINITRANSFORMER_TP_SUPERVISOR={supervisor}".encode() in environ:
+            rank = next((v for v in environ if v.startswith(b"PMI_RANK=")), None)
+            if rank is not None:
+                ranks[int(rank.split(b"=")[1])] = int(entry.name)
+    return ranks

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from minitransformer.cli import main
-from server_process import ServerProcess, wait_for
+from server_process import ServerProcess, Stream, wait_for
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 OPTIONS = ["--replicas", "2", "--max-num-seqs", "2", "--num-blocks", "64", "--log-level", "warning"]
@@ -47,9 +47,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def started(model_path) -> tuple[ServerProcess, list[str], set[int]]:
+def started(model_path, *extra: str) -> tuple[ServerProcess, list[str], set[int]]:
     """The command on free ports: its process, its replicas' URLs (from the startup line), and what it started."""
-    server = ServerProcess(["--model", str(model_path), *OPTIONS])
+    server = ServerProcess(["--model", str(model_path), *OPTIONS, *extra])
     assert server.wait_for_log("(Ctrl-C stops)", timeout_s=120), server.log
     line = next(line for line in server.log.splitlines() if "--replicas 2: router" in line)
     replicas = re.findall(r"http://127\.0\.0\.1:\d+", line.partition("-> replicas")[2])
@@ -97,6 +97,34 @@ def test_a_greedy_request_through_the_router_equals_one_replicas_and_sigterm_sto
     assert server.process.wait(60) == 0, server.log
     left = [pid for pid in children if alive(pid)]
     assert not left, f"still running after the supervisor exited: {left}\n{server.log}"
+    assert "Traceback" not in server.log, server.log
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+def test_sigterm_ends_the_streams_through_the_router_as_one_server_ends_them(real_model_path):
+    """The replicas drain first (their running streams end with a final chunk, finish_reason abort, and [DONE],
+    carried by the router still up), then the router stops: no stream is cut mid-chunk."""
+    server, urls, children = started(real_model_path, "--shutdown-timeout", "2")
+    try:
+        long = {"model": MODEL, "prompt": "Write a very long story about a dragon.", "max_tokens": 900,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        streams = [Stream(server, long) for _ in range(2)]
+        for stream in streams:
+            stream.start()
+        assert all(stream.running.wait(120) for stream in streams)
+        server.process.send_signal(signal.SIGTERM)
+        for stream in streams:
+            stream.join(60)
+        assert server.process.wait(60) == 0, server.log
+    finally:
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
+    for stream in streams:
+        assert stream.error is None and stream.payloads[-1] == "[DONE]", (stream.error, stream.payloads[-3:])
+        last = [c for c in stream.chunks() if c["choices"]][-1]["choices"][0]
+        assert (last["finish_reason"], last["stop_reason"]) == ("abort", "shutdown")
     assert "Traceback" not in server.log, server.log
 
 

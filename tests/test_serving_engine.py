@@ -224,10 +224,12 @@ def test_a_request_that_exactly_fills_the_pool_is_admitted(tiny_model):
 
 def test_prompt_larger_than_the_pool_is_refused_at_add_request(tiny_model):
     engine = Engine(tiny_model, num_blocks=4, block_size=4)
-    with pytest.raises(InputError, match=r"the prompt \(17 tokens\) does not fit in the whole KV cache \(4 blocks"):
+    with pytest.raises(InputError, match=r"the prompt \(17 tokens\) does not fit in the whole KV cache") as e:
         engine.add_request(prompts_of([17])[0], greedy(1))
-    with pytest.raises(InputError, match=r"prompt \+ max_tokens \(20 tokens\) does not fit .* = 16 tokens"):
+    assert e.value.param == "prompt"                    # the server's 400 names the field at fault
+    with pytest.raises(InputError, match=r"prompt \+ max_tokens \(20 tokens\) does not fit .* = 16 tokens") as e:
         engine.add_request(prompts_of([10])[0], greedy(10))
+    assert e.value.param == "max_tokens"
     assert not engine.has_unfinished_requests()
 
 
@@ -238,8 +240,9 @@ def test_admission_control_context_max_model_len_and_tenant_quota(tiny_model):
                     tenant_token_quota={"free": 40})
     with pytest.raises(InputError, match="exceeds the context length of 128"):
         engine.add_request(prompts_of([100])[0], greedy(29))
-    with pytest.raises(InputError, match=r"= 70 exceeds max_model_len 64"):
+    with pytest.raises(InputError, match=r"= 70 exceeds max_model_len 64") as e:
         engine.add_request(prompts_of([30])[0], greedy(40))
+    assert e.value.param == "max_tokens"
     engine.add_request(prompts_of([10])[0], greedy(20), tenant="free")
     with pytest.raises(InputError, match=r"tenant 'free' would hold 45 tokens in flight .* quota of 40"):
         engine.add_request(prompts_of([5])[0], greedy(10), tenant="free")

@@ -31,6 +31,7 @@ from minitransformer.core.errors import InputError
 from minitransformer.core.gguf_file import dequantize, open_gguf
 from minitransformer.parallel import communicator
 from minitransformer.parallel.plan import ShardPlan, check_tensor_parallel_size, supported_sizes
+from server_process import wait_for
 from tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,13 +302,16 @@ def test_a_killed_worker_ends_the_request_with_an_error_within_seconds(real_mode
     process = start_streaming(real_model_path, 400)
     workers = worker_pids(process.pid)
     assert len(workers) == 2
+    rank = next(v for v in Path(f"/proc/{workers[0]}/environ").read_bytes().split(b"\0") if v.startswith(b"PMI_RANK="))
     os.kill(workers[0], signal.SIGKILL)
     killed_at = time.monotonic()
     _, stderr = process.communicate(timeout=30)
     assert time.monotonic() - killed_at < 15
     assert process.returncode == 1
-    assert "a tensor-parallel rank died" in stderr.decode()
-    assert b"BAD TERMINATION" not in stderr
+    lines = stderr.decode().strip().splitlines()
+    assert lines[-1].startswith(f"minitransformer: error: tensor-parallel rank {rank.split(b'=')[1].decode()} died"), \
+        lines
+    assert b"BAD TERMINATION" not in stderr and not any(set(line) == {"="} for line in lines)
 
 
 @needs_mpi
@@ -324,3 +328,15 @@ def test_ranks_exit_when_the_command_itself_is_killed(real_model_path, process_t
     process = start_streaming(real_model_path, 400)
     process.kill()                                # no chance to stop anything: the ranks watch its pid
     process.wait(timeout=10)                      # the fixture then checks that every rank is gone
+
+
+@needs_mpi
+def test_ranks_exit_when_the_command_is_killed_and_its_parent_has_not_reaped_it(real_model_path, process_tag):
+    """A SIGKILLed supervisor that its parent (here, this test) has not waited for is a zombie, on which
+    os.kill(pid, 0) still succeeds: the ranks read its state instead, and exit as if it were gone."""
+    process = start_streaming(real_model_path, 400)
+    process.kill()
+    try:
+        assert wait_for(lambda: tagged_processes(process_tag) == [], 15), tagged_processes(process_tag)
+    finally:
+        process.wait(timeout=10)

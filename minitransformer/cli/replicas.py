@@ -140,8 +140,10 @@ def serve_replicas(args, sock) -> int:
         code = 1
     finally:
         sock.close()
-        stop_all([router], ROUTER_GRACE_S + STOP_MARGIN_S)         # first: no new requests reach the replicas
+        # The replicas first: each drains as one server does (its running streams end with their final chunk and
+        # [DONE], which the router still carries to the clients; a new request gets 503), then the router.
         stop_all(replicas, drain_s)
+        stop_all([router], ROUTER_GRACE_S + STOP_MARGIN_S)
         if code == 0:
             shutil.rmtree(logs, ignore_errors=True)
     return code

@@ -166,7 +166,7 @@ class Engine:
         total = len(request.prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise InputError(f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
-                             f"= {total} exceeds max_model_len {self.max_model_len}")
+                             f"= {total} exceeds max_model_len {self.max_model_len}", param="max_tokens")
         bm = self.block_manager
         capacity = bm.num_blocks * bm.block_size
         if total - 1 > capacity:                         # the last sampled token's K/V is never computed
@@ -174,7 +174,8 @@ class Engine:
             what = (f"the prompt ({prompt_len} tokens)" if prompt_len > capacity
                     else f"prompt + max_tokens ({total} tokens)")
             raise InputError(f"{what} does not fit in the whole KV cache ({bm.num_blocks} blocks x "
-                             f"{bm.block_size} = {capacity} tokens); raise num_blocks or lower max_tokens")
+                             f"{bm.block_size} = {capacity} tokens); raise num_blocks or lower max_tokens",
+                             param="prompt" if prompt_len > capacity else "max_tokens")
         if self.tenant_token_quota is not None:
             quota = self.tenant_token_quota
             limit = quota.get(tenant) if isinstance(quota, dict) else quota
