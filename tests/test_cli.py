@@ -118,9 +118,14 @@ def test_bad_model_file_is_one_line_exit_2(tmp_path, tiny_model_path, make, mess
 
 def test_prompt_longer_than_context_is_refused_before_any_work(tiny_model_path, capsys):
     # the tiny model's context is 128 tokens
+    assert main(["generate", "the cat " * 10, "--max-tokens", "120", "--model", str(tiny_model_path)]) == 2
+    err = capsys.readouterr().err
+    assert "exceeds the context length of 128 tokens" in err and "max_tokens (120)" in err
+    # max_tokens alone at or over the context leaves no room for any prompt: said as such, not as "a prompt of 0"
     assert main(["generate", "the cat", "--max-tokens", "200", "--model", str(tiny_model_path)]) == 2
     err = capsys.readouterr().err
-    assert "exceeds the context length of 128 tokens" in err and "max_tokens (200)" in err
+    assert err.strip() == ("minitransformer: error: max_tokens (200) leaves no room for a prompt in the context "
+                           "length of 128 tokens; at most 127 are allowed")
 
 
 @pytest.mark.parametrize("options,message", [            # each error names the option as it was typed
