@@ -11,6 +11,7 @@ holds the 256 byte tokens (llguidance can spell any text with them); the real mo
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 import re
 
 import jsonschema
@@ -145,9 +146,10 @@ def test_the_stop_rule_ends_a_complete_constraint_at_once():
         text, last_token_bytes = "ab", 1
     params = SamplingParams(max_tokens=50, min_tokens=10)
     assert check_stop(params, Detok, [7, 8], 1, 0, 3, 100) is None                  # min_tokens holds it ...
-    decision = check_stop(params, Detok, [7, 8], 1, 0, 3, 100, constraint_complete=True)
+    complete = SimpleNamespace(complete=True, error=None)                          # a TokenMask that is complete
+    decision = check_stop(params, Detok, [7, 8], 1, 0, 3, 100, complete)
     assert (decision.finish_reason, decision.stop_reason) == ("stop", "structured")  # ... unless it is complete
-    eos = check_stop(SamplingParams(max_tokens=50), Detok, [7, 0], 0, 0, 3, 100, constraint_complete=True)
+    eos = check_stop(SamplingParams(max_tokens=50), Detok, [7, 0], 0, 0, 3, 100, complete)
     assert eos.stop_reason == "eos"                              # EOS taken at a complete match is still EOS
     length = check_stop(SamplingParams(max_tokens=2), Detok, [7, 8], 1, 0, 3, 100)
     assert (length.finish_reason, length.stop_reason) == ("length", None)

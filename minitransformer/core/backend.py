@@ -107,13 +107,10 @@ def check_count(name: str, value, low: int = 1) -> int:
 
 
 def available_memory(xp=np) -> tuple[int | None, str]:
-    """Bytes a new array on xp's device can still take, and what sets that number (None: nothing known).
-
-    On a GPU: the device's free memory plus what CuPy's pool holds free for reuse. On the CPU: the smallest of
-    MemAvailable (what the kernel can hand out without swapping), the headroom under the address-space limit
-    (RLIMIT_AS, `ulimit -v`: an array past it fails however much RAM is free) and the cgroup's memory limit (a
-    container's share of the machine).
-    """
+    """Bytes a new array on xp's device can still take, and what sets that number (None: nothing known). On a GPU:
+    the device's free memory plus what CuPy's pool holds free for reuse. On the CPU: the smallest of MemAvailable
+    (what the kernel can hand out without swapping), the headroom under the address-space limit (RLIMIT_AS,
+    `ulimit -v`: an array past it fails however much RAM is free) and the cgroup's limit (a container's share)."""
     if xp is not np:
         free, _ = xp.cuda.runtime.memGetInfo()
         return int(free) + int(xp.get_default_memory_pool().free_bytes()), "free GPU memory"

@@ -310,12 +310,9 @@ class Transformer:
         return x @ self.lm_head                                            # (R, V)
 
     def _check_inputs(self, token_ids, positions):
-        """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong.
-
-        Host inputs (lists, NumPy) are checked on the host, where min/max are cheap, then uploaded once. Arrays
-        already on the GPU get the shape and dtype checks only: their range check would read them back to the host
-        (a synchronisation per step), so in-range ids are the caller's contract there.
-        """
+        """Both as (B, T) int64 arrays on the model's device, or one InputError naming what is wrong. Host inputs
+        are range-checked on the host (min/max are cheap there), then uploaded once; arrays already on the GPU get the
+        shape and dtype checks only, as reading them back would synchronise every step (in range is the caller's)."""
         xp = self.xp
         checked = []
         for name, values, limit, what in (("token_ids", token_ids, self.config.vocab_size, "the vocabulary"),

@@ -136,11 +136,8 @@ class RequestState:
         if self.constraint is not None:
             self.constraint.accept(token)
         new_chars = self.detokenizer.add_token(token)
-        constraint = self.constraint
         decision = check_stop(self.params, self.detokenizer, self.output_ids, new_chars, self.tokenizer.eos_id,
-                              len(self.prompt_token_ids), self.context_length,
-                              constraint is not None and constraint.complete,
-                              constraint is not None and constraint.error is not None) or abort
+                              len(self.prompt_token_ids), self.context_length, self.constraint) or abort
         if decision is None:
             return Delta(self.detokenizer.take_delta(), [token], logprobs=self._new_logprobs())
         return self.finish(decision, [token])
@@ -175,8 +172,7 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
     if not isinstance(params, SamplingParams):
         raise InputError(f"params must be a SamplingParams, got {type(params).__name__}"
                          + (": build one with SamplingParams(**params)" if isinstance(params, dict) else ""))
-    tokenizer, context = model.tokenizer, model.config.context_length
-    text = None
+    tokenizer, context, text = model.tokenizer, model.config.context_length, None
     if params.max_tokens >= context:
         raise InputError(f"max_tokens ({params.max_tokens}) leaves no room for a prompt in the context length of "
                          f"{context} tokens; at most {context - 1} are allowed", param="max_tokens")
@@ -211,12 +207,9 @@ def make_request(model, prompt, params: SamplingParams, chat: bool = False, arri
 
 
 def encode_prompt(tokenizer, text: str, limit: int | None = None) -> list[int]:
-    """A text prompt's ids as the model reads them: BOS first where the model file asks for it (Gemma; not
-    SmolLM2), then the text's tokens (encoding may stop soon after `limit` of them)."""
-    ids = tokenizer.encode(text, limit=limit)
-    if tokenizer.add_bos and tokenizer.bos_id is not None:
-        ids = [tokenizer.bos_id] + ids
-    return ids
+    """A text's ids as the model reads them: BOS first where the file asks (Gemma; not SmolLM2), then the text's."""
+    bos = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    return bos + tokenizer.encode(text, limit=limit)
 
 
 def prompt_token_ids(prompt, vocab_size: int) -> list[int]:

@@ -76,18 +76,16 @@ def api_reasons(finish_reason: str, stop_reason: object) -> tuple[str, object]:
 
 
 def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int], new_chars: int, eos_id: int | None,
-               prompt_len: int, context_length: int, constraint_complete: bool = False,
-               constraint_failed: bool = False) -> StopDecision | None:
+               prompt_len: int, context_length: int, constraint=None) -> StopDecision | None:
     """Apply the stop rules after one new token (already in output_ids and in detok.text; it added new_chars).
 
-    Reads params.min_tokens, ignore_eos, stop_token_ids, stop, include_stop_str_in_output, max_tokens.
-    constraint_complete: the request's structured-output constraint admits nothing more (Constraint.complete);
-    constraint_failed: it cannot go on (TokenMask.error is set).
+    Reads params' stop fields and the request's constraint (a TokenMask or None: rule 0 its error, 1 complete).
     """
-    if constraint_failed:
+    if constraint is not None and constraint.error is not None:
         return StopDecision("abort", "constraint")
+    complete = constraint is not None and constraint.complete
     num_output = len(output_ids)
-    if num_output < params.min_tokens and not constraint_complete:
+    if num_output < params.min_tokens and not complete:
         return None                       # vLLM v1 (scheduler check_stop): no stop check at all before min_tokens
     last = output_ids[-1]
     text_len = len(detok.text)
@@ -104,7 +102,7 @@ def check_stop(params, detok: IncrementalDetokenizer, output_ids: Sequence[int],
     if found is not None:
         start, stop = found
         return StopDecision("stop", stop, start + len(stop) if params.include_stop_str_in_output else start)
-    if constraint_complete:
+    if complete:
         return StopDecision("stop", "structured")
     if num_output >= params.max_tokens or prompt_len + num_output >= context_length:
         return StopDecision("length", None)
