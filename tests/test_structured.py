@@ -11,8 +11,8 @@ holds the 256 byte tokens (llguidance can spell any text with them); the real mo
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 import re
+from types import SimpleNamespace
 
 import jsonschema
 import numpy as np
