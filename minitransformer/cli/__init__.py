@@ -10,6 +10,7 @@ This file wires the subcommands to their functions; each lives in one short file
     serve.py      serve: the OpenAI-compatible HTTP server (minitransformer/server/)
     bench_serve.py  bench serve: the HTTP load generator's flags and command
     bench_engine.py bench engine: the engine on bench serve's workload against its own rates' bound
+    learn.py      learn: the build-it-yourself track (exercises/, minitransformer/learn/)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..models import DEFAULT_MODEL, KNOWN_MODELS
 from .bench_engine import add_bench_engine_parser
 from .bench_serve import add_bench_serve_parser
 from .generate import cmd_chat, cmd_generate
+from .learn import add_learn_parser, cmd_learn
 from .options import MODEL_HELP, add_model_options, add_sampling_options, add_structured_options
 from .serve import add_serve_parser, cmd_serve
 from .tensor_parallel import add_tensor_parallel_option
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read the tokenizer from this GGUF or known model (e.g. gemma3-270m) instead of the default")
 
     add_serve_parser(commands)
+    add_learn_parser(commands)
 
     dl = commands.add_parser("download", help="fetch a model by name (default: the default model) into the cache")
     dl.add_argument("--model", choices=tuple(KNOWN_MODELS), default=DEFAULT_MODEL,
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]     # what a tensor-parallel launch runs again
     commands = {"generate": cmd_generate, "chat": cmd_chat, "tokenize": cmd_tokenize, "download": cmd_download,
-                "figures": cmd_figures, "bench": cmd_bench, "serve": cmd_serve}
+                "figures": cmd_figures, "bench": cmd_bench, "serve": cmd_serve, "learn": cmd_learn}
     if sys.stderr is None:            # started with stderr closed (`2>&-`): print(file=None) would write to stdout
         sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:                               # started with stdout closed (`>&-`): nowhere to write
