@@ -1,0 +1,64 @@
+"""The model's exercises (02 gated_ffn, 03 rope, 04 attention, 05 kv_cache): the committed learner file fails as
+"not written yet", the engine's own function passes both stages, and a learner's classic mistake, written as a
+learner would write it, fails with that mistake named."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from minitransformer.learn import track
+from minitransformer.learn.track import CheckFailed
+
+
+def load(name: str, source: str, tmp_path):
+    """The function of a learner's file holding `source` (a wrong solution, as a learner would write it)."""
+    exercise = track.find(name)
+    path = tmp_path / exercise.file_name
+    path.write_text("import numpy as np\n\n" + textwrap.dedent(source))
+    return exercise, track.load_function(exercise, path), path
+
+
+def fails_with(name: str, source: str, tmp_path) -> str:
+    exercise, fn, path = load(name, source, tmp_path)
+    with pytest.raises(CheckFailed) as failed:
+        track.run_check(exercise, fn, path)
+    return str(failed.value)
+
+
+@pytest.mark.parametrize("name", ["gated_ffn"])
+def test_untouched_file_is_not_written_yet(name, real_model_path):
+    exercise = track.find(name)
+    path = track.REPO_EXERCISES / exercise.file_name
+    with pytest.raises(CheckFailed, match="not written yet"):
+        track.run_check(exercise, track.load_function(exercise, path), path)
+
+
+@pytest.mark.parametrize("name", ["gated_ffn"])
+def test_the_engines_own_function_passes(name, real_model_path):
+    exercise = track.find(name)
+    lines = track.run_check(exercise, exercise.reference)
+    assert lines and "token for token" in lines[-1]
+
+
+# ------------------------------------------------------------------------------------------ 02 gated_ffn
+
+def test_gated_ffn_activation_on_the_up_half(tmp_path, real_model_path):
+    message = fails_with("gated_ffn", """
+        def swiglu(x, w_gate_up, w_down, activation):
+            F = w_down.shape[0]
+            gate, up = x @ w_gate_up[:, F:], x @ w_gate_up[:, :F]
+            return (activation(gate) * up) @ w_down
+        """, tmp_path)
+    assert "gate and up are swapped" in message
+
+
+def test_gated_ffn_activation_after_the_product(tmp_path, real_model_path):
+    message = fails_with("gated_ffn", """
+        def swiglu(x, w_gate_up, w_down, activation):
+            F = w_down.shape[0]
+            h = x @ w_gate_up
+            return activation(h[:, :F] * h[:, F:]) @ w_down
+        """, tmp_path)
+    assert "applied after the product" in message
