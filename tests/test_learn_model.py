@@ -27,7 +27,7 @@ def fails_with(name: str, source: str, tmp_path) -> str:
     return str(failed.value)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn"])
+@pytest.mark.parametrize("name", ["gated_ffn", "rope"])
 def test_untouched_file_is_not_written_yet(name, real_model_path):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -35,7 +35,7 @@ def test_untouched_file_is_not_written_yet(name, real_model_path):
         track.run_check(exercise, track.load_function(exercise, path), path)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn"])
+@pytest.mark.parametrize("name", ["gated_ffn", "rope"])
 def test_the_engines_own_function_passes(name, real_model_path):
     exercise = track.find(name)
     lines = track.run_check(exercise, exercise.reference)
@@ -62,3 +62,33 @@ def test_gated_ffn_activation_after_the_product(tmp_path, real_model_path):
             return activation(h[:, :F] * h[:, F:]) @ w_down
         """, tmp_path)
     assert "applied after the product" in message
+
+
+# ------------------------------------------------------------------------------------------------ 03 rope
+
+def test_rope_rotate_half_where_interleaved_is_asked(tmp_path, real_model_path):
+    message = fails_with("rope", """
+        def apply_rope(x, cos, sin, pairing):
+            half = x.shape[-1] // 2
+            c, s = cos[:, None], sin[:, None]
+            a, b = x[..., :half], x[..., half:]
+            return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+        """, tmp_path)
+    assert "where \"interleaved\" was asked" in message
+
+
+def test_rope_sine_sign_flipped(tmp_path, real_model_path):
+    message = fails_with("rope", """
+        def apply_rope(x, cos, sin, pairing):
+            c, s = cos[:, None], sin[:, None]
+            out = np.empty_like(x)
+            if pairing == "neox":
+                half = x.shape[-1] // 2
+                a, b = x[..., :half], x[..., half:]
+                out[..., :half], out[..., half:] = a * c + b * s, -a * s + b * c
+            else:
+                a, b = x[..., 0::2], x[..., 1::2]
+                out[..., 0::2], out[..., 1::2] = a * c + b * s, -a * s + b * c
+            return out
+        """, tmp_path)
+    assert "sine's sign is flipped" in message
