@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from ..core import layers, model
 from .track import CheckFailed, Exercise, compare, greedy_ids, plugged, random_inputs, real_model, same_tokens
 
@@ -44,6 +46,16 @@ MISTAKES = (
 )
 
 
+def _float32(what: str, got) -> None:
+    """A float64 result passes the values but turns every layer after it float64, several times slower: the check
+    asks for float32 (NumPy 2 promotes a float32 array by a float64 scalar such as np.sqrt(64))."""
+    dtype = np.asarray(got).dtype
+    if dtype != np.float32:
+        raise CheckFailed(f"{what} returns {dtype}, not float32: the model runs in float32, and a {dtype} result "
+                          f"makes every layer after it {dtype} (several times slower). A NumPy float64 scalar "
+                          f"such as np.sqrt(64) promotes float32 arrays: use a Python float (math.sqrt(64), 1 / 8)")
+
+
 @functools.cache
 def _reference_ids() -> tuple[int, ...]:
     """The real model's greedy tokens with the engine's own swiglu (computed once per process)."""
@@ -56,8 +68,10 @@ def check(swiglu) -> list[str]:
     w_gate_up, w_down = w_gate_up / math.sqrt(D), w_down / math.sqrt(F)
     for activation in (layers.silu, layers.gelu_tanh):
         inputs = (x, w_gate_up, w_down, activation)
-        compare(f"swiglu(x, w_gate_up, w_down, {activation.__name__}) on x (5, 576)", swiglu(*inputs),
+        got = swiglu(*inputs)                                                  # (N, D)
+        compare(f"swiglu(x, w_gate_up, w_down, {activation.__name__}) on x (5, 576)", got,
                 layers.swiglu(*inputs), inputs, MISTAKES, atol=1e-4, axes=("token", "i"))
+        _float32("swiglu", got)
     calls = 0
 
     def counted(*args):

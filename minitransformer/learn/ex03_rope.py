@@ -48,6 +48,16 @@ MISTAKES = (
 )
 
 
+def _float32(what: str, got) -> None:
+    """A float64 result passes the values but turns every layer after it float64, several times slower: the check
+    asks for float32 (NumPy 2 promotes a float32 array by a float64 scalar such as np.sqrt(64))."""
+    dtype = np.asarray(got).dtype
+    if dtype != np.float32:
+        raise CheckFailed(f"{what} returns {dtype}, not float32: the model runs in float32, and a {dtype} result "
+                          f"makes every layer after it {dtype} (several times slower). A NumPy float64 scalar "
+                          f"such as np.sqrt(64) promotes float32 arrays: use a Python float (math.sqrt(64), 1 / 8)")
+
+
 @functools.cache
 def _reference() -> tuple[tuple[int, ...], np.ndarray]:
     """The real model's greedy tokens and the prompt's next-token logits (V,) with the engine's own apply_rope."""
@@ -68,8 +78,10 @@ def check(apply_rope) -> list[str]:
     cos, sin = cos_table[positions], sin_table[positions]                    # (B, T, 32) each
     for pairing in ("interleaved", "neox"):
         inputs = (x, cos, sin, pairing)
-        compare(f"apply_rope(x, cos, sin, {pairing!r}) on x (2, 12, 7, 64)", apply_rope(*inputs),
+        rotated = apply_rope(*inputs)                                          # (B, heads, T, d)
+        compare(f"apply_rope(x, cos, sin, {pairing!r}) on x (2, 12, 7, 64)", rotated,
                 layers.apply_rope(*inputs), inputs, MISTAKES, axes=("batch", "head", "token", "i"))
+        _float32("apply_rope", rotated)
     expected_ids, expected_logits = _reference()
     calls = 0
 
