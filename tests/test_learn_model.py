@@ -27,7 +27,7 @@ def fails_with(name: str, source: str, tmp_path) -> str:
     return str(failed.value)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn", "rope"])
+@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention"])
 def test_untouched_file_is_not_written_yet(name, real_model_path):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -35,7 +35,7 @@ def test_untouched_file_is_not_written_yet(name, real_model_path):
         track.run_check(exercise, track.load_function(exercise, path), path)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn", "rope"])
+@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention"])
 def test_the_engines_own_function_passes(name, real_model_path):
     exercise = track.find(name)
     lines = track.run_check(exercise, exercise.reference)
@@ -92,3 +92,41 @@ def test_rope_sine_sign_flipped(tmp_path, real_model_path):
             return out
         """, tmp_path)
     assert "sine's sign is flipped" in message
+
+
+# ------------------------------------------------------------------------------------------- 04 attention
+
+ATTENTION = """
+    import math
+
+    def attention(q, k, v, q_positions, k_positions):
+        G = q.shape[1] // k.shape[1]
+        k, v = {spread}
+        scores = q @ k.transpose(0, 1, 3, 2) / {scale}
+        hidden = k_positions[:, None, :] {compare} q_positions[:, :, None]
+        scores = np.where(hidden[:, None], -np.inf, scores)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        return weights / weights.sum(-1, keepdims=True) @ v
+    """
+RIGHT = {"spread": "np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)", "scale": "math.sqrt(64)", "compare": ">"}
+
+
+def test_attention_as_written_here_is_right(tmp_path, real_model_path):
+    exercise, fn, path = load("attention", ATTENTION.format(**RIGHT), tmp_path)
+    assert "token for token" in track.run_check(exercise, fn, path)[-1]
+
+
+def test_attention_gqa_heads_tiled(tmp_path, real_model_path):
+    spread = "np.tile(k, (1, G, 1, 1)), np.tile(v, (1, G, 1, 1))"
+    message = fails_with("attention", ATTENTION.format(**{**RIGHT, "spread": spread}), tmp_path)
+    assert "query head h reads KV head h // 3" in message
+
+
+def test_attention_mask_hides_its_own_key(tmp_path, real_model_path):
+    message = fails_with("attention", ATTENTION.format(**{**RIGHT, "compare": ">="}), tmp_path)
+    assert "a query cannot see its own key" in message
+
+
+def test_attention_float64_scale(tmp_path, real_model_path):
+    message = fails_with("attention", ATTENTION.format(**{**RIGHT, "scale": "np.sqrt(64)"}), tmp_path)
+    assert "returns float64, not float32" in message
