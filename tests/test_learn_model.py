@@ -27,7 +27,7 @@ def fails_with(name: str, source: str, tmp_path) -> str:
     return str(failed.value)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention"])
+@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention", "kv_cache"])
 def test_untouched_file_is_not_written_yet(name, real_model_path):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -35,7 +35,7 @@ def test_untouched_file_is_not_written_yet(name, real_model_path):
         track.run_check(exercise, track.load_function(exercise, path), path)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention"])
+@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention", "kv_cache"])
 def test_the_engines_own_function_passes(name, real_model_path):
     exercise = track.find(name)
     lines = track.run_check(exercise, exercise.reference)
@@ -130,3 +130,69 @@ def test_attention_mask_hides_its_own_key(tmp_path, real_model_path):
 def test_attention_float64_scale(tmp_path, real_model_path):
     message = fails_with("attention", ATTENTION.format(**{**RIGHT, "scale": "np.sqrt(64)"}), tmp_path)
     assert "returns float64, not float32" in message
+
+
+# -------------------------------------------------------------------------------------------- 05 kv_cache
+
+KV_CACHE = """
+    class KVCache:
+        def __init__(self, config, max_len, batch=1):
+            shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
+            self.k = np.zeros(shape, np.float32)
+            self.v = np.zeros(shape, np.float32)
+            self.max_len, self.batch = max_len, batch
+            self.length = 0
+
+        def store(self, layer, start, k_new, v_new):
+            T = k_new.shape[2]
+            self.k[layer, :, start:start + T] = k_new.transpose(0, 2, 1, 3)
+            self.v[layer, :, start:start + T] = v_new.transpose(0, 2, 1, 3)
+
+        def read(self, layer, q, positions, attention, S):
+            k = self.k[layer, :, :S].transpose(0, 2, 1, 3)
+            v = self.v[layer, :, :S].transpose(0, 2, 1, 3)
+            return attention.causal(q, k, v, positions, np.broadcast_to(np.arange(S), (self.batch, S)))
+
+        def attend(self, layer, q, k_new, v_new, positions, attention):
+            T = k_new.shape[2]
+{attend}
+
+        def advance(self, T):
+{advance}
+    """
+STORE_THEN_READ = """
+            self.store(layer, self.length, k_new, v_new)
+            return self.read(layer, q, positions, attention, self.length + T)"""
+
+
+def kv_cache(attend: str = STORE_THEN_READ, advance: str = "self.length += T") -> str:
+    return KV_CACHE.format(attend=textwrap.indent(textwrap.dedent(attend).strip(), " " * 12),
+                           advance=textwrap.indent(advance, " " * 12))
+
+
+def test_kv_cache_as_written_here_is_right(tmp_path, real_model_path):
+    exercise, fn, path = load("kv_cache", kv_cache(), tmp_path)
+    assert "token for token" in track.run_check(exercise, fn, path)[-1]
+
+
+def test_kv_cache_attends_before_appending(tmp_path, real_model_path):
+    message = fails_with("kv_cache", kv_cache(attend="""
+        out = self.read(layer, q, positions, attention, self.length)
+        self.store(layer, self.length, k_new, v_new)
+        return out"""), tmp_path)
+    assert "a token cannot see itself" in message
+
+
+def test_kv_cache_advances_inside_attend(tmp_path, real_model_path):
+    message = fails_with("kv_cache", kv_cache(attend="""
+        self.store(layer, self.length, k_new, v_new)
+        self.length += T
+        return self.read(layer, q, positions, attention, self.length)""", advance="pass"), tmp_path)
+    assert "length moves on inside attend" in message
+
+
+def test_kv_cache_writes_at_slot_zero(tmp_path, real_model_path):
+    message = fails_with("kv_cache", kv_cache(attend="""
+        self.store(layer, 0, k_new, v_new)
+        return self.read(layer, q, positions, attention, self.length + T)"""), tmp_path)
+    assert "every pass writes at slot 0" in message
