@@ -75,3 +75,75 @@ def test_generate_cache_too_small(tmp_path, real_model_path):
 def test_generate_no_eos_stop(tmp_path, real_model_path):
     exercise, fn = load(tmp_path, "generate", GENERATE.format(cache_len="len(prompt_ids) + max_tokens", stop="pass"))
     fails_naming(exercise, fn, "does not stop at eos_id")
+
+
+# ---------------------------------------------------------------------------------------------- 07 sampling
+
+SAMPLING = """
+    import numpy as np
+
+
+    def softmax(x):
+        e = np.exp(x - x.max())
+        return e / e.sum()
+
+
+    def top_k_filter(logits, keep, k):
+        if k > 0:
+            kth = np.sort(np.where(keep, logits, -np.inf))[::-1][k - 1]
+            keep = keep & (logits >= kth)
+        return keep
+
+
+    def top_p_filter(logits, keep, p):
+        if p < 1:
+            probs = softmax(np.where(keep, logits, -np.inf))
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            kept = order[{top_p_rule}]
+            keep = keep & np.isin(np.arange(len(logits)), kept)
+        return keep
+
+
+    def filtered_probs(logits, temperature, top_k, top_p, min_p):
+        if temperature < 1e-5:
+            out = np.zeros_like(logits)
+            out[np.argmax(logits)] = 1.0
+            return out
+        logits = logits / temperature
+        keep = np.ones(len(logits), dtype=bool)
+        if min_p > 0:
+            probs = softmax(logits)
+            keep = probs >= min_p * probs.max()
+        {filters}
+        return softmax(np.where(keep, logits, -np.inf))
+"""
+RIGHT_ORDER = "keep = top_p_filter(logits, top_k_filter(logits, keep, top_k), top_p)"
+
+
+def test_sampling_untouched():
+    untouched_says_not_written("sampling")
+
+
+def test_sampling_reference_passes(real_model_path):
+    exercise = track.find("sampling")
+    lines = track.run_check(exercise, exercise.reference)
+    assert any("total variation distance" in line for line in lines), lines
+
+
+def test_sampling_right_solution_as_written_passes(real_model_path, tmp_path):
+    exercise, fn = load(tmp_path, "sampling", SAMPLING.format(top_p_rule="cumulative - probs[order] < p",
+                                                              filters=RIGHT_ORDER))
+    assert track.run_check(exercise, fn)
+
+
+def test_sampling_top_p_drops_crossing_token(tmp_path):
+    exercise, fn = load(tmp_path, "sampling", SAMPLING.format(top_p_rule="cumulative < p", filters=RIGHT_ORDER))
+    fails_naming(exercise, fn, "top_p 0.9", "drops the token that crosses top_p")
+
+
+def test_sampling_top_k_after_top_p(tmp_path):
+    exercise, fn = load(tmp_path, "sampling", SAMPLING.format(
+        top_p_rule="cumulative - probs[order] < p",
+        filters="keep = top_k_filter(logits, top_p_filter(logits, keep, top_p), top_k)"))
+    fails_naming(exercise, fn, "top_k 5 and top_p 0.8", "top_k is applied after top_p")
