@@ -147,3 +147,58 @@ def test_sampling_top_k_after_top_p(tmp_path):
         top_p_rule="cumulative - probs[order] < p",
         filters="keep = top_k_filter(logits, top_p_filter(logits, keep, top_p), top_k)"))
     fails_naming(exercise, fn, "top_k 5 and top_p 0.8", "top_k is applied after top_p")
+
+
+# ---------------------------------------------------------------------------------------------- 08 stop_strings
+
+STOP_STRINGS = """
+    def find_stop_string(text, new_chars, stops):
+        best = None
+        for stop in stops:
+            {search}
+            if start != -1 and (best is None or (start, len(stop)) < (best[0], len(best[1]))):
+                best = ({start}, stop)
+        return best
+
+
+    def held_back(text, pending, stops):
+        {hold}
+"""
+SEARCH_WINDOW = "start = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))"
+HOLD_LONGEST = """best = 0
+        for stop in stops:
+            for k in range(min(len(stop) - 1, pending), 0, -1):
+                if text.endswith(stop[:k]):
+                    best = max(best, k)
+                    break
+        return best"""
+
+
+def test_stop_strings_untouched():
+    untouched_says_not_written("stop_strings")
+
+
+def test_stop_strings_reference_passes(real_model_path):
+    exercise = track.find("stop_strings")
+    lines = track.run_check(exercise, exercise.reference)
+    assert any("math problem" in line for line in lines), lines
+
+
+def test_stop_strings_only_new_characters(tmp_path):
+    exercise, fn = load(tmp_path, "stop_strings", STOP_STRINGS.format(
+        search="start = text[len(text) - new_chars:].find(stop)\n            "
+               "start = start if start == -1 else start + len(text) - new_chars",
+        start="start", hold=HOLD_LONGEST))
+    fails_naming(exercise, fn, "straddles two tokens", "only the new characters are searched")
+
+
+def test_stop_strings_index_after_the_stop(tmp_path):
+    exercise, fn = load(tmp_path, "stop_strings", STOP_STRINGS.format(search=SEARCH_WINDOW,
+                                                                      start="start + len(stop)", hold=HOLD_LONGEST))
+    fails_naming(exercise, fn, "where the stop string ends")
+
+
+def test_stop_strings_holds_nothing(tmp_path):
+    exercise, fn = load(tmp_path, "stop_strings", STOP_STRINGS.format(search=SEARCH_WINDOW, start="start",
+                                                                      hold="return 0"))
+    fails_naming(exercise, fn, "held_back(", "nothing is held back")
