@@ -60,14 +60,14 @@ HOLD_MISTAKES: tuple[tuple[str, Callable], ...] = (
 )
 MISTAKES = FIND_MISTAKES + HOLD_MISTAKES
 
-FIND_CASES = (                     # (text, new_chars, stops), what each one exercises
+FIND_CASES: tuple[tuple[tuple[Any, ...], str], ...] = (   # (text, new_chars, stops), what each one exercises
     (("The answer is 4. The end", 3, ("The end",)), "a stop string that straddles two tokens"),
     (("Paris. The", 4, (". T", "Paris")), "a stop string ending inside the new characters"),
     (("one two three", 6, ("four",)), "no stop string"),
     (("a foo bar", 4, ("bar", "foo bar")), "two stop strings completed by the same token"),
     (("xx abc", 4, ("abc", "ab")), "two stop strings starting at the same place"),
 )
-HOLD_CASES = (                     # (text, pending, stops), what each one exercises
+HOLD_CASES: tuple[tuple[tuple[Any, ...], str], ...] = (   # (text, pending, stops), what each one exercises
     (("This classic mat", 10, ("math problem",)), "the start of a stop string at the end"),
     (("This classic mat", 2, ("math problem",)), "only 2 characters unstreamed"),
     (("Hello world", 5, ("ab", "xyz")), "nothing that could begin a stop string"),
