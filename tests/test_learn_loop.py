@@ -202,3 +202,36 @@ def test_stop_strings_holds_nothing(tmp_path):
     exercise, fn = load(tmp_path, "stop_strings", STOP_STRINGS.format(search=SEARCH_WINDOW, start="start",
                                                                       hold="return 0"))
     fails_naming(exercise, fn, "held_back(", "nothing is held back")
+
+
+# ---------------------------------------------------------------------------------------------- 09 detokenizer
+
+def test_detokenizer_untouched():
+    untouched_says_not_written("detokenizer")
+
+
+def test_detokenizer_reference_passes(real_model_path):
+    exercise = track.find("detokenizer")
+    lines = track.run_check(exercise, exercise.reference)
+    assert any("no U+FFFD" in line for line in lines), lines
+
+
+def test_detokenizer_decodes_everything(tmp_path):
+    exercise, fn = load(tmp_path, "detokenizer", """
+        def complete_prefix(data):
+            data.decode("utf-8", errors="replace")      # never fails, so everything can go
+            return len(data)
+    """)
+    fails_naming(exercise, fn, "b'caf\\xc3'", "comes out as U+FFFD")
+
+
+def test_detokenizer_holds_one_byte(tmp_path):
+    exercise, fn = load(tmp_path, "detokenizer", """
+        def complete_prefix(data):
+            try:
+                data.decode("utf-8")
+                return len(data)
+            except UnicodeDecodeError:
+                return len(data) - 1                    # the last byte waits for the rest
+    """)
+    fails_naming(exercise, fn, "only the last byte is held back")
