@@ -78,7 +78,12 @@ def _run_case(greedy_generate, what: str, prompt_ids: list[int], max_tokens: int
     if got == expected:
         return got
     inputs = (model, list(prompt_ids), max_tokens, eos_id)
-    hint = likely_mistake(np.asarray(got), inputs, MISTAKES, 0, 0)
+    if got[:len(expected)] == expected and expected[-1:] == [eos_id]:      # went on past EOS: no need to rerun
+        hint = f". Likely mistake: {MISTAKES[1][0]}"
+    elif got[:max_tokens] == expected and len(got) == max_tokens + 1:
+        hint = f". Likely mistake: {MISTAKES[2][0]}"
+    else:                                                                  # rerun the model as each mistake would
+        hint = likely_mistake(np.asarray(got), inputs, MISTAKES, 0, 0)
     try:
         same_tokens(what, got, expected, model.tokenizer.decode)
     except CheckFailed as failed:
