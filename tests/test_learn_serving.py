@@ -1,0 +1,66 @@
+"""The serving-and-beyond exercises of the build-it-yourself track (10-14): the untouched learner file fails with
+"not written yet", the engine's own function passes both stages, and a planted classic mistake is named."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from minitransformer.learn import track
+
+
+def _learner(tmp_path, name: str, source: str):
+    """A learner's file with `source` in it, loaded as `learn check` loads it."""
+    exercise = track.find(name)
+    path = tmp_path / exercise.file_name
+    path.write_text(textwrap.dedent(source))
+    return exercise, track.load_function(exercise, path), path
+
+
+def _fails_with(exercise, fn, path, *fragments: str) -> str:
+    with pytest.raises(track.CheckFailed) as failed:
+        track.run_check(exercise, fn, path)
+    message = str(failed.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+@pytest.mark.parametrize("name", ["paged_slots"])
+def test_untouched_file_is_not_written_yet(name):
+    exercise = track.find(name)
+    path = track.REPO_EXERCISES / exercise.file_name
+    fn = track.load_function(exercise, path)
+    _fails_with(exercise, fn, path, "not written yet")
+
+
+# ------------------------------------------------------------------------------------------------ 10 paged_slots
+
+def test_paged_slots_reference_passes(real_model_path):
+    lines = track.run_check(track.find("paged_slots"), track.find("paged_slots").reference)
+    assert any("token for token" in line for line in lines)
+
+
+def test_paged_slots_logical_block_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "paged_slots", """
+        def slot_mapping(block_table, start, end, block_size):
+            slots = []
+            for p in range(start, end):
+                block = p // block_size
+                slots.append(block * block_size + p % block_size)
+            return slots
+        """)
+    _fails_with(exercise, fn, path, "differs at", "must go through the table")
+
+
+def test_paged_slots_off_by_one_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "paged_slots", """
+        def slot_mapping(block_table, start, end, block_size):
+            out = []
+            for p in range(start, end):
+                n = p + 1                      # the learner counts positions from 1
+                out.append(block_table[n // block_size] * block_size + n % block_size)
+            return out
+        """)
+    _fails_with(exercise, fn, path, "off by one at a block boundary")
