@@ -27,7 +27,7 @@ def _fails_with(exercise, fn, path, *fragments: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("name", ["paged_slots"])
+@pytest.mark.parametrize("name", ["paged_slots", "scheduler"])
 def test_untouched_file_is_not_written_yet(name):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -64,3 +64,34 @@ def test_paged_slots_off_by_one_is_named(tmp_path):
             return out
         """)
     _fails_with(exercise, fn, path, "off by one at a block boundary")
+
+
+# -------------------------------------------------------------------------------------------------- 11 scheduler
+
+def test_scheduler_reference_passes(real_model_path):
+    lines = track.run_check(track.find("scheduler"), track.find("scheduler").reference)
+    assert any("preemption" in line for line in lines)
+
+
+def test_scheduler_oldest_victim_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "scheduler", """
+        def choose_victim(running, policy, aging_steps):
+            if policy == "priority":
+                return max(running, key=lambda s: (s.priority - s.waited_steps // aging_steps, s.arrival_index))
+            return running[0]
+        """)
+    _fails_with(exercise, fn, path, "the oldest running request is preempted")
+
+
+def test_scheduler_no_aging_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "scheduler", """
+        def choose_victim(running, policy, aging_steps):
+            if policy == "continuous":
+                return running[-1]
+            worst = running[0]
+            for seq in running:
+                if (seq.priority, seq.arrival_index) > (worst.priority, worst.arrival_index):
+                    worst = seq
+            return worst
+        """)
+    _fails_with(exercise, fn, path, "the aging is left out")
