@@ -27,7 +27,7 @@ def _fails_with(exercise, fn, path, *fragments: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("name", ["paged_slots", "scheduler"])
+@pytest.mark.parametrize("name", ["paged_slots", "scheduler", "speculative"])
 def test_untouched_file_is_not_written_yet(name):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -95,3 +95,42 @@ def test_scheduler_no_aging_is_named(tmp_path):
             return worst
         """)
     _fails_with(exercise, fn, path, "the aging is left out")
+
+
+# ------------------------------------------------------------------------------------------------ 12 speculative
+
+def test_speculative_reference_passes(real_model_path):
+    lines = track.run_check(track.find("speculative"), track.find("speculative").reference)
+    assert any("drafts accepted" in line for line in lines)
+
+
+def test_speculative_reversed_test_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "speculative", """
+        import numpy as np
+        from minitransformer.core.sampling import draw_from
+
+        def accept_or_resample(p, q, draft, generator):
+            q_d = 1.0 if q is None else float(q[draft])
+            if generator.random() * float(p[draft]) < q_d:     # q over p: the wrong way round
+                return draft
+            if q is None:
+                residual = p.copy()
+                residual[draft] = 0.0
+            else:
+                residual = np.maximum(p - q, 0.0)
+            return draw_from(residual if residual.sum() > 0 else p, generator)
+        """)
+    _fails_with(exercise, fn, path, "p and q are swapped")
+
+
+def test_speculative_resample_from_p_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "speculative", """
+        from minitransformer.core.sampling import draw_from
+
+        def accept_or_resample(p, q, draft, generator):
+            q_d = 1.0 if q is None else q[draft]
+            if generator.random() * q_d < p[draft]:
+                return draft
+            return draw_from(p, generator)
+        """)
+    _fails_with(exercise, fn, path, "drawn from p")
