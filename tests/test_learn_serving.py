@@ -27,7 +27,7 @@ def _fails_with(exercise, fn, path, *fragments: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("name", ["paged_slots", "scheduler", "speculative"])
+@pytest.mark.parametrize("name", ["paged_slots", "scheduler", "speculative", "int8"])
 def test_untouched_file_is_not_written_yet(name):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -134,3 +134,46 @@ def test_speculative_resample_from_p_is_named(tmp_path):
             return draw_from(p, generator)
         """)
     _fails_with(exercise, fn, path, "drawn from p")
+
+
+# ------------------------------------------------------------------------------------------------------ 13 int8
+
+def test_int8_reference_passes(real_model_path):
+    lines = track.run_check(track.find("int8"), track.find("int8").reference)
+    assert any("token for token" in line for line in lines)
+
+
+def test_int8_scale_without_127_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "int8", """
+        import numpy as np
+
+        def quantize_int8(w):
+            scale = np.abs(w).max(axis=1)
+            scale[scale == 0] = 1.0
+            q = np.round(w / scale[:, None]).astype(np.int8)
+            return q, scale.astype(np.float32)
+        """)
+    _fails_with(exercise, fn, path, "it must be max|w| / 127")
+
+
+def test_int8_truncation_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "int8", """
+        import numpy as np
+
+        def quantize_int8(w):
+            scale = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+            scale = np.where(scale == 0, np.float32(1), scale)
+            return (w / scale[:, None]).astype(np.int8), scale
+        """)
+    _fails_with(exercise, fn, path, "truncated toward zero")
+
+
+def test_int8_one_scale_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "int8", """
+        import numpy as np
+
+        def quantize_int8(w):
+            scale = np.float32(np.abs(w).max() / 127)
+            return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale
+        """)
+    _fails_with(exercise, fn, path, "one scale for the whole matrix")
