@@ -27,7 +27,7 @@ def _fails_with(exercise, fn, path, *fragments: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("name", ["paged_slots", "scheduler", "speculative", "int8"])
+@pytest.mark.parametrize("name", ["paged_slots", "scheduler", "speculative", "int8", "sse"])
 def test_untouched_file_is_not_written_yet(name):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -177,3 +177,33 @@ def test_int8_one_scale_is_named(tmp_path):
             return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale
         """)
     _fails_with(exercise, fn, path, "one scale for the whole matrix")
+
+
+# ------------------------------------------------------------------------------------------------------- 14 sse
+
+def test_sse_reference_passes(real_model_path):
+    lines = track.run_check(track.find("sse"), track.find("sse").reference)
+    assert any("[DONE]" in line for line in lines)
+
+
+def test_sse_missing_blank_line_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "sse", """
+        import json
+
+        def sse(data):
+            text = data if isinstance(data, str) else json.dumps(data)
+            return f"data: {text}\\n"
+        """)
+    _fails_with(exercise, fn, path, "the blank line is missing")
+
+
+def test_sse_pretty_json_is_named(tmp_path):
+    exercise, fn, path = _learner(tmp_path, "sse", """
+        import json
+
+        def sse(data):
+            if isinstance(data, str):
+                return "data: " + data + "\\n\\n"
+            return "data: " + json.dumps(data, indent=2, ensure_ascii=False) + "\\n\\n"
+        """)
+    _fails_with(exercise, fn, path, "pretty-printed")
