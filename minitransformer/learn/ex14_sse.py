@@ -49,7 +49,8 @@ SIGNS = (
 def client_events(stream: str) -> list[str]:
     """What an SSE client (the HTML spec's parser, as EventSource and the openai package read it) gets from a stream:
     the data of each event, its `data:` lines joined with newlines, dispatched at each blank line."""
-    events, data = [], []
+    events: list[str] = []
+    data: list[str] = []
     for line in stream.split("\n"):
         if line == "":
             if data:
