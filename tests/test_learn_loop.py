@@ -1,31 +1,20 @@
-"""The build-it-yourself track's request-loop exercises (06 generate, 07 sampling, 08 stop_strings, 09
+"""The build-it-yourself track's request-loop exercises (07 generate, 08 sampling, 09 stop_strings, 10
 detokenizer): the untouched file says what is missing, the engine's own function passes, and a planted classic
 mistake, written as a learner would write it, fails with a message that names it."""
 
 from __future__ import annotations
 
-import textwrap
-
-import pytest
-
+from learner_files import check_fails, learner_file
 from minitransformer.learn import track
 
 
 def load(tmp_path, name: str, source: str):
-    """A learner's file with `source` in it, loaded as `learn check` loads it."""
-    exercise = track.find(name)
-    path = tmp_path / exercise.file_name
-    path.write_text(textwrap.dedent(source))
-    return exercise, track.load_function(exercise, path)
+    """(exercise, function) of a learner's file holding `source`."""
+    return learner_file(tmp_path, name, source)[:2]
 
 
 def fails_naming(exercise, fn, *words: str) -> str:
-    with pytest.raises(track.CheckFailed) as failed:
-        track.run_check(exercise, fn)
-    message = str(failed.value)
-    for word in words:
-        assert word in message, message
-    return message
+    return check_fails(exercise, fn, "your file", *words)
 
 
 def untouched_says_not_written(name: str) -> None:
@@ -34,7 +23,7 @@ def untouched_says_not_written(name: str) -> None:
     fails_naming(exercise, fn, "not written yet", exercise.function)
 
 
-# ---------------------------------------------------------------------------------------------- 06 generate
+# ---------------------------------------------------------------------------------------------- 07 generate
 
 GENERATE = """
     import numpy as np
@@ -77,7 +66,7 @@ def test_generate_no_eos_stop(tmp_path, real_model_path):
     fails_naming(exercise, fn, "does not stop at eos_id")
 
 
-# ---------------------------------------------------------------------------------------------- 07 sampling
+# ---------------------------------------------------------------------------------------------- 08 sampling
 
 SAMPLING = """
     import numpy as np
@@ -149,7 +138,7 @@ def test_sampling_top_k_after_top_p(tmp_path):
     fails_naming(exercise, fn, "top_k 5 and top_p 0.8", "top_k is applied after top_p")
 
 
-# ---------------------------------------------------------------------------------------------- 08 stop_strings
+# ---------------------------------------------------------------------------------------------- 09 stop_strings
 
 STOP_STRINGS = """
     def find_stop_string(text, new_chars, stops):
@@ -204,7 +193,7 @@ def test_stop_strings_holds_nothing(tmp_path):
     fails_naming(exercise, fn, "held_back(", "nothing is held back")
 
 
-# ---------------------------------------------------------------------------------------------- 09 detokenizer
+# ---------------------------------------------------------------------------------------------- 10 detokenizer
 
 def test_detokenizer_untouched():
     untouched_says_not_written("detokenizer")

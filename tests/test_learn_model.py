@@ -1,4 +1,4 @@
-"""The model's exercises (02 gated_ffn, 03 rope, 04 attention, 05 kv_cache): the committed learner file fails as
+"""The model's exercises (03 gated_ffn, 04 rope, 05 attention, 06 kv_cache): the committed learner file fails as
 "not written yet", the engine's own function passes both stages, and a learner's classic mistake, written as a
 learner would write it, fails with that mistake named."""
 
@@ -8,23 +8,18 @@ import textwrap
 
 import pytest
 
+from learner_files import check_fails, learner_file
 from minitransformer.learn import track
 from minitransformer.learn.track import CheckFailed
 
 
 def load(name: str, source: str, tmp_path):
-    """The function of a learner's file holding `source` (a wrong solution, as a learner would write it)."""
-    exercise = track.find(name)
-    path = tmp_path / exercise.file_name
-    path.write_text("import numpy as np\n\n" + textwrap.dedent(source))
-    return exercise, track.load_function(exercise, path), path
+    """(exercise, function, file) of a learner's file holding `source` (a wrong solution, as a learner writes it)."""
+    return learner_file(tmp_path, name, source, prelude="import numpy as np\n\n")
 
 
 def fails_with(name: str, source: str, tmp_path) -> str:
-    exercise, fn, path = load(name, source, tmp_path)
-    with pytest.raises(CheckFailed) as failed:
-        track.run_check(exercise, fn, path)
-    return str(failed.value)
+    return check_fails(*load(name, source, tmp_path))
 
 
 @pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention", "kv_cache"])
@@ -42,7 +37,7 @@ def test_the_engines_own_function_passes(name, real_model_path):
     assert lines and "token for token" in lines[-1]
 
 
-# ------------------------------------------------------------------------------------------ 02 gated_ffn
+# ------------------------------------------------------------------------------------------ 03 gated_ffn
 
 def test_gated_ffn_activation_on_the_up_half(tmp_path, real_model_path):
     message = fails_with("gated_ffn", """
@@ -64,7 +59,7 @@ def test_gated_ffn_activation_after_the_product(tmp_path, real_model_path):
     assert "applied after the product" in message
 
 
-# ------------------------------------------------------------------------------------------------ 03 rope
+# ------------------------------------------------------------------------------------------------ 04 rope
 
 def test_rope_rotate_half_where_interleaved_is_asked(tmp_path, real_model_path):
     message = fails_with("rope", """
@@ -94,7 +89,7 @@ def test_rope_sine_sign_flipped(tmp_path, real_model_path):
     assert "sine's sign is flipped" in message
 
 
-# ------------------------------------------------------------------------------------------- 04 attention
+# ------------------------------------------------------------------------------------------- 05 attention
 
 ATTENTION = """
     import math
@@ -132,7 +127,7 @@ def test_attention_float64_scale(tmp_path, real_model_path):
     assert "returns float64, not float32" in message
 
 
-# -------------------------------------------------------------------------------------------- 05 kv_cache
+# -------------------------------------------------------------------------------------------- 06 kv_cache
 
 KV_CACHE = """
     class KVCache:

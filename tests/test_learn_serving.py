@@ -1,30 +1,12 @@
-"""The serving-and-beyond exercises of the build-it-yourself track (10-14): the untouched learner file fails with
+"""The serving-and-beyond exercises of the build-it-yourself track (11-15): the untouched learner file fails with
 "not written yet", the engine's own function passes both stages, and a planted classic mistake is named."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
+from learner_files import check_fails as _fails_with, learner_file as _learner
 from minitransformer.learn import track
-
-
-def _learner(tmp_path, name: str, source: str):
-    """A learner's file with `source` in it, loaded as `learn check` loads it."""
-    exercise = track.find(name)
-    path = tmp_path / exercise.file_name
-    path.write_text(textwrap.dedent(source))
-    return exercise, track.load_function(exercise, path), path
-
-
-def _fails_with(exercise, fn, path, *fragments: str) -> str:
-    with pytest.raises(track.CheckFailed) as failed:
-        track.run_check(exercise, fn, path)
-    message = str(failed.value)
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 @pytest.mark.parametrize("name", ["paged_slots", "scheduler", "speculative", "int8", "sse"])
@@ -35,7 +17,7 @@ def test_untouched_file_is_not_written_yet(name):
     _fails_with(exercise, fn, path, "not written yet")
 
 
-# ------------------------------------------------------------------------------------------------ 10 paged_slots
+# ------------------------------------------------------------------------------------------------ 11 paged_slots
 
 def test_paged_slots_reference_passes(real_model_path):
     lines = track.run_check(track.find("paged_slots"), track.find("paged_slots").reference)
@@ -66,7 +48,7 @@ def test_paged_slots_off_by_one_is_named(tmp_path):
     _fails_with(exercise, fn, path, "off by one at a block boundary")
 
 
-# -------------------------------------------------------------------------------------------------- 11 scheduler
+# -------------------------------------------------------------------------------------------------- 12 scheduler
 
 def test_scheduler_reference_passes(real_model_path):
     lines = track.run_check(track.find("scheduler"), track.find("scheduler").reference)
@@ -97,7 +79,7 @@ def test_scheduler_no_aging_is_named(tmp_path):
     _fails_with(exercise, fn, path, "the aging is left out")
 
 
-# ------------------------------------------------------------------------------------------------ 12 speculative
+# ------------------------------------------------------------------------------------------------ 13 speculative
 
 def test_speculative_reference_passes(real_model_path):
     lines = track.run_check(track.find("speculative"), track.find("speculative").reference)
@@ -136,7 +118,7 @@ def test_speculative_resample_from_p_is_named(tmp_path):
     _fails_with(exercise, fn, path, "drawn from p")
 
 
-# ------------------------------------------------------------------------------------------------------ 13 int8
+# ------------------------------------------------------------------------------------------------------ 14 int8
 
 def test_int8_reference_passes(real_model_path):
     lines = track.run_check(track.find("int8"), track.find("int8").reference)
@@ -179,7 +161,7 @@ def test_int8_one_scale_is_named(tmp_path):
     _fails_with(exercise, fn, path, "one scale for the whole matrix")
 
 
-# ------------------------------------------------------------------------------------------------------- 14 sse
+# ------------------------------------------------------------------------------------------------------- 15 sse
 
 def test_sse_reference_passes(real_model_path):
     lines = track.run_check(track.find("sse"), track.find("sse").reference)

@@ -135,10 +135,11 @@ def where(exc: BaseException, path: Path | str) -> str:
 # ---------------------------------------------------------------------------------------------- comparing arrays
 
 def compare(what: str, got, expected, inputs: Sequence = (), mistakes: Sequence[tuple[str, Callable]] = (),
-            atol: float = 1e-5, rtol: float = 1e-4, axes: Sequence[str] = ()) -> None:
+            atol: float = 1e-5, rtol: float = 1e-4, axes: Sequence[str] = (), float32: bool = False) -> None:
     """Raise CheckFailed unless `got` equals `expected` within atol + rtol * |expected|: the shape first, then the
     worst element, named by `axes` ("batch", "head", ...), and the classic mistake whose output (mistake(*inputs))
-    `got` equals, if any."""
+    `got` equals, if any. float32: the result must also be float32 (a layer of the model's forward: a float64 one
+    has the right values but turns every layer after it float64, several times slower)."""
     got_array = np.asarray(got)
     expected = np.asarray(expected)
     if got_array.shape != expected.shape:
@@ -149,6 +150,11 @@ def compare(what: str, got, expected, inputs: Sequence = (), mistakes: Sequence[
     error = np.abs(got_array.astype(np.float64) - expected) - rtol * np.abs(expected)
     bad = ~(error <= atol)                                            # NaN counts as bad
     if not bad.any():
+        if float32 and got_array.dtype != np.float32:
+            raise CheckFailed(f"{what} returns {got_array.dtype}, not float32: the model runs in float32, and a "
+                              f"{got_array.dtype} result makes every layer after it {got_array.dtype} (several times "
+                              f"slower). A NumPy float64 scalar such as np.sqrt(64) promotes float32 arrays: use a "
+                              f"Python float (math.sqrt(64), 1 / 8)")
         return
     index = np.unravel_index(int(np.argmax(np.where(np.isnan(error), np.inf, error))), expected.shape)
     named = ", ".join(f"{a}={i}" for a, i in zip(axes, index)) if len(axes) == len(index) else \
@@ -196,15 +202,15 @@ def real_model():
 
 
 @contextlib.contextmanager
-def plugged(module: ModuleType, name: str, fn: Callable) -> Iterator[None]:
-    """Replace `module.name` by the learner's function for the duration: the engine then calls it where it calls its
-    own (the module attribute is what its code looks up on every call)."""
-    own = getattr(module, name)
-    setattr(module, name, fn)
+def plugged(owner: ModuleType | type, name: str, fn: Callable) -> Iterator[None]:
+    """Replace `owner.name` (a module's function, or a class's method) by the learner's function for the duration:
+    the engine then calls it where it calls its own (the attribute is what its code looks up on every call)."""
+    own = getattr(owner, name)
+    setattr(owner, name, fn)
     try:
         yield
     finally:
-        setattr(module, name, own)
+        setattr(owner, name, own)
 
 
 def greedy_ids(prompt: str, max_tokens: int, model=None, **options) -> list[int]:
