@@ -1,4 +1,4 @@
-"""Exercise 01: RMSNorm.
+"""Exercise 02: RMSNorm.
 
 Every layer of the model normalizes its input twice (before attention, before the feed-forward) and once more before
 the lm_head: 61 calls per token for SmolLM2's 30 layers. RMSNorm scales each row so its root mean square is 1, then

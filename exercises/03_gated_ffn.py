@@ -1,4 +1,4 @@
-"""Exercise 02: the gated feed-forward (SwiGLU).
+"""Exercise 03: the gated feed-forward (SwiGLU).
 
 After attention, every layer runs each token's vector through a feed-forward block on its own. Llama-style models
 gate it: two projections of x, the "gate" and the "up", are multiplied element by element after the gate goes

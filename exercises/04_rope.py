@@ -1,4 +1,4 @@
-"""Exercise 03: RoPE, rotary position embedding.
+"""Exercise 04: RoPE, rotary position embedding.
 
 Attention alone does not know where a token is. RoPE tells it by rotating the query and key vectors: each head's 64
 numbers form 32 pairs, and pair i of a token at position p turns by the angle p * base^(-2i/64). A query and a key

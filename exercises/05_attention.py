@@ -1,4 +1,4 @@
-"""Exercise 04: causal attention with grouped KV heads (GQA).
+"""Exercise 05: causal attention with grouped KV heads (GQA).
 
 Each query looks at the keys it may see, weighs them by softmax(q . k / sqrt(d)), and returns the weighted sum of
 their values. Two rules decide what it may see and with which keys:

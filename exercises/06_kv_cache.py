@@ -1,4 +1,4 @@
-"""Exercise 05: the KV cache, append then attend.
+"""Exercise 06: the KV cache, append then attend.
 
 Without a cache, each new token would recompute the keys and values of every token before it. The cache stores
 them: each forward pass hands every layer its new tokens' keys and values (k_new, v_new), the layer stores them

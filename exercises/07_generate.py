@@ -1,4 +1,4 @@
-"""Exercise 06: the greedy decode loop.
+"""Exercise 07: the greedy decode loop.
 
 Generation is two stages. Prefill runs the whole prompt through the model at once, storing every layer's keys and
 values in the KV cache, and returns the logits of the token after the prompt. Then decode: pick a token, feed just

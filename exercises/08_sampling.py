@@ -1,4 +1,4 @@
-"""Exercise 07: the sampling filters for one row.
+"""Exercise 08: the sampling filters for one row.
 
 The model gives one logit per vocabulary token (V = 49152 for SmolLM2). Before a token is drawn, the engine reshapes
 that row, in this order (vLLM's; core/sampling.py):

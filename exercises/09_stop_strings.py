@@ -1,4 +1,4 @@
-"""Exercise 08: stop strings, and what to hold back while streaming.
+"""Exercise 09: stop strings, and what to hold back while streaming.
 
 A stop string ("math problem") ends a reply as soon as the text contains it, and the text is cut where it starts.
 It is searched in the detokenized text, not in tokens: " math" and " problem" are two tokens, and neither contains

@@ -1,4 +1,4 @@
-"""Exercise 09: UTF-8-safe streaming.
+"""Exercise 10: UTF-8-safe streaming.
 
 The model produces tokens; a byte-level BPE token is a run of bytes, not of characters. SmolLM2 writes the emoji 🍽
 (U+1F37D, 4 bytes F0 9F 8D BD) as three tokens: b"\xf0\x9f", b"\x8d", b"\xbd". Decoding each token on its own

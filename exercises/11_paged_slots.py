@@ -1,4 +1,4 @@
-"""Exercise 10: the paged KV cache's slot mapping.
+"""Exercise 11: the paged KV cache's slot mapping.
 
 The serving engine keeps every sequence's keys and values in one pool of fixed-size blocks (block_size tokens each;
 16 by default, 4 in this exercise's run). A sequence does not own a contiguous range: it owns a *block table*, the

@@ -1,4 +1,4 @@
-"""Exercise 11: the scheduler's preemption victim (continuous batching with preemption by recompute).
+"""Exercise 12: the scheduler's preemption victim (continuous batching with preemption by recompute).
 
 Each step the serving engine's scheduler gives the running sequences their tokens, oldest first. When the KV pool
 has no free block for the next one, a running sequence is *preempted*: its blocks are freed, its cache is dropped and

@@ -1,4 +1,4 @@
-"""Exercise 12: speculative decoding's verification, one row at a time (accept the draft, or resample).
+"""Exercise 13: speculative decoding's verification, one row at a time (accept the draft, or resample).
 
 A drafter guesses k tokens; the target model checks all k in one forward pass (memory-bound decode reads the weights
 once for k + 1 rows). Then, row by row, the engine keeps the draft or replaces it, and stops at the first

@@ -1,4 +1,4 @@
-"""Exercise 13: int8 weight quantization, one symmetric scale per output channel.
+"""Exercise 14: int8 weight quantization, one symmetric scale per output channel.
 
 `--weights int8` stores every matrix of the model (q, k, v, o, gate, up, down, and the tied embedding / lm_head) as
 int8 with one float32 scale per output row, a quarter of float32's bytes: decode reads every weight once per token,

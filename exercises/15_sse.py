@@ -1,4 +1,4 @@
-"""Exercise 14: Server-Sent Events, the framing of a streamed completion.
+"""Exercise 15: Server-Sent Events, the framing of a streamed completion.
 
 With "stream": true the server answers with Content-Type text/event-stream and sends each chunk of the completion
 as it is made, as OpenAI and vLLM do. Every event is one field line and a blank line:

@@ -1,4 +1,4 @@
-"""Exercise 01: RMSNorm, the normalization before every attention and feed-forward block (and before the lm_head)."""
+"""Exercise 02: RMSNorm, the normalization before every attention and feed-forward block (and before the lm_head)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ MISTAKES_SMALL = (("eps is left out: a row of tiny values is divided by almost z
 def check(rms_norm) -> list[str]:
     x, w = random_inputs(1, (4, 7, 576), (576,))                         # (batch, tokens, d_model), (d_model,)
     compare("rms_norm(x, weight, eps) on x (4, 7, 576)", rms_norm(x, w, EPS), layers.rms_norm(x, w, EPS),
-            (x, w, EPS), MISTAKES, axes=("batch", "token", "i"))
+            (x, w, EPS), MISTAKES, axes=("batch", "token", "i"), float32=True)
     tiny = x[:1, :1] * 1e-4                                              # mean(x^2) ~ 1e-8, far below eps
     compare("rms_norm on a row of tiny values (x ~ 1e-4)", rms_norm(tiny, w, EPS), layers.rms_norm(tiny, w, EPS),
             (tiny, w, EPS), MISTAKES_SMALL, atol=1e-6, axes=("batch", "token", "i"))
@@ -62,10 +62,10 @@ def check(rms_norm) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=1, name="rms_norm", title="RMSNorm", function="rms_norm",
+    number=2, name="rms_norm", title="RMSNorm", function="rms_norm",
     solution="minitransformer/core/layers.py: rms_norm (called by core/model.py's forward)",
     question="Why do llama-style models use RMSNorm instead of LayerNorm, and where in a layer does it sit?",
-    lesson="lessons/01_one_token.py (the forward, layer by layer); docs/code_tour.md step 4",
+    lesson="lessons/01_autoregressive_loop.py (one forward pass per token); docs/code_tour.md step 3 (the forward)",
     hints=(
         "Each row (the last axis, d_model = 576) is normalized on its own: keepdims=True keeps the axis so the "
         "division broadcasts.",

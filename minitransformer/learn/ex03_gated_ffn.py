@@ -1,11 +1,9 @@
-"""Exercise 02: the gated feed-forward (SwiGLU), the second half of every layer."""
+"""Exercise 03: the gated feed-forward (SwiGLU), the second half of every layer."""
 
 from __future__ import annotations
 
 import functools
 import math
-
-import numpy as np
 
 from ..core import layers, model
 from .track import CheckFailed, Exercise, compare, greedy_ids, plugged, random_inputs, real_model, same_tokens
@@ -46,14 +44,6 @@ MISTAKES = (
 )
 
 
-def _float32(what: str, got) -> None:
-    """A float64 result passes the values but turns every layer after it float64, several times slower: the check
-    asks for float32 (NumPy 2 promotes a float32 array by a float64 scalar such as np.sqrt(64))."""
-    dtype = np.asarray(got).dtype
-    if dtype != np.float32:
-        raise CheckFailed(f"{what} returns {dtype}, not float32: the model runs in float32, and a {dtype} result "
-                          f"makes every layer after it {dtype} (several times slower). A NumPy float64 scalar "
-                          f"such as np.sqrt(64) promotes float32 arrays: use a Python float (math.sqrt(64), 1 / 8)")
 
 
 @functools.cache
@@ -70,8 +60,7 @@ def check(swiglu) -> list[str]:
         inputs = (x, w_gate_up, w_down, activation)
         got = swiglu(*inputs)                                                  # (N, D)
         compare(f"swiglu(x, w_gate_up, w_down, {activation.__name__}) on x (5, 576)", got,
-                layers.swiglu(*inputs), inputs, MISTAKES, atol=1e-4, axes=("token", "i"))
-        _float32("swiglu", got)
+                layers.swiglu(*inputs), inputs, MISTAKES, atol=1e-4, axes=("token", "i"), float32=True)
     calls = 0
 
     def counted(*args):
@@ -91,7 +80,7 @@ def check(swiglu) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=2, name="gated_ffn", title="the gated feed-forward (SwiGLU)", function="swiglu",
+    number=3, name="gated_ffn", title="The gated feed-forward (SwiGLU)", function="swiglu",
     solution="minitransformer/core/layers.py: swiglu (called by core/model.py's forward, once per layer)",
     question="What is SwiGLU, why does a gated FFN have three weight matrices instead of two, and how big is F?",
     lesson="lessons/17_model_shape.py (where the parameters and FLOPs of a layer go); docs/code_tour.md",

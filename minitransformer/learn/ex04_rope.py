@@ -1,4 +1,4 @@
-"""Exercise 03: RoPE, the rotation that puts each query's and key's position into its vector."""
+"""Exercise 04: RoPE, the rotation that puts each query's and key's position into its vector."""
 
 from __future__ import annotations
 
@@ -48,14 +48,6 @@ MISTAKES = (
 )
 
 
-def _float32(what: str, got) -> None:
-    """A float64 result passes the values but turns every layer after it float64, several times slower: the check
-    asks for float32 (NumPy 2 promotes a float32 array by a float64 scalar such as np.sqrt(64))."""
-    dtype = np.asarray(got).dtype
-    if dtype != np.float32:
-        raise CheckFailed(f"{what} returns {dtype}, not float32: the model runs in float32, and a {dtype} result "
-                          f"makes every layer after it {dtype} (several times slower). A NumPy float64 scalar "
-                          f"such as np.sqrt(64) promotes float32 arrays: use a Python float (math.sqrt(64), 1 / 8)")
 
 
 @functools.cache
@@ -80,8 +72,8 @@ def check(apply_rope) -> list[str]:
         inputs = (x, cos, sin, pairing)
         rotated = apply_rope(*inputs)                                          # (B, heads, T, d)
         compare(f"apply_rope(x, cos, sin, {pairing!r}) on x (2, 12, 7, 64)", rotated,
-                layers.apply_rope(*inputs), inputs, MISTAKES, axes=("batch", "head", "token", "i"))
-        _float32("apply_rope", rotated)
+                layers.apply_rope(*inputs), inputs, MISTAKES, axes=("batch", "head", "token", "i"),
+                float32=True)
     expected_ids, expected_logits = _reference()
     calls = 0
 
@@ -107,12 +99,12 @@ def check(apply_rope) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=3, name="rope", title="RoPE (rotary position embedding)", function="apply_rope",
+    number=4, name="rope", title="RoPE (rotary position embedding)", function="apply_rope",
     solution="minitransformer/core/layers.py: apply_rope (called by core/model.py's project_qkv on q and k at once)",
     question="How does RoPE encode position, why is it applied to q and k but not v, and what do 'interleaved' and "
              "'rotate half' mean?",
-    lesson="docs/glossary.md#rope; docs/code_tour.md 'One token, file by file' step 3; tests/test_rope_pairing.py "
-           "measures what the wrong pairing does to the logits",
+    lesson="notebooks/01_tokenize_and_prefill.ipynb (q and k before and after RoPE, array by array); "
+           "tests/test_rope_pairing.py (what the wrong pairing does to the logits)",
     hints=(
         "cos and sin are (B, T, 32): make them (B, 1, T, 32) with cos[:, None] so they broadcast over the heads.",
         'Pick the pairs: interleaved a, b = x[..., 0::2], x[..., 1::2]; neox a, b = x[..., :32], x[..., 32:].',

@@ -1,4 +1,4 @@
-"""Exercise 04: causal grouped-query attention, the one place where tokens read each other."""
+"""Exercise 05: causal grouped-query attention, the one place where tokens read each other."""
 
 from __future__ import annotations
 
@@ -45,14 +45,6 @@ MISTAKES = (
 )
 
 
-def _float32(what: str, got) -> None:
-    """A float64 result passes the values but turns every layer after it float64, several times slower: the check
-    asks for float32 (NumPy 2 promotes a float32 array by a float64 scalar such as np.sqrt(64))."""
-    dtype = np.asarray(got).dtype
-    if dtype != np.float32:
-        raise CheckFailed(f"{what} returns {dtype}, not float32: the model runs in float32, and a {dtype} result "
-                          f"makes every layer after it {dtype} (several times slower). A NumPy float64 scalar "
-                          f"such as np.sqrt(64) promotes float32 arrays: use a Python float (math.sqrt(64), 1 / 8)")
 
 
 @functools.cache
@@ -73,8 +65,8 @@ def check(attention) -> list[str]:
         inputs = (q, k, v, q_positions, k_positions)
         out = attention(*inputs)                                               # (B, H, T, d)
         compare(f"attention on {what}, q (2, 9, {T}, 64), k and v (2, 3, {S}, 64)", out,
-                layers.attention(*inputs), inputs, MISTAKES, axes=("batch", "head", "token", "i"))
-        _float32("attention", out)
+                layers.attention(*inputs), inputs, MISTAKES, axes=("batch", "head", "token", "i"),
+                float32=True)
     calls = 0
 
     def adapter(q, k, v, q_positions, k_positions, block=layers.QUERY_BLOCK, window=0):
@@ -99,7 +91,7 @@ def check(attention) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=4, name="attention", title="causal grouped-query attention", function="attention",
+    number=5, name="attention", title="Causal grouped-query attention", function="attention",
     solution="minitransformer/core/layers.py: attention and attention_probs (causal_attention computes the same "
              "by blocks of queries; core/attention.py's ArrayAttention calls it for every cache)",
     question="Walk through causal self-attention with grouped KV heads: the shapes, the mask, the scale, and what "

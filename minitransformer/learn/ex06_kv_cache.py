@@ -1,4 +1,4 @@
-"""Exercise 05: the KV cache's append and attend, the protocol model.forward calls on every layer of every pass.
+"""Exercise 06: the KV cache's append and attend, the protocol model.forward calls on every layer of every pass.
 
 The learner's class takes the engine KVCache's own constructor (config, max_len, batch), so the reference is
 core/kv_cache.py's KVCache itself; stage 2 plugs the class into the loop through a runner factory
@@ -171,7 +171,7 @@ def check(cache_class) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=5, name="kv_cache", title="the KV cache (append, then attend)", function="KVCache",
+    number=6, name="kv_cache", title="The KV cache (append, then attend)", function="KVCache",
     solution="minitransformer/core/kv_cache.py: KVCache.attend and KVCache.advance (model.forward calls them)",
     question="What does the KV cache store, how much memory does it take per token, and why does decode read it "
              "instead of recomputing?",

@@ -1,4 +1,4 @@
-"""Exercise 06: the greedy decode loop: prefill once, then one token at a time through the KV cache."""
+"""Exercise 07: the greedy decode loop: prefill once, then one token at a time through the KV cache."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def check(greedy_generate) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=6, name="generate", title="The greedy decode loop (prefill, then decode)",
+    number=7, name="generate", title="The greedy decode loop (prefill, then decode)",
     function="greedy_generate",
     solution="minitransformer/core/generate.py: run_request and CachedRunner (prefill.py: prefill, decode.py: "
              "decode_step, kv_cache.py: KVCache)",

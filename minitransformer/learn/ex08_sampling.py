@@ -1,4 +1,4 @@
-"""Exercise 07: the sampling filters for one row: temperature, min_p, top_k, top_p, in the engine's order."""
+"""Exercise 08: the sampling filters for one row: temperature, min_p, top_k, top_p, in the engine's order."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def _settings(p: SamplingParams) -> str:
 
 
 EXERCISE = Exercise(
-    number=7, name="sampling", title="Sampling: temperature, min_p, top_k, top_p",
+    number=8, name="sampling", title="Sampling: temperature, min_p, top_k, top_p",
     function="filtered_probs",
     solution="minitransformer/core/sampling.py: filtered_probs and _top_k_top_p_mask (the order is written in the "
              "module docstring; SamplingParams in core/sampling_params.py says what 0, -1 and 1.0 mean)",

@@ -1,10 +1,10 @@
-"""Exercise 08: stop strings: find one the new text completed, and hold back what could still become one."""
+"""Exercise 09: stop strings: find one the new text completed, and hold back what could still become one."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from ..core import stopping
 from ..core.detokenizer import IncrementalDetokenizer
@@ -129,7 +129,7 @@ def check(find_stop_string) -> list[str]:
         return held_back(detok.text, len(detok.text) - detok._emitted, detok.stop)
 
     with plugged(stopping, "find_stop_string", find_stop_string), \
-            plugged(cast(Any, IncrementalDetokenizer), "held_back", held):
+            plugged(IncrementalDetokenizer, "held_back", held):
         try:
             deltas, result = _stream(QUESTION, STOP)
         except ValueError as exc:         # the detokenizer refuses to cut text it already streamed
@@ -151,7 +151,7 @@ def check(find_stop_string) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=8, name="stop_strings", title="Stop strings and the hold-back", function="find_stop_string",
+    number=9, name="stop_strings", title="Stop strings and the hold-back", function="find_stop_string",
     solution="minitransformer/core/stopping.py: find_stop_string (called by check_stop); "
              "minitransformer/core/detokenizer.py: IncrementalDetokenizer.held_back (called by take_delta)",
     question="How does a server stop on a stop sequence when tokens and text do not line up, and what must it hold "

@@ -1,4 +1,4 @@
-"""Exercise 09: UTF-8-safe streaming: how many of the bytes so far can be shown as text now."""
+"""Exercise 10: UTF-8-safe streaming: how many of the bytes so far can be shown as text now."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def check(complete_prefix) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=9, name="detokenizer", title="UTF-8-safe incremental detokenization", function="complete_prefix",
+    number=10, name="detokenizer", title="UTF-8-safe incremental detokenization", function="complete_prefix",
     solution="minitransformer/core/detokenizer.py: IncrementalDetokenizer.add_token (its incremental UTF-8 decoder "
              "keeps an unfinished character's bytes until the rest arrives)",
     question="Why can't a server print each token's text as it arrives, and what must a streaming detokenizer hold "

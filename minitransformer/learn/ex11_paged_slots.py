@@ -1,4 +1,4 @@
-"""Exercise 10: the paged KV cache's slot mapping (serving/block_manager.py's BlockManager.slot_mapping)."""
+"""Exercise 11: the paged KV cache's slot mapping (serving/block_manager.py's BlockManager.slot_mapping)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def check(slot_mapping) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=10, name="paged_slots", title="Paged KV cache: the slot mapping", function="slot_mapping",
+    number=11, name="paged_slots", title="Paged KV cache: the slot mapping", function="slot_mapping",
     solution="minitransformer/serving/block_manager.py: BlockManager.slot_mapping (called by serving/"
              "model_runner.py's prepare for every scheduled token)",
     question="How does PagedAttention store a sequence's KV cache without reserving its whole context, and how "

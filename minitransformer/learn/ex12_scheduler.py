@@ -1,4 +1,4 @@
-"""Exercise 11: whom the scheduler preempts (serving/scheduler.py's Scheduler._victim)."""
+"""Exercise 12: whom the scheduler preempts (serving/scheduler.py's Scheduler._victim)."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def check(choose_victim) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=11, name="scheduler", title="Continuous batching: whom to preempt", function="choose_victim",
+    number=12, name="scheduler", title="Continuous batching: whom to preempt", function="choose_victim",
     solution="minitransformer/serving/scheduler.py: Scheduler._victim (called by Scheduler.schedule when the block "
              "manager has no block for a running sequence; _preempt then frees it)",
     question="In continuous batching, what happens when the KV cache runs out mid-generation, and which request "

@@ -1,4 +1,4 @@
-"""Exercise 12: speculative verification of one row (speculative/acceptance.py's accept_or_resample)."""
+"""Exercise 13: speculative verification of one row (speculative/acceptance.py's accept_or_resample)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def check(accept_or_resample) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=12, name="speculative", title="Speculative decoding: accept or resample", function="accept_or_resample",
+    number=13, name="speculative", title="Speculative decoding: accept or resample", function="accept_or_resample",
     solution="minitransformer/speculative/acceptance.py: accept_or_resample (called by speculative/runner.py's "
              "SpeculativeRunner.sample_next for each drafted row)",
     question="How does speculative decoding keep the target model's output distribution exactly, and why is it "

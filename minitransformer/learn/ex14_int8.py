@@ -1,4 +1,4 @@
-"""Exercise 13: int8 weight quantization per output channel (quantize/schemes.py's quantize_int8)."""
+"""Exercise 14: int8 weight quantization per output channel (quantize/schemes.py's quantize_int8)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def check(quantize_int8) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=13, name="int8", title="int8 weights, one scale per output channel", function="quantize_int8",
+    number=14, name="int8", title="int8 weights, one scale per output channel", function="quantize_int8",
     solution="minitransformer/quantize/schemes.py: quantize_int8 (core/backend.py: quantize_int8_rows; called by "
              "quantize/linear.py's QuantizedLinear.from_float for every matrix of quantize_model)",
     question="How does weight-only int8 quantization work, why per channel, and why does it speed up decode?",

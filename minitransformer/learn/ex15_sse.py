@@ -1,4 +1,4 @@
-"""Exercise 14: the server's Server-Sent Events framing (server/responses.py's sse), plugged into a real server."""
+"""Exercise 15: the server's Server-Sent Events framing (server/responses.py's sse), plugged into a real server."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 
+from ..core.metrics import now
 from ..server import app, responses
 from .track import CheckFailed, Exercise, plugged, real_model
 
@@ -100,10 +101,13 @@ def _server():
     web = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning"))
     thread = threading.Thread(target=web.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while not web.started and time.monotonic() < deadline:
+    deadline = now() + 60
+    while not web.started and thread.is_alive() and now() < deadline:
         time.sleep(0.05)
     try:
+        if not web.started:
+            raise CheckFailed("the server for stage 2 did not start within 60 s (this is the engine's side, not your "
+                              "function's)")
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         web.should_exit = True
@@ -146,7 +150,7 @@ def check(sse) -> list[str]:
 
 
 EXERCISE = Exercise(
-    number=14, name="sse", title="Streaming: Server-Sent Events", function="sse",
+    number=15, name="sse", title="Streaming: Server-Sent Events", function="sse",
     solution="minitransformer/server/responses.py: sse (and SSE_DONE; called by server/app.py's _events for every "
              "streamed chunk)",
     question="How does an OpenAI-compatible server stream tokens to the client, and what ends the stream?",
