@@ -7,13 +7,12 @@ import functools
 import random
 from collections import OrderedDict
 from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 
 from ..core.sampling_params import SamplingParams
 from ..serving.block_manager import BlockManager
-from .track import CheckFailed, Exercise, compare, real_model, same_tokens
+from .track import CheckFailed, Exercise, compare, plugged, real_model, same_tokens
 
 BLOCK_SIZE = 4                    # small blocks: a 20-token request spans several, so its table has several entries
 NUM_BLOCKS = 64
@@ -76,8 +75,7 @@ def _serve(slot_mapping=None) -> tuple[dict[str, list[int]], dict[str, list[int]
     adapter = None if slot_mapping is None else \
         (lambda manager, seq, start, end: list(slot_mapping(manager.block_tables[seq.request_id], start, end,
                                                             manager.block_size)))
-    plug = mock.patch.object(BlockManager, "slot_mapping", adapter) if adapter else contextlib.nullcontext()
-    with plug:
+    with plugged(BlockManager, "slot_mapping", adapter) if adapter else contextlib.nullcontext():
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.result is not None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 
 from ..core.sampling_params import SamplingParams
 from ..serving.block_manager import BlockManager
 from ..serving.scheduler import Scheduler
-from .track import CheckFailed, Exercise, compare, real_model, same_tokens
+from .track import CheckFailed, Exercise, compare, plugged, real_model, same_tokens
 
 ENGINE_VICTIM = Scheduler._victim             # taken before any check plugs its adapter in
 PROMPTS = ("The capital of France is", "Once upon a time", "def fib(n):", "The best way to learn is",
@@ -105,7 +104,7 @@ def _serve(choose_victim=None) -> tuple[list[list[int]], list[list[str]]]:
         engine.add_request(prompt, params, priority=priority, request_id=f"request {i}")
     adapter = ENGINE_VICTIM if choose_victim is None else \
         (lambda scheduler: choose_victim(list(scheduler.running), scheduler.policy, scheduler.aging_steps))
-    with mock.patch.object(Scheduler, "_victim", adapter):
+    with plugged(Scheduler, "_victim", adapter):
         results = engine.run()
     preempted = [record.preempted for record in engine.step_log]
     return [list(results[f"request {i}"].token_ids) for i in range(len(PROMPTS))], preempted
