@@ -2,8 +2,10 @@
 
 Only the newest token goes through the model: its K and V are appended to the cache and its query attends to all
 stored keys. Each step reads every weight once to do arithmetic for a single row per sequence, so decode is bound by
-memory bandwidth, not by arithmetic: the time per token is about (weight bytes + cache bytes) / bandwidth, nearly
-flat in the context length. Lessons 02_prefill_vs_decode and 04_cache_vs_no_cache measure that.
+memory bandwidth, not by arithmetic: at a short context the time per token is about (weight bytes + cache bytes) /
+bandwidth. It is not flat in the context length: every stored position adds its keys and values to read and its
+scores to compute and softmax, per head, and on the CPU the step time grows far faster than the cache's bytes alone
+would say (figure itl_vs_context_length). Lessons 02_prefill_vs_decode and 04_cache_vs_no_cache measure both.
 """
 
 from __future__ import annotations
