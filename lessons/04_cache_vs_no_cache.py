@@ -92,6 +92,16 @@ def quarter(times: np.ndarray, last: bool) -> np.ndarray:
     return decode[-k:] if last else decode[:k]
 
 
+def trend(times: np.ndarray) -> tuple[float, float, float]:
+    """(first quarter's median, last quarter's median, seconds per token between them). The slope joins the two
+    medians, the quarters' middles (N - k - 1 tokens apart), so it cannot contradict them in sign, as a least-squares
+    line through every step could when one noisy step pulls it."""
+    first, last = float(np.median(quarter(times, False))), float(np.median(quarter(times, True)))
+    k = len(quarter(times, False))
+    apart = len(times) - k - 1                                  # from the middle of steps 2..k+1 to that of the last k
+    return first, last, (last - first) / apart if apart > 0 else 0.0
+
+
 def main():
     ap = argparse.ArgumentParser(description="Lesson 04: the KV cache vs recomputing everything: identical tokens, "
                                  "flat vs growing step times.")
@@ -132,10 +142,8 @@ def main():
                       f"{slow[i] / fast[i]:.1f}x", "[green]" + "█" * max(1, round(fast[i] * scale)) + "\n[red]"
                       + "█" * max(1, round(slow[i] * scale)))
     console.print(table)
-    first_fast, last_fast = np.median(quarter(fast, False)), np.median(quarter(fast, True))
-    first_slow, last_slow = np.median(quarter(slow, False)), np.median(quarter(slow, True))
-    slope_fast = np.polyfit(np.arange(1, N), fast[1:], 1)[0] if N > 2 else 0.0   # seconds per extra token
-    slope_slow = np.polyfit(np.arange(1, N), slow[1:], 1)[0] if N > 2 else 0.0
+    first_fast, last_fast, slope_fast = trend(fast)                        # slope: seconds per extra token
+    first_slow, last_slow, slope_slow = trend(slow)
     console.print(f"decode steps, first vs last quarter (medians): cache {first_fast * 1e3:.1f} -> "
                   f"{last_fast * 1e3:.1f} ms (slope {slope_fast * 1e6:+.0f} us per token), no cache "
                   f"{first_slow * 1e3:.1f} -> {last_slow * 1e3:.1f} ms (slope {slope_slow * 1e6:+.0f} us per token)")

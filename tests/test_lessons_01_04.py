@@ -346,6 +346,19 @@ def test_04_cache_and_no_cache_give_the_same_tokens(lesson_04, real_model):
     assert f"cache holds 25 tokens = {kv_bytes:,} bytes" in out
 
 
+def test_04_a_slope_never_contradicts_its_endpoints():
+    """A printed 16.4 -> 17.0 ms came with 'slope -31 us per token' (a least-squares line pulled by one slow early
+    step); the slope now joins the two quarters' medians, so its sign is theirs."""
+    spec = importlib.util.spec_from_file_location("lesson_04", ROOT / "lessons" / "04_cache_vs_no_cache.py")
+    lesson = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lesson)
+    steps = np.array([0.050] + [0.030] + [0.0164] * 7 + [0.0166] * 8 + [0.0170] * 8)     # prefill, one slow step
+    assert np.polyfit(np.arange(1, len(steps)), steps[1:], 1)[0] < 0                     # what it used to print
+    first, last, slope = lesson.trend(steps)
+    assert (first, last) == (0.0164, 0.0170) and slope > 0
+    assert slope == pytest.approx((last - first) / (len(steps) - 6 - 1))                 # 6 steps a quarter, 18 apart
+
+
 def test_04_work_and_totals(lesson_04):
     out = lesson_04
     fast, slow = (int(x) for x in check(out, r"check work: token-passes cache (\d+), no cache (\d+)"))
