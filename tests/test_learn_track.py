@@ -104,6 +104,17 @@ def test_a_broken_file_is_one_line_naming_the_problem_and_its_line(source, expec
         assert "(line 4: `return np.sqrt(x, weight, eps, 1, 2)`)" in out
 
 
+def test_a_check_that_never_ends_fails_at_its_time_limit(capsys, tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text("def rms_norm(x, weight, eps):\n    while True:\n        pass\n")
+    code, out, err = run(capsys, "check", "rms_norm", "--file", str(mine), "--time-limit", "1")
+    assert code == 1 and "Traceback" not in out + err
+    assert out.strip() == ("FAIL rms_norm: the check did not finish within 1 s (--time-limit); a loop in rms_norm() "
+                           "that never ends is the likely cause")
+    code, _, err = run(capsys, "check", "rms_norm", "--file", str(mine), "--time-limit", "0")
+    assert code == 2 and "--time-limit must be > 0 seconds, got 0" in err
+
+
 def test_bad_input_is_exit_code_2_with_one_line(capsys, tmp_path):
     code, _, err = run(capsys, "check", "flash_attention")
     assert code == 2 and "no exercise 'flash_attention'" in err and "rms_norm" in err

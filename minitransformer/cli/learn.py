@@ -8,14 +8,25 @@ without running anything, and an edit after a pass shows as "changed since it pa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+from ..core.errors import InputError
 from ..models import cache_dir
 
 PROGRESS_FILE = "learn-progress.json"            # in the model cache folder: {absolute file path: sha256 that passed}
+TIME_LIMIT_S = 300.0                             # a check takes well under a minute; five is a loop that never ends
+
+
+class TimeLimit(BaseException):
+    """Raised into the check by SIGALRM: a BaseException, so no `except Exception` on the way (the learner's or the
+    engine's) can swallow it."""
 
 
 def add_learn_parser(commands) -> None:
@@ -26,6 +37,8 @@ def add_learn_parser(commands) -> None:
     check = actions.add_parser("check", help="check your exercise against the engine, then run it inside the engine")
     check.add_argument("name", help="the exercise (its name or number, from `learn list`)")
     check.add_argument("--file", metavar="PATH", help="your file (default: exercises/NN_name.py of this clone)")
+    check.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, metavar="SEC",
+                       help=f"fail a check that runs longer, e.g. a loop that never ends (default {TIME_LIMIT_S:g})")
     for action, help_text in (("hint", "the next hint for an exercise (all of them with --all)"),
                               ("solution", "where the engine answers an exercise (file and function)")):
         sub = actions.add_parser(action, help=help_text)
@@ -47,11 +60,17 @@ def cmd_learn(args) -> int:
         print(f"  measured in: {exercise.lesson}")
         return 0
     path = Path(args.file) if args.file else track.default_file(exercise)
+    if not args.time_limit > 0:
+        raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit:g}")
     print(f"checking {exercise.number:02d} {exercise.title} in {path} ...", file=sys.stderr)
     try:
-        lines = track.run_check(exercise, track.load_function(exercise, path), path)
-    except track.CheckFailed as failed:
-        print(f"FAIL {exercise.name}: {failed}")
+        with time_limit(args.time_limit):
+            lines = track.run_check(exercise, track.load_function(exercise, path), path)
+    except (track.CheckFailed, TimeLimit) as failed:
+        message = str(failed) if isinstance(failed, track.CheckFailed) else \
+            (f"the check did not finish within {args.time_limit:g} s (--time-limit); a loop in "
+             f"{exercise.function}() that never ends is the likely cause")
+        print(f"FAIL {exercise.name}: {message}")
         _remember(path, passed=False)
         return 1
     for line in lines:
@@ -59,6 +78,25 @@ def cmd_learn(args) -> int:
     print(f"PASS {exercise.name}. It prepares: {exercise.question}")
     _remember(path, passed=True)
     return 0
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise TimeLimit in this (the main) thread after `seconds`, where the platform has SIGALRM; else no limit."""
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        raise TimeLimit()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _list(track) -> int:
