@@ -100,10 +100,11 @@ ATTENTION = """
         scores = q @ k.transpose(0, 1, 3, 2) / {scale}
         hidden = k_positions[:, None, :] {compare} q_positions[:, :, None]
         scores = np.where(hidden[:, None], -np.inf, scores)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights = np.exp(scores - {shift})
         return weights / weights.sum(-1, keepdims=True) @ v
     """
-RIGHT = {"spread": "np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)", "scale": "math.sqrt(64)", "compare": ">"}
+RIGHT = {"spread": "np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)", "scale": "math.sqrt(64)", "compare": ">",
+         "shift": "scores.max(-1, keepdims=True)"}
 
 
 def test_attention_as_written_here_is_right(tmp_path, real_model_path):
@@ -120,6 +121,12 @@ def test_attention_gqa_heads_tiled(tmp_path, real_model_path):
 def test_attention_mask_hides_its_own_key(tmp_path, real_model_path):
     message = fails_with("attention", ATTENTION.format(**{**RIGHT, "compare": ">="}), tmp_path)
     assert "a query cannot see its own key" in message
+
+
+def test_attention_softmax_without_its_max_overflows_and_is_named(tmp_path, real_model_path):
+    message = fails_with("attention", ATTENTION.format(**{**RIGHT, "shift": "0"}), tmp_path)
+    assert "with large scores" in message and "got nan" in message
+    assert "does not subtract each row's largest score before exp" in message
 
 
 def test_attention_float64_scale(tmp_path, real_model_path):

@@ -15,7 +15,7 @@ PROMPT, TOKENS = "The capital of France is", 12
 
 
 def _attend(q, k, v, q_positions, k_positions, *, scale: bool = True, tile: bool = False,
-            hidden=lambda key, query: key > query, axis: int = -1):
+            hidden=lambda key, query: key > query, axis: int = -1, shift: bool = True):
     """Masked attention with one of its parts chosen (each deliberately wrong variant below changes one)."""
     heads_per_kv = q.shape[1] // k.shape[1]
     kv_head = np.arange(q.shape[1]) % k.shape[1] if tile else np.arange(q.shape[1]) // heads_per_kv   # (H,)
@@ -25,8 +25,8 @@ def _attend(q, k, v, q_positions, k_positions, *, scale: bool = True, tile: bool
         scores = scores / math.sqrt(q.shape[-1])
     masked = hidden(k_positions[:, None, :], q_positions[:, :, None])       # (B, T, S)
     scores = np.where(masked[:, None], -np.inf, scores)
-    with np.errstate(invalid="ignore"):                                     # an all-masked row: NaN, as theirs
-        weights = np.exp(scores - scores.max(axis=axis, keepdims=True))
+    with np.errstate(invalid="ignore", over="ignore"):          # an all-masked row, or exp overflowing: as theirs
+        weights = np.exp(scores - scores.max(axis=axis, keepdims=True) if shift else scores)
         weights = weights / weights.sum(axis=axis, keepdims=True)
     return weights @ v                                                      # (B, H, T, d)
 
@@ -42,9 +42,10 @@ MISTAKES = (
      "head h // 3 (np.repeat)", functools.partial(_attend, tile=True)),
     ("the softmax runs over the queries (axis -2); each query's weights over the keys (the last axis) sum to 1",
      functools.partial(_attend, axis=-2)),
+    ("the softmax does not subtract each row's largest score before exp: a score above 88 overflows float32 to inf "
+     "and inf / inf is NaN; exp(s - max) gives the same weights without overflowing", functools.partial(_attend,
+                                                                                                       shift=False)),
 )
-
-
 
 
 @functools.cache
@@ -57,7 +58,8 @@ def check(attention) -> list[str]:
     # A chunk continuing a cache: 6 queries at positions 4..9 against 10 keys at 0..9; then a prompt, T = S = 5.
     q, k, v = random_inputs(4, (2, H, 6, D), (2, K, 10, D), (2, K, 10, D))
     cases = [("a chunk of 6 queries (positions 4..9) against 10 keys", q, k, v, 4),
-             ("a prompt of 5 tokens (T = S)", q[:, :, :5], k[:, :, :5], v[:, :, :5], 0)]
+             ("a prompt of 5 tokens (T = S)", q[:, :, :5], k[:, :, :5], v[:, :, :5], 0),
+             ("the chunk with large scores (q x 40, scores up to ~150, as an outlier head's)", q * 40, k, v, 4)]
     for what, q, k, v, start in cases:
         T, S = q.shape[2], k.shape[2]
         q_positions = np.broadcast_to(np.arange(start, start + T), (2, T))     # (B, T)
