@@ -1,6 +1,6 @@
-"""The model's exercises (03 gated_ffn, 04 rope, 05 attention, 06 kv_cache): the committed learner file fails as
-"not written yet", the engine's own function passes both stages, and a learner's classic mistake, written as a
-learner would write it, fails with that mistake named."""
+"""The model's exercises (02 rms_norm, 03 gated_ffn, 04 rope, 05 attention, 06 kv_cache): the committed learner
+file fails as "not written yet", the engine's own function passes both stages, and a learner's classic mistake,
+written as a learner would write it, fails with that mistake named."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def fails_with(name: str, source: str, tmp_path) -> str:
     return check_fails(*load(name, source, tmp_path))
 
 
-@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention", "kv_cache"])
+@pytest.mark.parametrize("name", ["rms_norm", "gated_ffn", "rope", "attention", "kv_cache"])
 def test_untouched_file_is_not_written_yet(name, real_model_path):
     exercise = track.find(name)
     path = track.REPO_EXERCISES / exercise.file_name
@@ -30,11 +30,38 @@ def test_untouched_file_is_not_written_yet(name, real_model_path):
         track.run_check(exercise, track.load_function(exercise, path), path)
 
 
-@pytest.mark.parametrize("name", ["gated_ffn", "rope", "attention", "kv_cache"])
+@pytest.mark.parametrize("name", ["rms_norm", "gated_ffn", "rope", "attention", "kv_cache"])
 def test_the_engines_own_function_passes(name, real_model_path):
     exercise = track.find(name)
     lines = track.run_check(exercise, exercise.reference)
     assert lines and "token for token" in lines[-1]
+
+
+# ------------------------------------------------------------------------------------------- 02 rms_norm
+
+def test_rms_norm_eps_outside_the_square_root(tmp_path, real_model_path):
+    message = fails_with("rms_norm", """
+        def rms_norm(x, weight, eps):
+            return x / (np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True)) + eps) * weight
+    """, tmp_path)
+    assert "a row of tiny values" in message and "eps is added outside the square root" in message
+
+
+def test_rms_norm_that_subtracts_the_mean_is_layer_norm(tmp_path, real_model_path):
+    message = fails_with("rms_norm", """
+        def rms_norm(x, weight, eps):
+            centred = x - x.mean(axis=-1, keepdims=True)
+            return centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps) * weight
+    """, tmp_path)
+    assert "the mean is subtracted first: that is LayerNorm" in message
+
+
+def test_rms_norm_over_the_whole_array(tmp_path, real_model_path):
+    message = fails_with("rms_norm", """
+        def rms_norm(x, weight, eps):
+            return x / np.sqrt(np.mean(x * x) + eps) * weight
+    """, tmp_path)
+    assert "the mean is taken over the whole array, not over the last axis" in message
 
 
 # ------------------------------------------------------------------------------------------ 03 gated_ffn
