@@ -147,22 +147,36 @@ def plot_cache_vs_no_cache(data: dict, where: str, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_kv_bytes(data: dict, config, where: str, path: Path) -> None:
-    fig, ax = _figure(f"KV cache bytes vs tokens ({config.n_layers} layers, {config.n_kv_heads} KV heads, "
-                      f"head_dim {config.head_dim}, float32)", where)
-    tokens = np.unique(np.geomspace(1, config.context_length, 60).astype(int))
-    for batch in sorted({b for b, _, _ in data["measured"]} | {16}):
-        line, = ax.plot(tokens, [estimate_kv_bytes(config, int(t), batch) / 2**20 for t in tokens],
-                        label=f"estimate, batch {batch}")
-        points = [(n, used) for b, n, used in data["measured"] if b == batch]
-        if points:
-            ax.plot(*zip(*[(n, used / 2**20) for n, used in points]), "o", color=line.get_color(),
-                    label=f"measured KVCache, batch {batch}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens per sequence")
-    ax.set_ylabel("K + V bytes (MiB)")
-    ax.legend(fontsize=8)
+def plot_kv_bytes(data: dict, config, model_name: str, path: Path) -> None:
+    """Linear axes, so the straight lines through zero say "linear in tokens, and in batch" at a glance: the whole
+    context on the left, the measured range enlarged on the right with a real KVCache's bytes on the lines. Bytes
+    are counted, not timed: the title names no machine."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    fig.suptitle(f"KV cache bytes grow linearly with tokens and with batch: {model_name} ({config.n_layers} layers, "
+                 f"{config.n_kv_heads} KV heads, head_dim {config.head_dim}, float32)\n"
+                 f"estimate_kv_bytes = 2 x layers x batch x KV heads x tokens x head_dim x 4 bytes; dots: a real "
+                 f"KVCache's bytes_used (counted, not timed)", fontsize=9.5)
+    batches = sorted({b for b, _, _ in data["measured"]} | {16})
+    longest = max(n for _, n, _ in data["measured"])
+    for ax, end, title in ((axes[0], config.context_length, "the whole context"),
+                           (axes[1], longest, f"enlarged: up to {longest} tokens, where the cache was measured")):
+        tokens = np.unique(np.linspace(0, end, 65).astype(int))                # whole tokens: a straight line
+        for batch in batches:
+            line, = ax.plot(tokens, [estimate_kv_bytes(config, int(t), batch) / 2**20 for t in tokens],
+                            label=f"estimate, batch {batch}")
+            points = [(n, used / 2**20) for b, n, used in data["measured"] if b == batch and n <= end]
+            if points:
+                ax.plot(*zip(*points), "o", color=line.get_color(), label=f"measured KVCache, batch {batch}")
+        ax.set_title(title, fontsize=9.5)
+        ax.set_xlim(0, end)
+        ax.set_ylim(0, None)
+        ax.set_xlabel("tokens per sequence")
+        ax.set_ylabel("K + V bytes (MiB)")
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=8)
     _save(fig, path)
 
 
@@ -276,7 +290,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         draw = {"ttft_vs_prompt_length.png": lambda p: plot_ttft(m["ttft"], where, p),
                 "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"]["bandwidth"], where, p),
                 "step_time_cache_vs_no_cache.png": lambda p: plot_cache_vs_no_cache(m["steps"], where, p),
-                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, plain, p),
+                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, model.path.stem, p),
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
                                                         where, p),
                 "batching_sweep.png": lambda p: draw_batching_sweep(model, m["batch"], where, p),
