@@ -284,14 +284,14 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         busy = quiet if quiet is not None and not quiet.quiet else None           # the verdict of a busy run
         tick, machine = stage("drawing"), machine_label()
         assert model.path is not None, "load_model gives the model its file's path"
-        name, c = model.path.stem, model.config
-        plain = f"{name} | measured on {machine}"
+        model_name, c = model.path.stem, model.config
+        plain = f"{model_name} | measured on {machine}"
         where = plain + ("\n" + busy_title(busy) if busy and allow_busy else "")            # for the timed ones
         flow_where = f"measured on {machine}" + ("\n" + busy_title(busy) if busy and allow_busy else "")
         draw = {"ttft_vs_prompt_length.png": lambda p: plot_ttft(m["ttft"], where, p),
                 "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"]["bandwidth"], where, p),
                 "step_time_cache_vs_no_cache.png": lambda p: plot_cache_vs_no_cache(m["steps"], where, p),
-                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, name, p),
+                "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, model_name, p),
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
                                                         where, p),
                 "batching_sweep.png": lambda p: draw_batching_sweep(model, m["batch"], where, p),
