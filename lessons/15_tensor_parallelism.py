@@ -429,7 +429,7 @@ def main():
     part_projection(model.config)
     if args.figure:
         from minitransformer.lab.viz_parallel import draw_tensor_parallel_layer
-        draw_tensor_parallel_layer(model.config, args.size, args.figure)
+        draw_tensor_parallel_layer(model.config, args.size, args.figure, model.path.stem)
         console.print(f"figure written: {args.figure}")
     console.rule("[bold]4. What this run shows")
     quiet = probe.finish()

@@ -241,7 +241,7 @@ def test_figures_only_draws_the_named_figures(tiny_model_path, tmp_path, monkeyp
     for name in ("measure_ttft", "measure_itl", "measure_cache_vs_no_cache", "measure_peaks"):
         monkeypatch.setattr(viz, name, not_needed)
     paths = viz.make_figures(out, quick=True, model_path=tiny_model_path, only="kv_cache_bytes")
-    assert paths == [out / "kv_cache_bytes.png"] and png_size(paths[0]) == (700, 440)
+    assert paths == [out / "kv_cache_bytes.png"] and png_size(paths[0]) == (1000, 440)       # two panels, 10 x 4.4 in
     assert viz.select_figures(None) == list(viz.FIGURES + viz.CONCEPT_FIGURES)
 
 

@@ -39,7 +39,8 @@ def test_figures_quick_writes_every_png(real_model_path, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [str(out / name) for name in viz.FIGURES + viz.CONCEPT_FIGURES]   # paths only
     assert "drawing" in result.stderr                                             # the progress bar is on stderr
-    sizes = {"batching_sweep.png": (1200, 480), "serving_tradeoff.png": (900, 560)}   # figsize (12, 4.8), (9, 5.6)
+    sizes = {"batching_sweep.png": (1200, 480), "serving_tradeoff.png": (900, 560),   # figsize (12, 4.8), (9, 5.6),
+             "kv_cache_bytes.png": (1000, 440)}                                       # (10, 4.4): two panels
     for name in viz.FIGURES:
         assert png_size(out / name) == sizes.get(name, (700, 440)), name         # figsize (7, 4.4), dpi 100
         assert 10_000 < (out / name).stat().st_size < 150_000, name              # drawn, and small enough to commit

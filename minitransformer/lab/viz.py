@@ -304,7 +304,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "prefill_vs_decode_shapes.png": lambda p: draw_prefill_vs_decode_shapes(model, p),
                 "paged_attention.png": lambda p: draw_paged_attention(model, p),
                 "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p),
-                "tensor_parallel_layer.png": lambda p: draw_tensor_parallel_layer(c, figure_size(c), p)}
+                "tensor_parallel_layer.png": lambda p: draw_tensor_parallel_layer(c, figure_size(c), p, model_name)}
         written = []
         for name in names:
             if busy and name in TIMED and not allow_busy:

@@ -51,9 +51,10 @@ def shard_layout(config: ModelConfig, size: int) -> dict:
             "all_reduce_bytes_per_token": config.d_model * 4}       # float32 hidden state of one token
 
 
-def draw_tensor_parallel_layer(config: ModelConfig, size: int, path) -> dict:
+def draw_tensor_parallel_layer(config: ModelConfig, size: int, path, model_name: str | None = None) -> dict:
     """Draw shard_layout(config, size): one lane per rank, matrices to scale, the two all-reduces across the lanes.
-    Returns the drawn layout."""
+    model_name: what the title calls the model (the file's name, as the other figures; default the name the GGUF
+    file carries inside, which can be a training run's, e.g. "Smollm2 135M 8k Lc100K Mix1 Ep2"). Returns the layout."""
     from matplotlib.patches import FancyBboxPatch, Rectangle
     plt = _plt()
     data = shard_layout(config, size)
@@ -64,7 +65,7 @@ def draw_tensor_parallel_layer(config: ModelConfig, size: int, path) -> dict:
     order = tuple(m.field for m in LAYER_MATRICES)   # w_qkv, wo, w_gate_up, w_down: the x positions below name them
     widths = {f: max(r["shapes"][f][1] for r in data["ranks"]) * unit for f in order}
     x_state = 0.0
-    x = {"w_qkv": x_state + 0.35 + gap}
+    x = {"w_qkv": x_state + 0.35 + 2.5 * gap}                  # room for the labels of x and w_qkv side by side
     x["wo"] = x["w_qkv"] + widths["w_qkv"] + 0.9
     x["reduce1"] = x["wo"] + widths["wo"] + gap
     x["w_gate_up"] = x["reduce1"] + 0.5 + gap
@@ -111,7 +112,8 @@ def draw_tensor_parallel_layer(config: ModelConfig, size: int, path) -> dict:
                 " bytes per token", rotation=90, ha="center", va="center", fontsize=7)
     whole = data["whole"]
     replicated = f"; each KV head on {data['kv_replicas']} ranks (vLLM's rule)" if data["kv_replicas"] > 1 else ""
-    ax.set_title(f"One layer of {config.name} split over {size} ranks (Megatron-style tensor parallelism)\n"
+    ax.set_title(f"One layer of {model_name or config.name} split over {size} ranks (Megatron-style tensor "
+                 f"parallelism)\n"
                  f"whole: w_qkv {whole['w_qkv']}, wo {whole['wo']}, w_gate_up {whole['w_gate_up']}, "
                  f"w_down {whole['w_down']}; darker: column-parallel (split outputs), lighter: row-parallel (split "
                  f"inputs, partial sums){replicated}", fontsize=9)
