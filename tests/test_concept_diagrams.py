@@ -32,8 +32,17 @@ def test_paged_attention_diagram_shows_the_engines_tables(real_model, tmp_path):
     data = vc.draw_paged_attention(real_model, path)
     assert min(png_size(path)) > 300
 
-    # Replay the same steps on a fresh engine, written out here rather than through run_paged_engine.
+    # Replay the same steps on a fresh engine, written out here rather than through run_paged_engine: first the
+    # earlier traffic, three requests of 8 blocks each that fill the 24-block pool and leave.
     engine = Engine(real_model, max_num_seqs=4, num_blocks=vc.NUM_BLOCKS, block_size=vc.BLOCK_SIZE)
+    for i, prompt in enumerate(vc.EARLIER_PROMPTS):
+        fill = 8 * vc.BLOCK_SIZE + 1 - len(real_model.tokenizer.encode(prompt))
+        engine.add_request(prompt, SamplingParams(max_tokens=fill, temperature=0.0, ignore_eos=True),
+                           request_id=f"earlier {i}")
+    engine.run()
+    assert max(r.kv_cache_usage for r in engine.step_log) == 1.0 and not any(r.preempted for r in engine.step_log)
+    assert engine.block_manager.num_free_blocks == vc.NUM_BLOCKS                # filled once, then all given back
+    earlier_steps = engine.num_steps
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     engine.add_request(vc.PAGED_PROMPTS["A"], params, request_id="A")
     engine.step()
@@ -43,7 +52,7 @@ def test_paged_attention_diagram_shows_the_engines_tables(real_model, tmp_path):
         engine.step()
     bm = engine.block_manager
     bm.check()
-    assert data["steps"] == engine.num_steps == vc.PAGED_STEPS
+    assert data["steps"] == engine.num_steps == earlier_steps + vc.PAGED_STEPS
     assert {s["request_id"]: s["block_table"] for s in data["sequences"]} == bm.block_tables
     assert {s["request_id"]: s["num_computed_tokens"] for s in data["sequences"]} == {
         rid: seq.num_computed_tokens for rid, seq in engine.sequences.items()}
@@ -55,8 +64,11 @@ def test_paged_attention_diagram_shows_the_engines_tables(real_model, tmp_path):
     for block in data["shared_blocks"]:
         assert bm.ref_counts[block] == 2
         assert [rid for rid, table in tables.items() if block in table] == ["A", "B"]
-    assert tables["A"][:len(data["shared_blocks"])] == tables["B"][:len(data["shared_blocks"])] == data["shared_blocks"]
+    shared = len(data["shared_blocks"])
+    assert tables["A"][:shared] == tables["B"][:shared] and sorted(tables["A"][:shared]) == data["shared_blocks"]
     assert not set(tables["C"]) & set(tables["A"] + tables["B"])
+    # the point of the earlier traffic: the tables are scattered over the pool, not blocks 0, 1, 2, ...
+    assert any(b != a + 1 for table in tables.values() for a, b in zip(table, table[1:]))
 
 
 def test_draft_and_verify_diagram_adds_up_to_the_run(real_model, tmp_path, monkeypatch):

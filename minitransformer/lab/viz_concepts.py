@@ -27,6 +27,10 @@ PAGED_PROMPTS = {"A": SHARED + " Question: how do I boil an egg?",
                  "B": SHARED + " Question: how long should pasta cook?",
                  "C": "The history of the printing press begins in the fifteenth century."}
 PAGED_PARAMS = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+# Earlier traffic: on a fresh pool the free list hands out blocks 0, 1, 2, ... and every table would look contiguous.
+# These three decode side by side until they fill the whole pool, then finish; the blocks come back to the free list
+# interleaved, as a server's do after a while, so the tables drawn afterwards are scattered over the pool.
+EARLIER_PROMPTS = ("Tell me about the ocean.", "Describe a forest in winter.", "Explain how bread rises.")
 
 # Draft and verify: lesson 12's "repeat" prompt, where the n-gram drafter finds the list it is asked to repeat, at
 # lesson 12's default length and one of its k, so the picture is one row of that lesson's table 2 (lesson 12 imports
@@ -40,10 +44,23 @@ FREE, USED, SHARED_COLOUR = "#f2f2f2", "#bcd8f0", "#f5a623"
 ACCEPTED, REJECTED, TARGET, DISCARDED = "#7ccf7c", "#f08080", "#7fb2f0", "#e0e0e0"
 
 
+def run_earlier_traffic(engine: Engine, model) -> None:
+    """EARLIER_PROMPTS to the end, each growing to an equal share of the pool (its prompt + max_tokens - 1 tokens:
+    the last sampled token is never stored), so that together they hold every block once."""
+    share = NUM_BLOCKS // len(EARLIER_PROMPTS) * BLOCK_SIZE
+    for i, prompt in enumerate(EARLIER_PROMPTS):
+        fill = share + 1 - len(model.tokenizer.encode(prompt))
+        engine.add_request(prompt, SamplingParams(max_tokens=fill, temperature=0.0, ignore_eos=True),
+                           request_id=f"earlier {i}")
+    engine.run()
+
+
 def run_paged_engine(model) -> Engine:
-    """The paged scenario, stopped mid-run: A is prefilled alone first so its full blocks are cached (hashed) when B
-    arrives; then B (prefix hit) and C join, and the engine runs a few more steps. Returns the engine at that point."""
+    """The paged scenario, stopped mid-run: after the earlier traffic, A is prefilled alone first so its full blocks
+    are cached (hashed) when B arrives; then B (prefix hit) and C join, and the engine runs a few more steps. Returns
+    the engine at that point."""
     engine = Engine(model, max_num_seqs=4, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+    run_earlier_traffic(engine, model)
     engine.add_request(PAGED_PROMPTS["A"], PAGED_PARAMS, request_id="A")
     engine.step()
     for rid in ("B", "C"):
@@ -110,7 +127,8 @@ def draw_paged_attention(model, path) -> dict:
     ax.legend(handles, ["free (ref 0)", "used by one table", "shared by several tables (prefix cache)"],
               loc="lower center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)
     ax.set_title(f"Paged attention: block tables map each request's logical blocks to physical blocks\n"
-                 f"serving.Engine on {model.path.stem}, after {data['steps']} steps; A and B share a "
+                 f"serving.Engine on {model.path.stem}, {PAGED_STEPS} steps after A arrived, on a pool that earlier "
+                 f"requests had filled and emptied (so the tables are scattered)\nA and B share a "
                  f"{len(data['shared_blocks'])}-block prompt prefix (prefix-cache hits: "
                  f"{data['prefix_cache_hits']} tokens)", fontsize=10)
     ax.set_xlim(-4.5, N + 0.5)
