@@ -1,9 +1,9 @@
 """Two diagrams of shapes, drawn from the real objects: the KV cache filling up (lesson 03) and the matrix products
 of one layer in prefill vs decode (lesson 02).
 
-    kv_cache_growth.png            a real KVCache after prefill and after a few decode steps: one layer's K for each
-                                   KV head (positions x head_dim, the values as colour), its shape and bytes as the
-                                   object reports them, and the reserved slots still empty
+    kv_cache_growth.png            a real KVCache after prefill and after a few decode steps: its positions as slots,
+                                   written (prompt, generated, this step's) or reserved and still empty, with its
+                                   shape and bytes as the object reports them
     prefill_vs_decode_shapes.png   the six products of one layer (lab/layer_cost.py) for a T-token prompt and for
                                    one decode token, as rectangles of their real sizes, with FLOPs, bytes, FLOP/byte
 
@@ -15,12 +15,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from ..core.backend import to_host
 from ..core.decode import decode_step
 from ..core.kv_cache import KVCache
-from ..core.metrics import percentile
 from ..core.model import LAYER_MATRICES
 from ..core.prefill import prefill
 from ..core.sampling import sample
@@ -67,44 +64,50 @@ def run_kv_growth(model, prompt: str = KV_PROMPT, snapshots=KV_SNAPSHOTS, layer:
 
 
 def draw_kv_cache_growth(model, path, prompt: str = KV_PROMPT) -> dict:
-    """Run the cache scenario and draw one row per snapshot, one column per KV head; return the drawn data."""
+    """Run the cache scenario and draw one row per snapshot: the cache's positions as slots, the written ones (prompt,
+    generated, this step's) beside the reserved ones still empty, with the shape and bytes the object reports. What a
+    slot holds is said once, with this model's numbers: vectors, not text. Returns the drawn data."""
+    from matplotlib.patches import Rectangle
     plt = _plt()
     data = run_kv_growth(model, prompt)
     c, shots = model.config, data["snapshots"]
-    heads, max_len, P = c.n_kv_heads, data["max_len"], len(data["prompt_ids"])
-    vmax = percentile(np.abs(shots[-1]["k"]).ravel(), 99) or 1.0           # a few outliers would wash out the rest
-    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")          # grey: reserved, not yet filled
-    fig, axes = plt.subplots(len(shots), heads, figsize=(13, 1.9 * len(shots) + 1.6), squeeze=False,
-                             sharex=True, sharey=True)
+    max_len, P = data["max_len"], len(data["prompt_ids"])
+    per_token = shots[0]["bytes_used"] // shots[0]["length"]
+    colours = {"prompt": "#9ec5e8", "generated": "#9ad19a", "reserved": "#f4f4f4"}
+    fig, ax = plt.subplots(figsize=(13, 1.2 * len(shots) + 2.6))
+    row = 1.2
     for i, shot in enumerate(shots):
-        grid = np.full((heads, c.head_dim, max_len), np.nan, dtype=np.float32)   # (K, d, max_len): positions across
-        grid[:, :, :shot["length"]] = shot["k"].transpose(0, 2, 1)
-        for h in range(heads):
-            ax = axes[i, h]
-            image = ax.imshow(grid[h], aspect="auto", cmap=cmap, vmin=-vmax, vmax=vmax, interpolation="nearest")
-            ax.axvline(P - 0.5, color="black", lw=0.8, ls=":")             # prompt | generated
-            if i == 0:
-                ax.set_title(f"KV head {h}", fontsize=9, pad=16)
-            if h == 0:
-                ax.set_ylabel("head_dim", fontsize=8)
+        y = (len(shots) - 1 - i) * row
+        for position in range(max_len):
+            kind = "reserved" if position >= shot["length"] else "prompt" if position < P else "generated"
+            newest = position < P if shot["steps"] == 0 else position == shot["length"] - 1   # this step wrote it
+            ax.add_patch(Rectangle((position, y), 0.92, 0.6, facecolor=colours[kind],
+                                   edgecolor="black" if newest else "#999999", lw=2.0 if newest else 0.6,
+                                   linestyle="-" if kind != "reserved" else ":"))
+            if kind != "reserved":
+                ax.text(position + 0.46, y + 0.3, data["pieces"][position], ha="center", va="center", fontsize=7,
+                        family="monospace", rotation=90)
         steps = shot["steps"]
         label = "after prefill" if steps == 0 else f"after {steps} decode step" + "s" * (steps > 1)
-        axes[i, 0].text(0, 1.04, f"{label} ({shot['length']} tokens): cache.shape {shot['shape']}, K + V "
-                        f"bytes_used {shot['bytes_used']:,} ({shot['bytes_used'] // shot['length']:,} per token) of "
-                        f"{shot['bytes_reserved']:,} reserved",
-                        transform=axes[i, 0].transAxes, fontsize=8.5)
-    for h in range(heads):
-        bottom = axes[-1, h]
-        bottom.set_xticks(range(max_len))
-        bottom.set_xticklabels(data["pieces"], rotation=90, fontsize=7, family="monospace")
-    height = fig.get_figheight()
-    fig.subplots_adjust(left=0.05, right=0.91, top=1 - 1.3 / height, bottom=0.8 / height, hspace=0.5, wspace=0.05)
-    fig.colorbar(image, cax=fig.add_axes([0.93, 0.3, 0.012, 0.4]), label="value of K")
-    fig.suptitle(f"The KV cache filling up, token by token: a real KVCache of {model.path.stem}, layer "
-                 f"{data['layer']}'s K, one panel per KV head (head_dim down, positions across)\n"
-                 f"shape = (layers, batch, KV heads, positions, head_dim), V alike; dotted line: prompt | generated\n"
-                 f"grey: reserved for prompt + max_tokens, not yet written; colours clipped at the 99th percentile",
-                 fontsize=10)
+        ax.text(-0.3, y + 0.3, f"{label}\n{shot['length']} of {max_len} positions", ha="right", va="center",
+                fontsize=8.5)
+        ax.text(max_len + 0.3, y + 0.3, f"cache.shape {shot['shape']}\nbytes_used {shot['bytes_used']:,} = "
+                f"{shot['length']} x {per_token:,}\nof {shot['bytes_reserved']:,} reserved", ha="left",
+                va="center", fontsize=8, family="monospace")
+    legend = [Rectangle((0, 0), 1, 1, facecolor=colours[k], edgecolor="#999999") for k in colours]
+    legend.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black", lw=2.0))
+    ax.legend(legend, ["prompt (written by prefill, in one pass)", "generated (one position per decode step)",
+                       "reserved for prompt + max_tokens, not written yet", "written by this row's step"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=4, fontsize=8, frameon=False)
+    ax.set_xlim(-9, max_len + 14)
+    ax.set_ylim(-0.4, len(shots) * row)
+    ax.axis("off")
+    fig.suptitle(f"The KV cache filling up, one position per token: a real KVCache of {model.path.stem}, "
+                 f"preallocated, written in place, never moved\nOne position holds that token's keys and values "
+                 f"for every layer: 2 (K, V) x {c.n_layers} layers x {c.n_kv_heads} KV heads x {c.head_dim} "
+                 f"= {2 * c.n_layers * c.n_kv_heads * c.head_dim:,} float32 numbers = {per_token:,} bytes\n"
+                 f"(vectors, not text: the token is written in its slot only to name the position)", fontsize=10)
+    fig.tight_layout()
     fig.savefig(Path(path), dpi=100)
     plt.close(fig)
     return data
