@@ -176,9 +176,12 @@ def draw_prefill_vs_decode_shapes(model, path, prompt_tokens: int = SHAPES_PROMP
                                    lw=0.6))
             ax.text(x0 + op["inner"] + gap / 2, top - min(op["inner"], rows) / 2, "@", ha="center", va="center",
                     fontsize=9)
+            if op["b_is_weight"]:                                # the contrast in words, under the token rows
+                ax.text(x0 + op["inner"] / 2, top - rows - 0.012 * widest, f"{op['rows']} row" + "s" * (op["rows"] > 1),
+                        ha="center", va="top", fontsize=10, weight="bold", color="#1f5f99")
             ax.add_patch(Rectangle((x0 + op["inner"] + gap, top - op["inner"]), op["cols"], op["inner"],
                                    facecolor=WEIGHT if op["b_is_weight"] else CACHE, edgecolor="black", lw=0.6))
-            ax.text(x0 + widest + 2 * gap, top, _product_label(op), fontsize=7.5, va="top", family="monospace")
+            ax.text(x0 + widest + 2 * gap, top, _product_label(op), fontsize=9, va="top", family="monospace")
         ax.text(-gap, top - 0.05 * widest, data["prefill"][i]["name"], ha="right", va="top", fontsize=10,
                 weight="bold")
     totals = {phase: (sum(op["flops"] for op in data[phase]), sum(op["bytes"] for op in data[phase]))
