@@ -374,7 +374,8 @@ def answer_structured(held: dict, shown: dict) -> None:
     console.rule("[bold]Interview question: how does an engine guarantee valid JSON, and what does it cost?")
     result, counts, mask, step = held["result"], held["counts"], held["mask"], held["step"]
     answer = ["It never lets the model write anything else. Before each draw a matcher compiled from the schema "
-              "(llguidance here, as in vLLM, SGLang and llama.cpp) marks which tokens keep the text a prefix of "
+              "(llguidance here; an option in vLLM and SGLang, whose default is xgrammar) marks which tokens keep "
+              "the text a prefix of "
               "some valid reply. The others get a logit of -inf, so greedy or sampled, only they can be drawn. "
               "After the draw the matcher advances by the chosen token, and the request stops once the value is "
               "complete."]
