@@ -113,7 +113,8 @@ def test_forward_cost_bytes(tiny_model):
     decode = forward_cost(cfg, 1, S, weight_bytes=weights)
     expected = (weights + kv_row * (S + 1) + kv_row                 # cache read (S + new) and written (new)
                 + 4 * (L * layer_io + D + V)                        # matmul inputs and outputs, last row's logits
-                + 4 * L * 2 * cfg.n_heads * (S + 1))                # attention scores written and read
+                + 4 * L * 2 * cfg.n_heads * (S + 1)                 # attention scores written and read
+                + 4 * L * 2 * cfg.n_heads * cfg.head_dim)           # q read by q k^T, the output written by probs v
     assert decode.bytes == expected
     assert forward_cost(cfg, 1, S, dtype_bytes=2).bytes < decode.bytes
 

@@ -138,23 +138,20 @@ def forward_cost(config: ModelConfig, new_tokens: int, context_tokens: int = 0, 
       context + new keys and values, every layer) and written (the new ones), and activations: each weight
       matmul's input read and output written, and the attention scores (B, H, T, S) written and read back once.
       Caches between DRAM and the ALUs are ignored, so these are the bytes of an implementation that keeps nothing
-      on chip between operations, except two activations layer_products counts and this leaves out: q read by
-      q k^T and the attention output written by probs v (lessons 02 and 07 print these totals as they are).
+      on chip between operations, q read by q k^T and the attention output written by probs v included (a bound
+      that left real traffic out would be a wrong bound; lessons 02 and 07 print these totals as they are).
     """
     c = config
-    rows = batch * new_tokens                                   # N: tokens going through the layer matmuls
     products = layer_products(c, new_tokens, context_tokens, batch, dtype_bytes)   # one layer's, whole batch
     layer_flops = sum(p.flops for p in products)
     layer_traffic = sum(p.bytes - p.weight_bytes for p in products)     # activations and the cache read
-    q_and_attention_out = 2 * rows * c.q_dim * dtype_bytes               # the two left out (docstring)
 
     if weight_bytes is None:
         weight_bytes = (c.n_layers * layer_parameters(c) + c.d_model * c.vocab_size + c.d_model) * dtype_bytes
     kv_written = batch * new_tokens * kv_bytes_per_token(c, dtype=f"f{dtype_bytes}")   # K and V, every layer
     logits_io = batch * (c.d_model + c.vocab_size) * dtype_bytes        # the last rows in, their logits out
     return PhaseCost(flops=float(c.n_layers * layer_flops + 2 * c.d_model * c.vocab_size * batch),
-                     bytes=float(weight_bytes + c.n_layers * (layer_traffic - q_and_attention_out) + kv_written
-                                 + logits_io))
+                     bytes=float(weight_bytes + c.n_layers * layer_traffic + kv_written + logits_io))
 
 
 def roofline_tokens_per_s(weight_bytes: float, bandwidth: float) -> float:
