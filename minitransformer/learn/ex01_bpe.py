@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from ..core import bpe as bpe_module, tokenizer as tokenizer_module
 from ..core.tokenizer import BYTE_TO_CHAR
-from .track import CheckFailed, Exercise, greedy_ids, plugged, real_model, same_tokens
+from .track import CheckFailed, Exercise, greedy_ids, plugged, real_model, reference_ids, same_tokens
 
 ENGINE_BPE = bpe_module.bpe          # kept at import: a check plugs the learner's function over the engine's name
 # Words that exercise the merges, as the tokenizer hands them over (each byte as its GPT-2 character, so a space is
@@ -89,7 +89,7 @@ def check(bpe) -> list[str]:
                 raise CheckFailed(f"the real tokenizer with your bpe encodes {text!r} as {ids}, the engine's as "
                                   f"{want}")
         generated = greedy_ids("The capital of France is", 12)
-    same_tokens("the real model, prompted through your bpe", generated, greedy_ids("The capital of France is", 12),
+    same_tokens("the real model, prompted through your bpe", generated, reference_ids("The capital of France is", 12),
                 tokenizer.decode)
     pieces = [tokenizer.decode([i]) for i in got_ids[1]]
     return [f"your bpe ran inside the real tokenizer: {sum(map(len, got_ids))} tokens of {len(TEXTS)} texts, each "

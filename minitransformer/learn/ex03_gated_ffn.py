@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 from ..core import layers, model
-from .track import CheckFailed, Exercise, compare, greedy_ids, plugged, random_inputs, real_model, same_tokens
+from .track import (
+    CheckFailed,
+    Exercise,
+    compare,
+    greedy_ids,
+    plugged,
+    random_inputs,
+    real_model,
+    reference_ids,
+    same_tokens,
+)
 
 D, F = 576, 1536                             # SmolLM2's d_model and FFN hidden size
 PROMPT, TOKENS = "The capital of France is", 12
@@ -46,12 +55,6 @@ MISTAKES = (
 
 
 
-@functools.cache
-def _reference_ids() -> tuple[int, ...]:
-    """The real model's greedy tokens with the engine's own swiglu (computed once per process)."""
-    return tuple(greedy_ids(PROMPT, TOKENS))
-
-
 def check(swiglu) -> list[str]:
     # Weights scaled like a trained layer's (1/sqrt(fan-in)), so gate, up and the output are all of order 1.
     x, w_gate_up, w_down = random_inputs(2, (5, D), (D, 2 * F), (F, D))          # (N, D), (D, 2F), (F, D)
@@ -71,7 +74,7 @@ def check(swiglu) -> list[str]:
     with plugged(model, "swiglu", counted):
         got = greedy_ids(PROMPT, TOKENS)
     tokenizer = real_model().tokenizer
-    same_tokens("the real model with your swiglu", got, list(_reference_ids()), tokenizer.decode)
+    same_tokens("the real model with your swiglu", got, list(reference_ids(PROMPT, TOKENS)), tokenizer.decode)
     if calls == 0:
         raise CheckFailed("the real model never called your swiglu (is the model using its own?)")
     return [f"your swiglu ran inside the real model {calls} times (30 layers x {calls // 30} forward passes: the "

@@ -8,7 +8,17 @@ import math
 import numpy as np
 
 from ..core import attention as attention_module, layers
-from .track import CheckFailed, Exercise, compare, greedy_ids, plugged, random_inputs, real_model, same_tokens
+from .track import (
+    CheckFailed,
+    Exercise,
+    compare,
+    greedy_ids,
+    plugged,
+    random_inputs,
+    real_model,
+    reference_ids,
+    same_tokens,
+)
 
 H, K, D = 9, 3, 64                           # SmolLM2: query heads, KV heads, head_dim
 PROMPT, TOKENS = "The capital of France is", 12
@@ -48,12 +58,6 @@ MISTAKES = (
 )
 
 
-@functools.cache
-def _reference_ids() -> tuple[int, ...]:
-    """The real model's greedy tokens with the engine's own attention (computed once per process)."""
-    return tuple(greedy_ids(PROMPT, TOKENS))
-
-
 def check(attention) -> list[str]:
     # A chunk continuing a cache: 6 queries at positions 4..9 against 10 keys at 0..9; then a prompt, T = S = 5.
     q, k, v = random_inputs(4, (2, H, 6, D), (2, K, 10, D), (2, K, 10, D))
@@ -83,7 +87,7 @@ def check(attention) -> list[str]:
     with plugged(attention_module, "causal_attention", adapter):
         got = greedy_ids(PROMPT, TOKENS)
     tokenizer = real_model().tokenizer
-    same_tokens("the real model with your attention", got, list(_reference_ids()), tokenizer.decode)
+    same_tokens("the real model with your attention", got, list(reference_ids(PROMPT, TOKENS)), tokenizer.decode)
     if calls == 0:
         raise CheckFailed("the real model never called your attention: its attention is "
                           f"{real_model().attention.name!r}, not the arrays this exercise plugs into")

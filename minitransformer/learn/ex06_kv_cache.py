@@ -14,7 +14,7 @@ import numpy as np
 from ..core.attention import ArrayAttention
 from ..core.generate import CachedRunner
 from ..core.kv_cache import KVCache
-from .track import CheckFailed, Exercise, compare, greedy_ids, random_inputs, real_model, same_tokens
+from .track import CheckFailed, Exercise, compare, greedy_ids, random_inputs, real_model, reference_ids, same_tokens
 
 B, H, K, D = 2, 9, 3, 64                     # two sequences; SmolLM2's query heads, KV heads, head_dim
 LAYERS, MAX_LEN = 2, 32                      # stage 1 runs two layers of each pass (of the config's 30)
@@ -133,12 +133,6 @@ class _Runner(CachedRunner):
         """The learner's cache has nothing to free; its arrays go with it."""
 
 
-@functools.cache
-def _reference_ids() -> tuple[int, ...]:
-    """The real model's greedy tokens with the engine's own KVCache (computed once per process)."""
-    return tuple(greedy_ids(PROMPT, TOKENS))
-
-
 def check(cache_class) -> list[str]:
     passes = _passes()
     expected, _ = _run(KVCache, passes)
@@ -162,7 +156,7 @@ def check(cache_class) -> list[str]:
     factory = functools.partial(_Runner, cache_class=cache_class, runners=runners)
     got_ids = greedy_ids(PROMPT, TOKENS, runner=factory)
     tokenizer = real_model().tokenizer
-    same_tokens("the real model with your KVCache", got_ids, list(_reference_ids()), tokenizer.decode)
+    same_tokens("the real model with your KVCache", got_ids, list(reference_ids(PROMPT, TOKENS)), tokenizer.decode)
     prompt_tokens = len(runners[0].prompt_ids)
     return [f"your KVCache served the real model's loop: a prefill of the {prompt_tokens}-token prompt, then "
             f"{TOKENS - 1} decode steps each attending to the cache in 30 layers, gave "

@@ -222,6 +222,13 @@ def greedy_ids(prompt: str, max_tokens: int, model=None, **options) -> list[int]
     return list(generate(model, prompt, params, **options).token_ids)
 
 
+@functools.cache
+def reference_ids(prompt: str, max_tokens: int) -> tuple[int, ...]:
+    """greedy_ids with the engine's own functions, once per process: a check calls it outside its plugged() block,
+    so what it remembers is the reference's answer, never a learner's."""
+    return tuple(greedy_ids(prompt, max_tokens))
+
+
 def random_inputs(seed: int, *shapes: tuple[int, ...], scale: float = 1.0) -> list[np.ndarray]:
     """float32 arrays of standard normals (times scale), one per shape, from one seeded generator."""
     rng = np.random.default_rng(seed)
