@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 import time
@@ -51,7 +50,7 @@ from .live import LiveFeed
 from .protocol import ApiRequest, PromptLimits, parse_generation, parse_json, parse_token_ids, with_max_tokens
 from .responses import SSE_DONE, ResponseBuilder, sse
 from .router_info import RouterInfo
-from .tenants import Tenant
+from .tenants import Access, Tenant
 
 log = logging.getLogger("minitransformer.server")
 
@@ -78,6 +77,7 @@ class Server:
 
     def __init__(self, model, loop: EngineLoop, config: ServerConfig):
         self.model, self.loop, self.config = model, loop, config
+        self.access = Access(config.api_keys, config.metrics_key)       # who may read what (tenants.py)
         sizes = loop.engine.config
         # the longest request the engine can take: its max_model_len, and never more than the whole KV pool
         self.max_request_tokens = min(sizes.max_model_len, sizes.pool_tokens + 1)
@@ -170,7 +170,7 @@ class Server:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         arrival = now()
-        tenant = self._authorize(request)
+        tenant = self.access.tenant(request)
         api = await run_in_threadpool(parse_generation, await self._json(request), chat, self.prompt_limits,
                                       self.config.constraint_limits)        # compiling a constraint takes a while
         self._check_model(api.model)
@@ -310,14 +310,14 @@ class Server:
     # ------------------------------------------------------------------ the other endpoints
 
     async def models(self, request: Request) -> Response:
-        self._authorize(request)
+        self.access.tenant(request)
         card = {"id": self.config.model_name, "object": "model", "created": self.config.started,
                 "owned_by": "minitransformer", "max_model_len": self.loop.engine.config.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize: {"prompt": text} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
-        self._authorize(request)
+        self.access.tenant(request)
         data = await self._json(request)
         self._check_model(data.get("model"))
         chat = "messages" in data
@@ -340,7 +340,7 @@ class Server:
 
     async def detokenize(self, request: Request) -> Response:
         """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
-        self._authorize(request)
+        self.access.tenant(request)
         data = await self._json(request)
         self._check_model(data.get("model"))
         ids = parse_token_ids(data, "tokens")
@@ -357,41 +357,11 @@ class Server:
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus text. With --metrics-key only that key reads it; else with --api-keys any key does."""
-        self.authorize_operator(request)
+        self.access.operator_only(request)
         return PlainTextResponse(self.loop.metrics.render(self.loop.stats),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ------------------------------------------------------------------ checks shared by the routes
-
-    def authorize_operator(self, request: Request) -> None:
-        """The rule of the operator's pages (/metrics, /v1/loads, /server_info): with --metrics-key only that key
-        reads them; else with --api-keys any key does; else anyone."""
-        if self.config.metrics_key is not None:
-            if not self._is_operator(request):
-                raise APIError(401, f"{request.url.path} needs the metrics key (--metrics-key): send "
-                                    "'Authorization: Bearer METRICS_KEY'", code="invalid_api_key")
-        else:
-            self._authorize(request)
-
-    def _authorize(self, request: Request) -> Tenant | None:
-        keys = self.config.api_keys
-        return None if keys is None else _tenant_of_key(request, keys)
-
-    def viewer(self, request: Request) -> str | None:
-        """Whose requests /v1/engine/events may show in detail: None for every tenant's (no keys, or the metrics
-        key), else the name of the key's tenant (401 without a valid key)."""
-        if self._is_operator(request):
-            return None
-        if self.config.api_keys is None:
-            if self.config.metrics_key is not None:
-                raise APIError(401, "the engine's events need the metrics key (--metrics-key)",
-                               code="invalid_api_key")
-            return None
-        return _tenant_of_key(request, self.config.api_keys).name
-
-    def _is_operator(self, request: Request) -> bool:
-        key, expected = _bearer(request), self.config.metrics_key
-        return expected is not None and key is not None and hmac.compare_digest(key.encode(), expected.encode())
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_name:
@@ -438,24 +408,6 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
-
-
-def _tenant_of_key(request: Request, keys: dict[str, Tenant]) -> Tenant:
-    """The tenant of the request's API key, or the 401 of a missing or unknown key."""
-    key = _bearer(request)
-    if key is None:
-        raise APIError(401, "missing API key: send the header 'Authorization: Bearer YOUR_KEY'",
-                       code="invalid_api_key")
-    tenant = keys.get(key)
-    if tenant is None:
-        raise APIError(401, "invalid API key", code="invalid_api_key")
-    return tenant
-
-
-def _bearer(request: Request) -> str | None:
-    """The key of an 'Authorization: Bearer KEY' header, or None."""
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
 
 
 def constraint_failure(result, structured_param: str | None) -> APIError | None:

@@ -169,7 +169,7 @@ class LiveFeed:
         return Response(body, media_type=ASSETS[name], headers=PAGE_HEADERS)
 
     async def events(self, request: Request) -> Response:
-        tenant = self.server.viewer(request)          # None: every tenant's requests
+        tenant = self.server.access.viewer(request)          # None: every tenant's requests
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         if request.method == "HEAD":                # the headers a GET would get, and an end
             return Response(media_type="text/event-stream", headers=headers)

@@ -93,7 +93,7 @@ class RouterInfo:
 
     async def loads(self, request: Request) -> Response:
         """SGLang's /v1/loads: ?include=core,queues,... (checked against SGLang's sections), ?dp_rank=0."""
-        self.server.authorize_operator(request)
+        self.server.access.operator_only(request)
         include = [s.strip() for s in request.query_params.get("include", "all").split(",") if s.strip()]
         unknown = sorted(set(include) - LOAD_SECTIONS)
         if unknown:
@@ -115,7 +115,7 @@ class RouterInfo:
     async def server_info(self, request: Request) -> Response:
         """SGLang's /server_info (its server arguments, renamed to ours where we have them): what smg stores as
         the worker's labels (model, context length, KV capacity, the running-batch cap)."""
-        self.server.authorize_operator(request)
+        self.server.access.operator_only(request)
         config: EngineConfig = self.server.loop.engine.config
         name = self.server.config.model_name
         return JSONResponse({

@@ -26,12 +26,16 @@ The live page's event stream shows a tenant's key only its own requests (the oth
 
 from __future__ import annotations
 
+import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.requests import Request
+
 from ..core.backend import is_int
 from ..core.errors import InputError
+from .errors import APIError
 
 
 @dataclass(frozen=True)
@@ -89,3 +93,59 @@ def tenant_quotas(keys: dict[str, Tenant]) -> dict[str, int] | None:
     """{tenant: quota} for Engine(tenant_token_quota=...), or None when no tenant has one."""
     quotas = {t.name: t.quota_tokens for t in keys.values() if t.quota_tokens is not None}
     return quotas or None
+
+
+class Access:
+    """Who is asking, from the request's key: a tenant of --api-keys, the operator (--metrics-key), or anyone when the
+    server has neither. Each rule below is the one place its page asks."""
+
+    def __init__(self, api_keys: dict[str, Tenant] | None, metrics_key: str | None):
+        self.api_keys, self.metrics_key = api_keys, metrics_key
+
+    def tenant(self, request: Request) -> Tenant | None:
+        """The generation routes: the key's tenant (401 without a valid key), or None when the server has no keys."""
+        return None if self.api_keys is None else tenant_of_key(request, self.api_keys)
+
+    def operator_only(self, request: Request) -> None:
+        """The operator's pages (/metrics, /v1/loads, /server_info): with --metrics-key only that key reads them;
+        else with --api-keys any key does; else anyone."""
+        if self.metrics_key is not None:
+            if not self.is_operator(request):
+                raise APIError(401, f"{request.url.path} needs the metrics key (--metrics-key): send "
+                                    "'Authorization: Bearer METRICS_KEY'", code="invalid_api_key")
+        else:
+            self.tenant(request)
+
+    def viewer(self, request: Request) -> str | None:
+        """Whose requests /v1/engine/events may show in detail: None for every tenant's (no keys, or the metrics
+        key), else the name of the key's tenant (401 without a valid key)."""
+        if self.is_operator(request):
+            return None
+        if self.api_keys is None:
+            if self.metrics_key is not None:
+                raise APIError(401, "the engine's events need the metrics key (--metrics-key)",
+                               code="invalid_api_key")
+            return None
+        return tenant_of_key(request, self.api_keys).name
+
+    def is_operator(self, request: Request) -> bool:
+        key, expected = bearer(request), self.metrics_key
+        return expected is not None and key is not None and hmac.compare_digest(key.encode(), expected.encode())
+
+
+def tenant_of_key(request: Request, keys: dict[str, Tenant]) -> Tenant:
+    """The tenant of the request's API key, or the 401 of a missing or unknown key."""
+    key = bearer(request)
+    if key is None:
+        raise APIError(401, "missing API key: send the header 'Authorization: Bearer YOUR_KEY'",
+                       code="invalid_api_key")
+    tenant = keys.get(key)
+    if tenant is None:
+        raise APIError(401, "invalid API key", code="invalid_api_key")
+    return tenant
+
+
+def bearer(request: Request) -> str | None:
+    """The key of an 'Authorization: Bearer KEY' header, or None."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
