@@ -58,7 +58,11 @@ def run_in(tree: Path, args: list[str], out: Path) -> dict:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
         command = "bench engine" if args[:2] == ENGINE else "bench"
         raise RuntimeError(f"`minitransformer {command}` in {tree} exited {done.returncode}: {last}")
-    return json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    if args[:2] != ENGINE and data.get("schema", 1) < 2:
+        raise RuntimeError(f"`minitransformer bench` in {tree} wrote schema {data.get('schema', 1)}; compare_trees.py "
+                           "reads schema 2 and later (commit 00066c4 on), where bench records its quietness")
+    return data
 
 
 def figures(bench: dict, engine: dict) -> dict[str, tuple[str, list[float]]]:
