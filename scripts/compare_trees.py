@@ -3,6 +3,7 @@
     git worktree add ../before HEAD~1                  # the tree before the change, beside this one
     python scripts/compare_trees.py ../before          # before vs this checkout
     python scripts/compare_trees.py OLD NEW [--turns 2] [--repeats 3] [--model PATH|NAME] [--json PATH]
+                                   [--bench-args ARGS] [--engine-args ARGS]       # e.g. other batch sizes
 
 Two benchmark runs made at different times answer nothing: machines differ 2x, and one shared machine drifts by
 tens of percent over minutes. So each turn runs, in both trees, `minitransformer bench` (prefill 64 tokens, decode at
@@ -30,14 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minitransformer.bench.run import as_timing, figure
+from minitransformer.bench.report import NOISE
+from minitransformer.bench.run import as_timing, beyond_noise, figure
 from minitransformer.core.errors import InputError
 from minitransformer.core.metrics import percentile
 
 BENCH = ["bench", "--peers", "none"]
 BENCH_ARGS = "--prefill-lengths 64 --batches 1,16"      # the rows a change to the forward moves
 ENGINE = ["bench", "engine"]
-NOISE = " (within noise)"
 
 
 def check_tree(path: str) -> Path:
@@ -91,7 +92,7 @@ def compare(old: dict[str, tuple[str, list[float]]], new: dict[str, tuple[str, l
         old_median, new_median = percentile(old_runs, 50), percentile(new_runs, 50)
         assert old_median is not None and new_median is not None, "every figure has runs"
         speedup = new_median / old_median if unit != "s" else old_median / new_median
-        overlap = not (min(new_runs) > max(old_runs) or max(new_runs) < min(old_runs))
+        overlap = not beyond_noise((min(new_runs), max(new_runs)), (min(old_runs), max(old_runs)))
         rows.append({"figure": key, "unit": unit, "old": {"median": old_median, "low": min(old_runs),
                                                           "high": max(old_runs), "runs": old_runs},
                      "new": {"median": new_median, "low": min(new_runs), "high": max(new_runs), "runs": new_runs},

@@ -160,6 +160,12 @@ def figure_range(row: dict, system: str) -> tuple[float, float]:
     return min(figures), max(figures)
 
 
+def beyond_noise(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two figures' (lowest, highest) ranges of runs do not overlap: only then does their ratio say which is
+    faster (report.py marks the others "within noise")."""
+    return a[0] > b[1] or a[1] < b[0]
+
+
 def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None = None, progress=None,
               peaks: dict | None = None) -> dict:
     """Measure everything; `systems` is [Ours(model), *available peers]; progress: a rich Progress or None.
@@ -261,9 +267,8 @@ def ratios(rows: dict, names: list[str]) -> list[dict]:
         a, b = rows.get(num[0], {}).get("values", {}), rows.get(den[0], {}).get("values", {})
         if num[1] not in a or den[1] not in b:
             return
-        (a_low, a_high), (b_low, b_high) = figure_range(rows[num[0]], num[1]), figure_range(rows[den[0]], den[1])
         entry = {"id": rid, "num": list(num), "den": list(den), "value": a[num[1]] / b[den[1]],
-                 "beyond_noise": a_low > b_high or a_high < b_low}
+                 "beyond_noise": beyond_noise(figure_range(rows[num[0]], num[1]), figure_range(rows[den[0]], den[1]))}
         if rid in TARGETS:
             entry["target"] = TARGETS[rid]
             entry["meets"] = entry["value"] >= TARGETS[rid]
