@@ -6,7 +6,7 @@ the weights, and the FLOPs and bytes of each phase say which resource limits it.
 
 Part 2 times one request (TTFT and inter-token latency, generate.py's metrics) several times. Part 3 sweeps the
 prompt length (prefill.py) and the context length (decode.py), and puts each measured time next to the work the pass
-does (lab/machine.py's forward_cost) and this machine's measured peaks: bytes/s of a large copy, FLOP/s of a matmul.
+does (lab/machine.py's forward_cost) and this machine's profile: bytes/s of a large read, FLOP/s of a matmul.
 Every timing is repeated after a warm-up, and every comparison is timed in turns (minitransformer/lab/measure.py); the
 lesson's claims (claims() below) are decided from the numbers it prints, and a claim about time is stated only when
 it holds beyond the measured spread on a quiet machine.
@@ -29,15 +29,9 @@ from minitransformer import KVCache, SamplingParams, generate, load_model
 from minitransformer.core.decode import decode_step
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.prefill import prefill
-from minitransformer.lab.claims import Claim, find_numbers, flat, report
-from minitransformer.lab.machine import (
-    H200,
-    forward_cost,
-    measure_copy_bandwidth,
-    measure_gemm_flops,
-    roofline_tokens_per_s,
-)
-from minitransformer.lab.measure import Probe, Timing, interleaved, machine_peaks
+from minitransformer.lab.claims import Claim, bound_line, find_numbers, flat, report
+from minitransformer.lab.machine import H200, forward_cost, machine_profile, roofline_tokens_per_s
+from minitransformer.lab.measure import Probe, Timing, interleaved
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
@@ -54,7 +48,7 @@ console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # p
 NEAR = 2.0                # FLOP/byte within 2x of the ridge: no firm call (the ridge is itself two timings)
 RATE_DIP = 0.10           # prefill tok/s "does not fall" when each longer prompt keeps at least 90% of the shorter's
 DECODE_BAND = 0.25        # a decode step is "flat" when its fastest time moves less than 25% across the contexts
-MEMORY_PACE = 0.5         # decode "runs at the memory's pace" when it moves at least half the copy bandwidth
+MEMORY_PACE = 0.5         # decode "runs at the memory's pace" when it moves at least half the read bandwidth
 COMPUTE_PACE = 1 / 3      # prefill "runs near the arithmetic roof" when it reaches at least a third of the GEMM peak
 MATMUL_REPEATS = 20       # one matmul takes ~0.1 ms: cheap to repeat
 
@@ -121,7 +115,7 @@ def claims(output: str) -> list[Claim]:
               f"fastest step {first['min'] * 1e3:.1f} ms at {lengths[0]} -> {last['min'] * 1e3:.1f} ms at "
               f"{lengths[-1]} ({decode_change:+.0%})"),
         Claim("decode-memory-pace", f"a decode step moves its bytes at the memory's pace (at least "
-              f"{MEMORY_PACE:.0%} of the copy bandwidth)", decode_bytes_s >= MEMORY_PACE * bandwidth,
+              f"{MEMORY_PACE:.0%} of the read bandwidth)", decode_bytes_s >= MEMORY_PACE * bandwidth,
               f"{decode_bytes_s:.1f} GB/s vs {bandwidth:.1f} GB/s"),
         Claim("prefill-compute-pace", f"a {lengths[-1]}-token prefill runs near the arithmetic roof (at least "
               f"{COMPUTE_PACE:.0%} of the GEMM peak)", prefill_flops_s >= COMPUTE_PACE * gemm,
@@ -240,12 +234,15 @@ def main():
     tokens = model.tokenizer.encode(TEXT * (1 + max(lengths + [args.prompt_tokens]) // 20))   # 30 tokens a copy
 
     console.rule("[bold]1. This machine's two peaks")
-    bandwidth, gemm, measured_here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
-    ridge = gemm / bandwidth
-    console.print(f"memory: {bandwidth / 1e9:.1f} GB/s (a 256 MiB copy, read + write); arithmetic: {gemm / 1e9:.1f} "
-                  f"GFLOP/s (float32 1024x1024 matmul). Ridge point: {ridge:.1f} FLOP per byte ("
+    profile, measured_here = machine_profile()
+    bandwidth, gemm, ridge = profile.read_bandwidth, profile.gemm_peak, profile.ridge
+    console.print(profile.line(), markup=False, highlight=False)
+    console.print(f"memory: {bandwidth / 1e9:.1f} GB/s read (one row times a {profile.read_bytes / 2**20:.0f} MiB "
+                  f"matrix, a read-only stream the way a decode step reads its weights; a copy, which writes every "
+                  f"byte it reads, moved {profile.copy_bandwidth / 1e9:.1f} GB/s counting both); arithmetic: "
+                  f"{gemm / 1e9:.1f} GFLOP/s (float32 1024x1024 matmul). Ridge point: {ridge:.1f} FLOP per byte ("
                   + ("measured by this run" if measured_here else "measured once for this set of runs by "
-                     "scripts/make_transcripts.py, so every lesson quotes the same ridge")
+                     "scripts/make_transcripts.py, so every transcript quotes this profile")
                   + "). A pass doing fewer FLOPs per byte it moves waits on memory; one doing more waits on "
                   f"arithmetic. The peaks are timings too (a busy machine lowers them), so this lesson calls a pass "
                   f"memory- or compute-bound only when its FLOP/byte is more than {NEAR:.0f}x away from the ridge.")
@@ -287,6 +284,10 @@ def main():
     console.print("FLOPs: 2 per weight per token + attention; bytes: weights once + KV cache + activations "
                   "(forward_cost's docstring). GFLOP/s and GB/s are achieved rates, from the fastest run. 'FLOP/byte "
                   f"says' compares FLOP/byte with the ridge: within {NEAR:.0f}x of it, 'near the ridge'.")
+    quickest = min(decodes, key=lambda L: decodes[L].min)
+    console.print(bound_line("decode-step", decodes[quickest].min * 1e3, profile.floor_seconds(weights) * 1e3,
+                             fmt=".2f") + f" (the fastest decode step, at context {quickest}; floor = weight bytes / "
+                  "read bandwidth: every step reads every weight once)")
     console.print("Diagram: figures/prefill_vs_decode_shapes.png, one layer's matrix products for a 64-token prompt "
                   "and for one decode token, drawn to scale, each with its FLOPs, bytes and FLOP/byte.")
     for line in lines:
@@ -365,8 +366,8 @@ def main():
     answer.append(f"more than {NEAR:.0f}x below it, memory-bound." if shown["decode-memory-bound"] else
                   f"not {NEAR:.0f}x below it, too near to call.")
     answer.append(f"Its fastest step at context {longest} moved {dec_bytes_s / 1e9:.1f} GB/s "
-                  f"({dec_bytes_s / bandwidth:.0%} of the copy bandwidth) and did {dec_flops_s / 1e9:.1f} GFLOP/s "
-                  f"({dec_flops_s / gemm:.0%} of the GEMM peak). At the copy bandwidth its bytes allow "
+                  f"({dec_bytes_s / bandwidth:.0%} of the read bandwidth) and did {dec_flops_s / 1e9:.1f} GFLOP/s "
+                  f"({dec_flops_s / gemm:.0%} of the GEMM peak). At the read bandwidth its bytes allow "
                   f"{roofline:.0f} tokens/s (bandwidth / bytes per step); its fastest step made {made:.0f} "
                   f"({made / roofline:.0%} of that).")
     if shown["decode-memory-pace"]:
@@ -374,13 +375,14 @@ def main():
     else:
         answer.append("This run could not show it running at the memory's pace. The claims above say why.")
     if made > roofline:
-        answer.append("A share over 100% is possible. A copy measures memory one way, reading and writing every "
-                      "byte. A decode step mostly reads, so the copy figure is a rough bound, not an exact one.")
+        answer.append("That is above the roofline. The byte count assumes every activation goes to memory and back; "
+                      "the small ones stay in the caches, so the step moved fewer bytes than counted. The weights "
+                      "alone cannot be read faster, which the bound line below holds the step to.")
     answer.append(f"Prefill of {longest} tokens reuses each weight {longest} times: {pre.intensity:.1f} FLOP/byte,")
     answer.append(f"more than {NEAR:.0f}x the ridge, compute-bound." if shown["prefill-compute-bound"] else
                   f"not {NEAR:.0f}x above the ridge, too near to call.")
     answer.append(f"Its fastest pass did {pre_flops_s / 1e9:.1f} GFLOP/s ({pre_flops_s / gemm:.0%} of the GEMM "
-                  f"peak) at {pre_bytes_s / 1e9:.1f} GB/s ({pre_bytes_s / bandwidth:.0%} of the copy bandwidth)."
+                  f"peak) at {pre_bytes_s / 1e9:.1f} GB/s ({pre_bytes_s / bandwidth:.0%} of the read bandwidth)."
                   + (" That is near the arithmetic roof." if shown["prefill-compute-pace"] else
                      " This run could not show it running near the arithmetic roof."))
     rates = " -> ".join(f"{L / prefills[L].min:.0f}" for L in lengths)
@@ -428,7 +430,7 @@ def main():
         f"{H200.ridge:.0f} FLOP/byte, against this CPU's measured {ridge:.1f}. Decode at context {longest} in bf16 "
         f"does {g_dec.intensity:.2f} FLOP/byte, so it is {'compute' if g_dec.intensity > H200.ridge else 'memory'}"
         f"-bound there. It takes at best {H200.seconds(g_dec) * 1e6:.0f} us per token "
-        f"({1 / H200.seconds(g_dec):,.0f} tokens/s). This CPU's copy bandwidth allows {roofline:.0f} tokens/s. "
+        f"({1 / H200.seconds(g_dec):,.0f} tokens/s). This CPU's read bandwidth allows {roofline:.0f} tokens/s. "
         f"Prefill of {longest} tokens does {g_pre.intensity:.0f} FLOP/byte, so it is "
         f"{'compute' if g_pre.intensity > H200.ridge else 'memory'}-bound there, at best "
         f"{H200.seconds(g_pre) * 1e3:.3f} ms. A prompt of P tokens does 2P FLOPs per 2-byte weight. So on the H200, "

@@ -126,10 +126,12 @@ def claims(output: str) -> list[Claim]:
         Claim("spec-won", "some speculative run was faster than plain decoding beyond the spread",
               several and bool(won),
               f"best {best[0]}/{best[1]}/k={best[2]}: {best[6]:.1f} ms/token (spread {best[7]:.1f}) vs plain "
-              f"{plain[best[0]][0]:.1f} ms{needs}", required=False),        # won or lost: the machine answers
+              f"{plain[best[0]][0]:.1f} ms{needs}", required=False,         # won or lost: the machine answers
+              refuted=several and len(lost) == len(spec)),
         Claim("spec-lost", "every speculative run was slower than plain decoding beyond the spread",
               several and len(lost) == len(spec),
-              f"{len(lost)} of {len(spec)} runs slower than their plain run's slowest{needs}", required=False),
+              f"{len(lost)} of {len(spec)} runs slower than their plain run's slowest{needs}", required=False,
+              refuted=several and bool(won)),
         Claim("sampled-matches", "speculative sampling draws from the target's distribution p (TV within the bound at "
               "every temperature)", all(t <= b for t, b in zip(tv, bound)),
               ", ".join(f"{t:.4f} <= {b:.4f}" for t, b in zip(tv, bound)), timed=False),

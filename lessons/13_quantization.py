@@ -29,9 +29,9 @@ from minitransformer.bench.model_shape import decode_call
 from minitransformer.core.errors import MiniTransformerError
 from minitransformer.core.gguf_file import dequantize, open_gguf
 from minitransformer.kernels.quant import dequant_gemv
-from minitransformer.lab.claims import Claim, find_numbers, flat, report, table_with
-from minitransformer.lab.machine import H200, measure_copy_bandwidth, measure_gemm_flops
-from minitransformer.lab.measure import Probe, interleaved, machine_peaks
+from minitransformer.lab.claims import Claim, bound_line, find_numbers, flat, report, table_with
+from minitransformer.lab.machine import H200, machine_profile
+from minitransformer.lab.measure import Probe, interleaved
 from minitransformer.lab.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy
 from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
 
@@ -199,16 +199,20 @@ def main():
     console.rule(f"Part 4: one decode step of each setting, {args.repeats} times, in turns (NumPy, this CPU)")
     steps = interleaved({name: decode_call(weights, prompts[0], args.repeats + 2, storage)
                          for name, (weights, storage) in settings.items()}, repeats=args.repeats)
-    bandwidth, _, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
+    profile, here = machine_profile()
+    bandwidth = profile.read_bandwidth
     speed = Table("setting", "step min ms", "median ms", "spread ms", "tok/s at the min", "weights floor ms")
     for name, t in steps.items():
         speed.add_row(name, f"{t.min * 1e3:.1f}", f"{t.median * 1e3:.1f}", f"{t.spread * 1e3:.1f}", f"{1 / t.min:.1f}",
                       f"{settings[name][0].weight_bytes / bandwidth * 1e3:.2f}")
     console.print(speed)
     console.print(f"min = the fastest step, what a quiet machine gives; median = the typical step; spread = max - min "
-                  f"(measure.py). Floor = weight bytes / copy bandwidth ({bandwidth / 1e9:.1f} GB/s, "
-                  f"{'measured now' if here else 'measured once for this set of runs'}): a step reads every weight "
-                  "once, so it cannot be faster")
+                  f"(measure.py). Floor = weight bytes / read bandwidth ({bandwidth / 1e9:.1f} GB/s, "
+                  f"{'measured now' if here else 'measured once for this set of runs'}: one row times a large "
+                  "matrix, the way a step reads its weights): a step reads every weight once, so it cannot be faster")
+    for name, t in steps.items():
+        console.print(bound_line(f"step-{name.replace(' ', '-')}", t.min * 1e3,
+                                 profile.floor_seconds(settings[name][0].weight_bytes) * 1e3, fmt=".2f"))
 
     if args.compare:
         compare_model(model, models, load_model(args.compare), prompts[0], args.repeats)
@@ -264,7 +268,7 @@ def main():
                     (("bf16", bf16), ("int8", sizes["int8"]), ("int4", sizes["int4"])))
     console.print(
         f"[bold]The bandwidth floor, here and on an H200.[/] A decode step reads every weight once, so weight bytes / "
-        f"memory bandwidth bounds its time from below. On this CPU, at a copy bandwidth of {bandwidth / 1e9:.1f} GB/s, "
+        f"memory bandwidth bounds its time from below. On this CPU, at a read bandwidth of {bandwidth / 1e9:.1f} GB/s, "
         f"the floor is {here} per token. float32 measured {steps['float32'].min * 1e3:.1f} ms. On an {H200.name} "
         f"({H200.bandwidth / 1e12:.1f} TB/s, published) it is {gpu} per token. A kernel that reads only the quantized "
         f"bytes, like part 3's, can approach that floor. At int4 the floor is {bf16 / sizes['int4']:.1f}x lower than "
@@ -314,8 +318,9 @@ def speed_words(name: str, shown: bool, steps: dict) -> str:
     """The speed verdict for one setting against float32, only in the direction its claim showed."""
     ours, base = steps[name].min * 1e3, steps["float32"].min * 1e3
     if not shown:
-        return (f"This run could not show whether a step with {WITH[name]} is faster or slower than float32's "
-                f"({ours:.1f} vs {base:.1f} ms). The claims above say why.")
+        return (f"Whether a step with {WITH[name]} is faster or slower than float32's, this run cannot say "
+                f"({ours:.1f} vs {base:.1f} ms): the claims above say whether the runs overlapped or the machine "
+                "was busy.")
     if ours < base:
         return (f"With {WITH[name]} NumPy turned the fewer bytes into less time: {ours:.1f} vs {base:.1f} ms per step, "
                 f"{base / ours:.2f}x.")

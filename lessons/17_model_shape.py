@@ -39,9 +39,9 @@ from minitransformer.core.decode import decode_step
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed
 from minitransformer.core.prefill import prefill
-from minitransformer.lab.claims import NUMBER, Claim, find_numbers, flat, report, table_with
-from minitransformer.lab.machine import H200, measure_copy_bandwidth, measure_gemm_flops
-from minitransformer.lab.measure import Probe, interleaved, machine_peaks
+from minitransformer.lab.claims import NUMBER, Claim, bound_line, find_numbers, flat, report, table_with
+from minitransformer.lab.machine import H200, machine_profile
+from minitransformer.lab.measure import Probe, interleaved
 from minitransformer.lab.viz_capacity import LLAMA_3_1_8B
 
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):
@@ -248,7 +248,8 @@ def main():
                           repeats=args.repeats)
     prefills = interleaved({name: prefill_call(m, p) for name, m, p in zip(names, models, ids)},
                            repeats=args.repeats)
-    bandwidth, _, here = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
+    profile, here = machine_profile()
+    bandwidth = profile.read_bandwidth
     table = Table("model", "step min ms", "median ms", "spread ms", "tok/s at the min", "weights read per token MB",
                   "lm_head share", "floor ms", title=f"a decode step at context {args.prompt_tokens}")
     read = [decode_read_bytes(m.config) for m in models]
@@ -270,10 +271,13 @@ def main():
     console.print(f"check ratio: {names[1]} / {names[0]}: decode step {d[1].min / d[0].max:.2f}-"
                   f"{d[1].max / d[0].min:.2f}x, prefill {p[1].min / p[0].max:.2f}-{p[1].max / p[0].min:.2f}x (ranges "
                   f"over both spreads); weights read per decode token {read[1][0] / read[0][0]:.2f}x")
-    console.print(f"floor = weights read / copy bandwidth ({bandwidth / 1e9:.1f} GB/s, "
+    console.print(f"floor = weights read / read bandwidth ({bandwidth / 1e9:.1f} GB/s, "
                   f"{'measured now' if here else 'measured once for this set of runs'}): a decode step reads every "
                   "weight it multiplies once, and a batch-1 step multiplies all of them, the lm_head included. A "
                   "prefill reads each weight once for all its tokens and runs the lm_head on the last one only.")
+    for name, (total, _) in zip(names, read):
+        console.print(bound_line(f"decode-{name.replace(' ', '-')}", decodes[name].min * 1e3,
+                                 profile.floor_seconds(total) * 1e3, fmt=".2f"))
     for name, (total, _) in zip(names, read):
         console.print(f"check decode bytes {name}: computed {total:,} == loaded weights "
                       f"{models[names.index(name)].weight_bytes:,}")

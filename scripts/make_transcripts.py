@@ -2,7 +2,7 @@
 readers who read before they run (docs/interview.md quotes its numbers from these files).
 
     python scripts/make_transcripts.py                 # all lessons, one after another (tens of minutes on 2 cores)
-    python scripts/make_transcripts.py --only 02,12    # only these lessons
+    python scripts/make_transcripts.py --only 02,12    # only these lessons (quoting the committed machine profile)
     python scripts/make_transcripts.py --log FILE      # progress to FILE as well as to the terminal
     python scripts/make_transcripts.py --verify        # check every committed transcript against its lesson's claims
 
@@ -11,8 +11,12 @@ or line to read first and what it decides. It states no direction a run might no
 
 A lesson prints with rich; piped, it prints plain text, and COLUMNS=120 fixes the width, so the transcript is what a
 reader of a 120-column terminal sees, without colour codes. Lessons run one at a time: their timings are part of
-what they teach and two at once would share the cores. This machine's peaks (copy bandwidth, GEMM FLOP/s) are
-measured once at the start and handed to every lesson, so all transcripts quote one ridge point.
+what they teach and two at once would share the cores. This machine's profile (read and copy bandwidth, GEMM
+FLOP/s: minitransformer/lab/machine.py) is measured once at the start, written to lessons/transcripts/machine.json
+and handed to every lesson, so all transcripts quote one set of bandwidths, one ridge point and the floors derived
+from them; each transcript's header repeats the profile's line. `minitransformer figures` and `minitransformer
+bench` read the same file when $MINITRANSFORMER_MACHINE_PROFILE names it, so the figures and the README's tables
+quote it too (tests/test_quoted_numbers.py holds the documents to it).
 
 A transcript is written only from a quiet run whose claims all hold: each lesson prints its quietness probe
 (minitransformer/lab/measure.py) and one verdict line per claim (minitransformer/lab/claims.py). A busy run is tried
@@ -47,11 +51,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from minitransformer.lab.claims import printed_verdicts, verdict_line
-from minitransformer.lab.measure import PEAKS_ENV, QUIET_LINE, Quietness
+from minitransformer.lab.claims import printed_verdicts, relation_problems, verdict_line
+from minitransformer.lab.machine import PROFILE_ENV, MachineProfile, measure_profile
+from minitransformer.lab.measure import QUIET_LINE, Quietness
 
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"
+PROFILE = TRANSCRIPTS / "machine.json"                # the machine profile every transcript of a run quotes
 WIDTH = 120
 FENCE = "````"                                        # four backticks: a lesson's output may itself contain three
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -94,7 +100,7 @@ def machine() -> str:
     """Where the run happened: the CPU (as every figure names it), Python and NumPy versions, the model file."""
     import numpy
 
-    from minitransformer.lab.viz import machine_label
+    from minitransformer.lab.machine import machine_label
     from minitransformer.models import find_default_model
     model = os.environ.get("MINITRANSFORMER_MODEL") or find_default_model()
     return (f"{machine_label()}, Python {platform.python_version()}, NumPy {numpy.__version__}; "
@@ -116,7 +122,8 @@ def command(lesson: Path, args: list[str] = ()) -> str:
     return " ".join(["python", lesson.relative_to(ROOT).as_posix(), *args])
 
 
-def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime) -> str:
+def render(lesson: Path, output: str, seconds: float, where: str, when: datetime.datetime,
+           profile: MachineProfile) -> str:
     number = lesson.stem[:2]
     quiet = QUIET_LINE.search(flat(output))            # the probe's line as the lesson printed it
     others = "an unknown share" if quiet["others"] == "?" else f"{quiet['others']}%"
@@ -131,6 +138,7 @@ def render(lesson: Path, output: str, seconds: float, where: str, when: datetime
                       "every verdict it prints was decided from the numbers it printed.", WIDTH - 4),
         "",
         f"- machine: {where}",
+        f"- {profile.line()} ([machine.json](machine.json))",
         f"- command: `{command(lesson)}`",
         f"- run: {when:%Y-%m-%d %H:%M} UTC, {seconds:.0f} s including loading the model",
         f"- quietness: load average {quiet['load']} at the start, other programs used {others} of the "
@@ -310,7 +318,10 @@ def lesson_module(lesson: Path):
 
 def claim_problems(lesson: Path, output: str) -> list[str]:
     """Why `output` (a run or a transcript of `lesson`) cannot stand as a transcript; [] when it can: the run was
-    quiet, every claim holds on the printed numbers, and every verdict line printed agrees with that."""
+    quiet, every required claim holds on the printed numbers, every verdict line printed agrees with them (a
+    refuted claim printed as refuted, claims.verdict_line), and every printed relation agrees with its numbers (no
+    value beyond its own bound, no part above its whole, no slope against its endpoints, no beaten winner:
+    claims.relation_problems)."""
     quiet = Quietness.parse(output)
     problems = []
     if quiet is None:
@@ -329,6 +340,7 @@ def claim_problems(lesson: Path, output: str) -> list[str]:
         elif flat(verdict_line(claim, quiet)) not in text:
             problems.append(f"claim {claim.key}: the printed verdict is not what its numbers give, which is: "
                             f"{verdict_line(claim, quiet)}")
+    problems += relation_problems(output)
     unknown = set(printed) - {c.key for c in found}
     if unknown:
         problems.append(f"verdict lines for claims the lesson no longer makes: {sorted(unknown)}")
@@ -377,12 +389,6 @@ def verify(chosen: list[Path]) -> list[str]:
     return problems
 
 
-def measure_peaks() -> str:
-    """'bytes_per_s,flop_per_s' of this machine, measured once for every lesson of the run."""
-    from minitransformer.lab.machine import measure_copy_bandwidth, measure_gemm_flops
-    return f"{measure_copy_bandwidth(repeats=10):.6g},{measure_gemm_flops(repeats=20):.6g}"   # peaks: the fastest
-
-
 # ------------------------------------------------------------------------------------------------ main
 
 def main() -> int:
@@ -420,20 +426,26 @@ def main() -> int:
     where, failed, stale = machine(), [], []
     TRANSCRIPTS.mkdir(exist_ok=True)
     say(f"{len(chosen)} lessons on {where}")
-    peaks = os.environ.get(PEAKS_ENV) or measure_peaks()
-    say(f"this machine's peaks, measured once for every lesson: {peaks} (bytes/s, FLOP/s)")
+    if os.environ.get(PROFILE_ENV):
+        profile = MachineProfile.load(Path(os.environ[PROFILE_ENV]))
+    elif args.only and PROFILE.is_file():          # the other transcripts quote the committed profile: keep it
+        profile = MachineProfile.load(PROFILE)
+    else:
+        profile = measure_profile(repeats=20)
+    profile.save(PROFILE)
+    say(f"for every lesson of this run: {profile.line()}")
     for lesson in chosen:
         for attempt in range(1, args.attempts + 1):
             say(f"{lesson.name} (attempt {attempt}) ...")
             when = datetime.datetime.now(datetime.timezone.utc)
-            code, out, err, seconds = run(lesson, env={PEAKS_ENV: peaks})
+            code, out, err, seconds = run(lesson, env={PROFILE_ENV: str(PROFILE)})
             if code != 0 or not out.strip():
                 problems = [f"exit {code}: " + err[-2000:]]
                 break                                           # a crash does not get better by trying again
             problems = claim_problems(lesson, out)
             quiet = Quietness.parse(out)
             if not problems:
-                transcript_for(lesson).write_text(render(lesson, out, seconds, where, when))
+                transcript_for(lesson).write_text(render(lesson, out, seconds, where, when, profile))
                 say(f"{lesson.name} done in {seconds:.0f} s -> {transcript_for(lesson).relative_to(ROOT)}")
                 break
             say(f"{lesson.name}: not written after {seconds:.0f} s: " + "; ".join(problems))

@@ -9,7 +9,7 @@ prints:
 2. the same run under cProfile (wall clock), its time attributed to the stages of a step (which function is which
    stage: STAGES), with each stage's share;
 3. the floors: the workload's matmul FLOPs at this machine's measured GEMM peak (no float32 engine on these cores
-   can do the matmuls faster), and one decode step's weights at its copy bandwidth;
+   can do the matmuls faster), and one decode step's weights at its read bandwidth;
 4. why a decode step at batch 16 costs more than its FLOPs say: the FFN's gate/up matmul timed at 1 to 512 rows
    (bench.machine.time_matmul_rows): OpenBLAS multiplies one row with a matrix-vector routine that streams the
    weights once, and several rows with its matrix-matrix routine, which first copies (packs) the weights into
@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, load_model
 from minitransformer.bench.serve_workload import make_prompts
 from minitransformer.core.model import LAYER_MATRICES
-from minitransformer.lab.machine import measure_copy_bandwidth, measure_gemm_flops, time_matmul_rows
-from minitransformer.lab.measure import Probe, machine_peaks
+from minitransformer.lab.machine import machine_profile, time_matmul_rows
+from minitransformer.lab.measure import Probe
 from minitransformer.serving.engine import Engine
 
 # stage -> [(module path suffix, function name, "cum" | "own")]: a stage's seconds are the sum of these functions'
@@ -132,14 +132,15 @@ def main(argv=None) -> int:
                   "cost), by stage:")
     console.print(table)
 
-    bandwidth, gemm, _ = machine_peaks(lambda: (measure_copy_bandwidth(), measure_gemm_flops()))
+    profile, _ = machine_profile()
+    bandwidth, gemm = profile.read_bandwidth, profile.gemm_peak
     flops = matmul_flops(model, engine)
     decode_bytes = model.weight_bytes                     # the tied lm_head is the embedding, counted once
-    console.print(f"\n[bold]3. Floors[/bold]: this machine's GEMM peak {gemm / 1e9:.1f} GFLOP/s, copy bandwidth "
+    console.print(f"\n[bold]3. Floors[/bold]: this machine's GEMM peak {gemm / 1e9:.1f} GFLOP/s, read bandwidth "
                   f"{bandwidth / 1e9:.1f} GB/s. The workload's matmuls are {flops / 1e9:.0f} GFLOP: "
                   f"{flops / gemm:.2f} s at the GEMM peak, against {wall:.2f} s for the whole run "
                   f"({flops / gemm / wall:.0%}). One decode step reads every weight once: "
-                  f"{decode_bytes / 2**20:.0f} MiB, {decode_bytes / bandwidth * 1e3:.1f} ms at the copy bandwidth.")
+                  f"{decode_bytes / 2**20:.0f} MiB, {decode_bytes / bandwidth * 1e3:.1f} ms at the read bandwidth.")
 
     rows = (1, 4, 16, 64, 512)
     w_gate_up = model.layers[0].w_gate_up                                               # (D, 2F)

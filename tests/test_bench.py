@@ -17,7 +17,7 @@ from minitransformer.bench.run import QUICK, TARGETS, load_systems, run_bench
 from minitransformer.bench.workloads import Ours
 
 TINY = ["--quick", "--repeats", "3", "--prefill-lengths", "8,16", "--batches", "1,2"]
-PEAKS = {"copy_bandwidth_bytes_s": 10e9, "gemm_flops": 50e9}
+PEAKS = {"read_bandwidth_bytes_s": 12e9, "copy_bandwidth_bytes_s": 10e9, "gemm_flops": 50e9}
 SETTINGS = QUICK.__class__(prefill_lengths=(8, 16), batches=(1, 2), decode_prompt_tokens=8, decode_tokens=4,
                            cache_prompt_tokens=8, cache_new_tokens=4, continuous_requests=3, continuous_tokens=4,
                            repeats=3, settle_s=0.0)
@@ -52,7 +52,8 @@ def test_cli_writes_json_markdown_and_png(bench_run):
     assert data["quietness"]["line"].startswith("quietness: load average") and data["quietness"]["line"] in stdout
     assert data["quietness"]["quiet"] == data["quietness"]["line"].endswith(": quiet")
     assert data["systems"] == ["ours"] and data["peers"] == {}
-    assert set(data["machine"]) >= {"cores", "numpy", "copy_bandwidth_bytes_s", "gemm_flops", "label"}
+    assert set(data["machine"]) >= {"cores", "numpy", "read_bandwidth_bytes_s", "copy_bandwidth_bytes_s", "gemm_flops",
+                                  "label", "profile", "profile_line"}
     expected_rows = {"prefill_8", "prefill_16", "decode_b1", "decode_b2", "generate_cache", "generate_no_cache",
                      "continuous"}
     assert set(data["rows"]) == expected_rows
@@ -66,7 +67,7 @@ def test_cli_writes_json_markdown_and_png(bench_run):
 def test_every_value_and_ratio_recomputes_from_raw_runs(bench_run):
     _, _, data, _ = bench_run
     m = data["machine"]
-    bw, peak = m["copy_bandwidth_bytes_s"], m["gemm_flops"]
+    bw, peak = m["read_bandwidth_bytes_s"], m["gemm_flops"]
     for key, row in data["rows"].items():
         for system, runs in row["runs"].items():
             # the figure is the best run (least seconds, most tok/s); the median stands next to it
@@ -102,7 +103,7 @@ def test_decode_roofline_at_batch_1_is_bandwidth_over_weights_and_cache(bench_ru
     _, _, data, _ = bench_run
     s, m = data["settings"], data["machine"]
     context = s["decode_prompt_tokens"] + s["decode_tokens"] // 2
-    memory_bound = m["copy_bandwidth_bytes_s"] / (data["weight_bytes"] + estimate_kv_bytes(tiny_model.config, context))
+    memory_bound = m["read_bandwidth_bytes_s"] / (data["weight_bytes"] + estimate_kv_bytes(tiny_model.config, context))
     row = data["rows"]["decode_b1"]
     compute_bound = m["gemm_flops"] / row["flops"]
     assert row["values"]["roofline"] == pytest.approx(min(memory_bound, compute_bound), rel=1e-12)
@@ -133,7 +134,9 @@ def test_markdown_numbers_equal_the_json(bench_run):
     target = next(text for label, text in lines.items() if label.startswith("decode batch 1: ours / float32 roofline"))
     assert f"{ratio['decode_b1/roofline']:.2f}x" in target
     assert data["quietness"]["line"] in text
-    assert re.search(r"copy bandwidth ([\d.]+) GB/s", text).group(1) == \
+    assert re.search(r"read bandwidth ([\d.]+) GB/s", text).group(1) == \
+        f"{data['machine']['read_bandwidth_bytes_s'] / 1e9:.1f}"
+    assert re.search(r"copy ([\d.]+) GB/s \(read \+ write\)", text).group(1) == \
         f"{data['machine']['copy_bandwidth_bytes_s'] / 1e9:.1f}"
 
 

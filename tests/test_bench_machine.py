@@ -1,4 +1,4 @@
-"""minitransformer.lab.machine: the peaks are plausible numbers and forward_cost counts what the model does.
+"""minitransformer.lab.machine: the profile holds plausible numbers and forward_cost counts what the model does.
 
 forward_cost's references are independent of its formula: FLOPs are summed from the loaded tiny model's actual
 weight arrays and a spy on layers.attention that records each product's (T, S); bytes from the arrays' nbytes.
@@ -18,50 +18,78 @@ from minitransformer import KVCache, ModelConfig
 from minitransformer.core.decode import decode_step
 from minitransformer.core.gguf_file import open_gguf
 from minitransformer.core.prefill import prefill
+from minitransformer.lab import machine
 from minitransformer.lab.machine import (
+    PROFILE_ENV,
+    MachineProfile,
     PhaseCost,
     forward_cost,
-    measure_copy_bandwidth,
-    measure_gemm_flops,
+    machine_profile,
+    measure_profile,
     roofline_tokens_per_s,
 )
+from minitransformer.lab.measure import Timing
+
+SMALL = {"read_bytes": 8 * 2**20, "copy_bytes": 4 * 2**20}
 
 
-def test_peaks_are_positive_rates():
-    bandwidth = measure_copy_bandwidth(nbytes=8 * 2**20, repeats=2)
-    flops = measure_gemm_flops(n=128, repeats=2)
-    for rate in (bandwidth, flops):
+def test_the_profile_holds_positive_rates_and_the_read_stream_is_what_floors_divide_by():
+    profile = measure_profile(repeats=2, **SMALL)
+    for rate in (profile.read_bandwidth, profile.copy_bandwidth, profile.gemm_peak):
         assert math.isfinite(rate) and rate > 0
-    assert 1e8 < bandwidth < 1e13 and 1e7 < flops < 1e15     # bytes/s and FLOP/s, not seconds or GB/s
+    assert 1e8 < profile.read_bandwidth < 1e13 and 1e7 < profile.gemm_peak < 1e15     # bytes/s, FLOP/s
+    assert profile.read_bytes == SMALL["read_bytes"] and profile.copy_bytes == 2 * SMALL["copy_bytes"]
+    assert len(profile.read.samples) == len(profile.copy.samples) == len(profile.gemm.samples) == 2
+    assert profile.floor_seconds(1e9) == 1e9 / profile.read_bandwidth
+    assert profile.ridge == profile.gemm_peak / profile.read_bandwidth
 
 
-def test_gemm_counts_2n3_flops(monkeypatch):
-    """With a clock that advances exactly 1 s per timed call, the rate is the FLOP count itself."""
+def fixed_profile() -> MachineProfile:
+    """1 GiB read in 0.05 s at best: 21.5 GB/s; 0.5 GiB copied in 0.04 s: 13.4 GB/s; 2 GFLOP in 0.01 s."""
+    return MachineProfile("Test CPU, 2 cores (x86_64)", "2026-12-05 17:00", 2**30, Timing((0.05, 0.06, 0.08)),
+                          2**29, Timing((0.04, 0.05, 0.04)), 2e9, Timing((0.01, 0.011, 0.012)))
+
+
+def test_a_profile_is_the_fastest_repeat_with_its_median_and_spread_in_its_line():
+    profile = fixed_profile()
+    assert profile.read_bandwidth == 2**30 / 0.05 and profile.copy_bandwidth == 2**29 / 0.04
+    assert profile.gemm_peak == 2e9 / 0.01
+    line = profile.line()
+    assert "read 21.5 (median 17.9, spread 60%) GB/s" in line
+    assert "copy 13.4 (median 13.4, spread 25%) GB/s (read + write)" in line
+    assert "GEMM 200.0 (median 181.8, spread 20%) GFLOP/s" in line
+    assert f"ridge {2e11 / (2**30 / 0.05):.2f} FLOP/byte" in line
+
+
+def test_a_profile_measured_once_is_read_back_by_every_run_that_is_handed_it(tmp_path, monkeypatch):
+    profile = fixed_profile()
+    path = tmp_path / "machine.json"
+    profile.save(path)
+    assert MachineProfile.load(path) == profile
+    monkeypatch.setenv(PROFILE_ENV, str(path))
+    monkeypatch.setattr(machine, "measure_profile", lambda *a, **k: pytest.fail("measured again"))
+    assert machine_profile() == (profile, False)
+    monkeypatch.delenv(PROFILE_ENV)
+    monkeypatch.setattr(machine, "measure_profile", lambda *a, **k: profile)
+    assert machine_profile() == (profile, True)
+
+
+def test_each_call_counts_its_work(monkeypatch):
+    """With a clock that advances exactly 1 s per timed call, each rate is the work of one call."""
     import minitransformer.lab.measure as measure
-    ticks = iter(range(100))
+    ticks = iter(range(1000))
     monkeypatch.setattr(measure, "now", lambda: float(next(ticks)))
-    assert measure_gemm_flops(n=64, repeats=3) == 2 * 64**3
-    ticks = iter(range(100))
-    assert measure_copy_bandwidth(nbytes=4096, repeats=3) == 2 * 4096
+    profile = measure_profile(repeats=3, read_bytes=2**20, copy_bytes=2**16)
+    assert profile.gemm_peak == 2 * 1024**3
+    assert profile.read_bandwidth == 2**20 and profile.copy_bandwidth == 2 * 2**16
+    assert machine.gemm_call(n=64)[0] == 2 * 64**3
 
 
-def test_a_peak_is_the_fastest_repeat_after_a_warm_up(monkeypatch):
-    """The peaks go through measure.time_calls: the warm-up call is not timed, and the rate is work / the fastest
-    repeat (a slow repeat is the machine doing something else), not the median."""
-    import minitransformer.lab.machine as machine
-    import minitransformer.lab.measure as measure
-    calls = []
-    clock = iter([0.0, 4.0, 10.0, 11.0, 20.0, 22.0, 30.0, 31.0])     # repeats of 4 s, 1 s and 2 s; then 1 s
-    monkeypatch.setattr(measure, "now", lambda: next(clock))
-    real = machine.time_calls
-
-    def counting(run, repeats, **kw):
-        return real(lambda: calls.append(1) or run(), repeats, **kw)
-    monkeypatch.setattr(machine, "time_calls", counting)
-    assert measure_gemm_flops(n=16, repeats=3) == 2 * 16**3 / 1.0
-    assert len(calls) == 4                                              # one warm-up + 3 timed
-    flops, timing = machine.gemm_timing(n=16, repeats=1)
-    assert flops == 2 * 16**3 and len(timing.samples) == 1
+def test_the_read_stream_reads_each_byte_once_the_way_a_decode_step_reads_a_weight():
+    moved, call = machine.read_call(nbytes=4 * 2048 * 10)
+    assert moved == 4 * 2048 * 10
+    out = call()
+    assert out.shape == (1, 2048) and float(out[0, 0]) == 10.0          # one row of 10 ones times (10, 2048) ones
 
 
 def record_attention_shapes(model, run):

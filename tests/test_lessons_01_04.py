@@ -64,7 +64,7 @@ def check_printed_verdicts(name: str, output: str) -> dict:
     """The verdicts the lesson printed are exactly claims() on its own output, given the quietness it printed."""
     found, quiet = decided(name, output), Quietness.parse(output)
     assert quiet is not None, "no quietness line"
-    printed = {m[1]: m[2] == "shown" for m in re.finditer(r"claim (\S+): (shown|not shown):", output)}
+    printed = {m[1]: m[2] == "shown" for m in re.finditer(r"claim (\S+): (shown|not shown|refuted):", output)}
     assert printed == {key: is_shown(claim, quiet) for key, claim in found.items()}
     return found
 

@@ -27,7 +27,7 @@ from minitransformer.lab.claims import (
     to_float,
     verdict_line,
 )
-from minitransformer.lab.measure import Probe, Quietness, Timing, interleaved, machine_peaks, time_calls
+from minitransformer.lab.measure import Probe, Quietness, Timing, interleaved, time_calls
 
 
 def test_timing_statistics():
@@ -82,15 +82,6 @@ def test_probe_sees_a_quiet_or_busy_machine_as_a_share_between_0_and_1():
     assert result.others is None or 0.0 <= result.others <= 1.0
 
 
-def test_machine_peaks_come_from_the_environment_when_a_run_measured_them_once(monkeypatch):
-    monkeypatch.setenv(measure.PEAKS_ENV, "2e10,5e10")
-    assert machine_peaks(lambda: pytest.fail("measured again")) == (2e10, 5e10, False)
-    monkeypatch.delenv(measure.PEAKS_ENV)
-    assert machine_peaks(lambda: (1.0, 2.0)) == (1.0, 2.0, True)
-
-
-# ------------------------------------------------------------------------------------------------ claims
-
 def rendered(width=60) -> str:
     console = Console(file=io.StringIO(), width=width, color_system=None)
     table = Table("step", "cache ms", "a long column name that wraps")
@@ -127,7 +118,23 @@ def test_a_timed_claim_is_shown_only_on_a_quiet_run_an_untimed_one_always():
     assert is_shown(untimed, quiet(others=0.5))
     assert not is_shown(wrong, quiet())
     assert "the machine was busy (other programs used 50%" in verdict_line(timed, quiet(others=0.5))
-    assert "its numbers do not show it" in verdict_line(wrong, quiet())
+    assert "run the lesson again" in verdict_line(timed, quiet(others=0.5))
+
+
+def test_a_quiet_run_reports_a_refuted_claim_as_refuted_and_never_asks_for_another_run():
+    """A claim a quiet run's numbers contradict is refuted, not bad luck; one inside the spread is undecided.
+    Only a busy run asks the reader to run again."""
+    inside = Claim("grows", "it grows", False, "10 -> 9 ms, spread 2 ms")
+    against = Claim("faster", "A is faster than B", False, "A 3.0 ms vs B 2.0 ms", refuted=True)
+    assert verdict_line(against, quiet()).startswith("claim faster: refuted: A is faster than B (A 3.0 ms vs B ")
+    assert "show the opposite" in verdict_line(against, quiet())
+    assert "inside the measured spread" in verdict_line(inside, quiet())
+    for line in (verdict_line(against, quiet()), verdict_line(inside, quiet())):
+        assert "again" not in line and "Close other programs" not in line
+    assert "run the lesson again" in verdict_line(against, quiet(others=0.5))        # a busy run decides nothing
+    assert printed_verdicts(verdict_line(against, quiet())) == {"faster": False}
+    count = Claim("same", "the same tokens", False, "47 of 48", timed=False)
+    assert verdict_line(count, None).startswith("claim same: refuted:")            # a count has no spread
 
 
 def test_report_prints_verdicts_that_read_back():

@@ -34,8 +34,8 @@ two figures whose runs overlap, so this run does not show which system is faster
   Engine(policy="continuous"); llama-batched-bench: as many prompts at once, each of our prompts' mean length (the
   same prefill work), N - 1 decode steps after the prefill's first token: B * N / (t_pp + t_tg), in the same rounds.
   Also compared with our batch-1 decode.
-- roofline: prefill P / max(FLOPs / GEMM peak, bytes / copy bandwidth) with forward_cost; decode
-  B / max(FLOPs / peak, (weight bytes + KV bytes at the mean context) / copy bandwidth), measured peaks.
+- roofline: prefill P / max(FLOPs / GEMM peak, bytes / read bandwidth) with forward_cost; decode
+  B / max(FLOPs / peak, (weight bytes + KV bytes at the mean context) / read bandwidth), the machine profile.
   roofline.png places every system at our float32 step's intensity; llama.cpp (both peers) reads its quantized
   weights (fewer bytes per token), so its decode points can sit above the float32 bandwidth roof."""
 
@@ -134,7 +134,8 @@ def markdown(data: dict) -> str:
     values, others = columns(data)
     m = data["machine"]
     lines = [f"### minitransformer bench: {Path(data['model']).name}", "",
-             f"Measured on {m['label']}: copy bandwidth {m['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write), "
+             f"Measured on {m['label']}: read bandwidth {m['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s, copy "
+             f"{m['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write), "
              f"float32 GEMM {m['gemm_flops'] / 1e9:.1f} GFLOP/s; numpy {m['numpy']}, torch {m['torch']}, "
              f"transformers {m['transformers']}, llama-cpp-python {m['llama_cpp']}; the best of "
              f"{data['settings']['repeats']} runs per figure.", "", quietness_note(data), ""]
@@ -205,7 +206,7 @@ def plot_roofline(data: dict, path: Path) -> None:
     import numpy as np
 
     m = data["machine"]
-    bw, peak = m["copy_bandwidth_bytes_s"], m["gemm_flops"]
+    bw, peak = m["read_bandwidth_bytes_s"], m["gemm_flops"]
     rows = [r for r in data["rows"].values() if r["workload"] in ("prefill", "decode")]
     xs = [r["intensity"] for r in rows] + [peak / bw]
     fig, ax = plt.subplots(figsize=(8, 5.5))

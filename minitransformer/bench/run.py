@@ -1,10 +1,10 @@
 """`minitransformer bench`: this machine's peaks, then every workload on us and on the installed peers.
 
-Order of work: copy bandwidth and GEMM FLOP/s first (machine.py), then each workload. Inside a workload the systems
-alternate, so a slow spell of this shared machine hits all of them alike: one warm-up call per system (dropped),
-then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept runs of a system are a
-measure.Timing (a rate r counts as 1/r seconds per unit of work); its figure is the best run, the one nearest to a
-quiet machine (noise only ever adds time), with the median and the spread kept next to it:
+Order of work: the machine profile first (read and copy bandwidth, GEMM FLOP/s: machine.py), then each workload.
+Inside a workload the systems alternate, so a slow spell of this shared machine hits all of them alike: one warm-up
+call per system (dropped), then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept
+runs of a system are a measure.Timing (a rate r counts as 1/r seconds per unit of work); its figure is the best run,
+the one nearest to a quiet machine (noise only ever adds time), with the median and the spread kept next to it:
 
     prefill P       runs are seconds; tok/s = P / min(seconds)      (median: P / median(seconds))
     decode B        runs are tok/s (B * N / decode seconds); the highest of them
@@ -16,8 +16,9 @@ the other); otherwise this run cannot say which is faster, and report.py says so
 watches the whole run: other programs' CPU share and a calibration matmul at both ends (measure.py).
 
 Rooflines (the best this machine allows, from its measured peaks):
-    prefill P       P / max(flops / peak FLOP/s, bytes / bandwidth), flops and bytes from forward_cost(cfg, P)
-    decode B        B / max(flops / peak FLOP/s, (weight bytes + KV bytes of B sequences at context S) / bandwidth),
+    prefill P       P / max(flops / peak FLOP/s, bytes / read bandwidth), flops and bytes from forward_cost(cfg, P)
+    decode B        B / max(flops / peak FLOP/s, (weight bytes + KV bytes of B sequences at context S)
+                    / read bandwidth),
                     S = prompt + N/2 (the mean context of the timed steps); at B = 1 this is roofline_tokens_per_s
 
 run_bench returns one dict (the JSON of bench.json): machine, peers, settings, quietness, rows (raw runs, figures,
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..core.errors import InputError
 from ..core.kv_cache import estimate_kv_bytes
-from ..lab.machine import forward_cost, measure_copy_bandwidth, measure_gemm_flops
+from ..lab.machine import forward_cost, machine_label, machine_profile
 from ..lab.measure import Probe, Timing
 from .workloads import Ours, prompt_ids, serving_prompts
 
@@ -54,15 +55,14 @@ class Settings:
     continuous_requests: int = 16
     continuous_tokens: int = 64
     repeats: int = 3
-    copy_bytes: int = 256 * 2**20
-    gemm_n: int = 1024
+    copy_bytes: int = 256 * 2**20         # the machine profile's copy; its read stream is twice as large
     settle_s: float = 0.2                 # idle pause before each timed call (see alternate)
 
 
 DEFAULT = Settings()
 QUICK = Settings(prefill_lengths=(32, 128), batches=(1, 4), decode_prompt_tokens=16, decode_tokens=8,
                  cache_prompt_tokens=16, cache_new_tokens=8, continuous_requests=16, continuous_tokens=8,
-                 copy_bytes=64 * 2**20, gemm_n=1024)
+                 copy_bytes=64 * 2**20)
 
 # The issues' targets: (ratio id, target). The lead checks them; nothing here is tuned for them. Continuous batching
 # is held to issue 28's bar against llama.cpp's batched server (1.25x), here against its batched decode.
@@ -88,8 +88,7 @@ def check_settings(s: Settings, context_length: int) -> None:
 
 
 def machine_info(peaks: dict, systems) -> dict:
-    """Where the numbers were measured: cores, BLAS threads if knowable, library versions, the two peaks."""
-    from ..lab.viz_measure import machine_label
+    """Where the numbers were measured: cores, BLAS threads if knowable, library versions, the machine profile."""
 
     def version(dist: str):
         try:
@@ -170,8 +169,9 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
               peaks: dict | None = None) -> dict:
     """Measure everything; `systems` is [Ours(model), *available peers]; progress: a rich Progress or None.
 
-    peers: {name: {"available": bool, "reason": str | None}} for the JSON. peaks: {"copy_bandwidth_bytes_s",
-    "gemm_flops"} to skip measuring them (tests)."""
+    peers: {name: {"available": bool, "reason": str | None}} for the JSON. peaks: {"read_bandwidth_bytes_s",
+    "copy_bandwidth_bytes_s", "gemm_flops"} to skip measuring them (tests); otherwise the machine profile, from
+    $MINITRANSFORMER_MACHINE_PROFILE when a set of runs measured it once (machine.machine_profile)."""
     s, cfg, tokenizer = settings, model.config, model.tokenizer
     check_settings(s, cfg.context_length)
     wb = model.weight_bytes
@@ -189,12 +189,13 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
         return (lambda: progress.advance(task)) if progress else (lambda: None)
 
     probe = Probe()                           # is the machine quiet? (~0.2 s here and at the end)
-    tick = stage("machine peaks (copy, GEMM)")
+    tick = stage("machine profile (read, copy, GEMM)")
     if peaks is None:
-        peaks = {"copy_bandwidth_bytes_s": measure_copy_bandwidth(nbytes=s.copy_bytes),
-                 "gemm_flops": measure_gemm_flops(n=s.gemm_n, repeats=5)}
+        profile, _ = machine_profile(read_bytes=2 * s.copy_bytes, copy_bytes=s.copy_bytes)
+        peaks = {"read_bandwidth_bytes_s": profile.read_bandwidth, "copy_bandwidth_bytes_s": profile.copy_bandwidth,
+                 "gemm_flops": profile.gemm_peak, "profile": profile.to_json(), "profile_line": profile.line()}
     tick()
-    bw, peak = peaks["copy_bandwidth_bytes_s"], peaks["gemm_flops"]
+    bw, peak = peaks["read_bandwidth_bytes_s"], peaks["gemm_flops"]
     rows = {}
 
     for p in s.prefill_lengths:

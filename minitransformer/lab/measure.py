@@ -8,7 +8,7 @@ Every lesson, figure, notebook and benchmark times through this module, so they 
     Probe         is the machine quiet? Other programs' share of the CPUs during the run (read from the kernel's
                   counters, minus our own CPU time), the load average, and a fixed calibration (one matmul of the
                   default model's shape) timed at the start and at the end: on a quiet machine the two agree
-    machine_peaks this machine's copy bandwidth and GEMM FLOP/s, measured once and reused by every lesson of a run
+                  (machine.py's MachineProfile, this machine's bandwidths and GEMM peak, is timed with these)
 
 Why the minimum: noise on a shared machine only ever adds time (another program takes the core, a cache is
 evicted), so the fastest of several repeats is the closest to what the code costs on a quiet machine; the median
@@ -298,19 +298,3 @@ class Probe:
         return Quietness(load=self.load, others=others, cores=os.cpu_count() or 1,
                          calibration_before=self.calibration_before,
                          calibration_after=min(calibration_seconds(), calibration_seconds()))
-
-
-# ------------------------------------------------------------------------------------------------ peaks
-
-PEAKS_ENV = "MINITRANSFORMER_PEAKS"      # "bytes_per_s,flop_per_s": set by make_transcripts.py for a whole run
-
-
-def machine_peaks(measure: Callable[[], tuple[float, float]]) -> tuple[float, float, bool]:
-    """(copy bandwidth bytes/s, GEMM FLOP/s, measured_here): from $MINITRANSFORMER_PEAKS when a caller measured them
-    once for a set of runs (so every transcript quotes the same ridge point), else from measure()."""
-    given = os.environ.get(PEAKS_ENV)
-    if given:
-        bandwidth, flops = (float(x) for x in given.split(","))
-        return bandwidth, flops, False
-    bandwidth, flops = measure()
-    return bandwidth, flops, True

@@ -6,13 +6,16 @@
     itl_vs_context_length.png        decode_step time over context lengths, next to the bytes-read floor
     step_time_cache_vs_no_cache.png  the time of every step of one request, with and without the KV cache
     kv_cache_bytes.png               estimate_kv_bytes over tokens for several batch sizes, and KVCache's measured bytes
-    roofline.png                     this machine's copy bandwidth and GEMM peak, with the prefill and decode points
+    roofline.png                     this machine's read bandwidth and GEMM peak, with the prefill and decode points
     batching_sweep.png               decode tokens/s and ITL over batch sizes, next to an H200's roofline (viz_batching)
     serving_tradeoff.png             lesson 14's load: output tokens/s vs TTFT p99 over max_num_seqs, a line per arrival
                                      rate (viz_tradeoff)
     request_flow.png ... tensor_parallel_layer.png   (CONCEPT_FIGURES) diagrams drawn from a real run's objects:
                                      viz_flow.py, viz_shapes.py, viz_attention.py, viz_capacity.py, viz_concepts.py,
                                      viz_parallel.py (one layer's split, from the shard plan)
+
+A run that measures the machine (the roofline and the ITL floor need it) writes the profile it used beside the
+figures, figures/machine.json (PROFILE_FILE): figures/README.md quotes its numbers, and a test holds it to them.
 
 Measurements (measure_*, in viz_measure.py) come apart from the drawings (plot_*, here), so a reader can rerun one
 without the other;
@@ -38,7 +41,7 @@ from ..core.errors import InputError
 from ..core.generate import generate
 from ..core.kv_cache import estimate_kv_bytes
 from ..core.sampling_params import SamplingParams
-from .machine import forward_cost
+from .machine import forward_cost, machine_label
 from .measure import Probe, Quietness
 from .viz_attention import draw_query_vs_cache
 from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_batch_sweep
@@ -48,7 +51,6 @@ from .viz_flow import draw_request_flow, run_request_flow
 from .viz_measure import (
     FULL,
     QUICK,
-    machine_label,
     measure_cache_vs_no_cache,
     measure_itl,
     measure_kv_bytes,
@@ -71,6 +73,7 @@ CONCEPT_FIGURES = ("request_flow.png", "request_timeline.png", "kv_cache_growth.
 TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_cache_vs_no_cache.png", "roofline.png",
          "batching_sweep.png", "serving_tradeoff.png", "request_flow.png", "request_timeline.png")
 DPI = 100
+PROFILE_FILE = "machine.json"
 
 
 def _figure(title: str, where: str):
@@ -123,7 +126,8 @@ def plot_itl(data: dict, model, bandwidth: float, where: str, path: Path) -> Non
     ax.plot(tokens, np.array(data["itl_s"]) * 1e3, "o-",
             label=f"decode step, fastest of {data['steps']} (bar: up to the slowest)")
     _slowest_bars(ax, tokens, np.array(data["itl_s"]) * 1e3, np.array(data["itl_max_s"]) * 1e3)
-    ax.plot(tokens, np.array(floor) * 1e3, "k:", label=f"floor: (weights + KV cache) / {bandwidth / 1e9:.1f} GB/s")
+    ax.plot(tokens, np.array(floor) * 1e3, "k:",
+            label=f"floor: (weights + KV cache) / read bandwidth {bandwidth / 1e9:.1f} GB/s")
     ax.set_xlabel("context length (tokens already in the KV cache)")
     ax.set_ylabel("inter-token latency (ms)")
     ax.set_ylim(bottom=0)
@@ -188,7 +192,7 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
     points = [c.intensity for c in prefill + decode]
     x = np.geomspace(min(points + [0.1]) / 2, max(points + [peak / bandwidth]) * 4, 200)
     ax.plot(x, np.minimum(peak, bandwidth * x) / 1e9, "k-",
-            label=f"roof: {bandwidth / 1e9:.1f} GB/s copy, {peak / 1e9:.0f} GFLOP/s GEMM")
+            label=f"roof: {bandwidth / 1e9:.1f} GB/s read, {peak / 1e9:.0f} GFLOP/s GEMM")
     ax.plot([c.intensity for c in prefill], [c.flops / s / 1e9 for c, s in zip(prefill, ttft["prefill_s"])], "o",
             label=f"prefill, {ttft['tokens'][0]}-{ttft['tokens'][-1]} prompt tokens")
     ax.plot([c.intensity for c in decode], [c.flops / s / 1e9 for c, s in zip(decode, itl["itl_s"])], "s",
@@ -306,6 +310,8 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p),
                 "tensor_parallel_layer.png": lambda p: draw_tensor_parallel_layer(c, figure_size(c), p, model_name)}
         written = []
+        if "peaks" in m and not (busy and not allow_busy):
+            m["peaks"]["profile"].save(out / PROFILE_FILE)     # the profile these figures quote, for their README
         for name in names:
             if busy and name in TIMED and not allow_busy:
                 progress.console.print(refusal(name, busy), markup=False, highlight=False, soft_wrap=True)

@@ -10,8 +10,6 @@ whole sweep with a measure.Probe and refuses to draw a timed figure from a busy 
 from __future__ import annotations
 
 import functools
-import os
-import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +21,8 @@ from ..core.kv_cache import KVCache
 from ..core.prefill import prefill
 from ..core.sampling_params import SamplingParams
 from ..no_cache import RecomputeRunner
-from .machine import measure_copy_bandwidth, measure_gemm_flops
-from .measure import Timing, interleaved, machine_peaks, time_calls
+from .machine import machine_profile
+from .measure import Timing, interleaved, time_calls
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
@@ -39,25 +37,14 @@ class Sweep:
     no_cache_tokens: int         # new tokens of the cache vs no-cache request
     kv_lengths: tuple[int, ...]  # prompt lengths whose cache bytes are measured, per batch size
     kv_batches: tuple[int, ...]
-    copy_bytes: int
-    gemm_n: int
+    copy_bytes: int              # the profile's copy; its read stream is twice as large
     step_runs: int = 1           # requests each way, in turns, of the cache vs no-cache figure (per step: fastest)
+    profile_repeats: int = 10    # repeats of each machine-profile timing
 
 
 FULL = Sweep((32, 64, 128, 256, 512, 1024), (32, 256, 512, 1024, 2048), 5, 3, 128, (16, 64, 128), (1, 4, 16),
-             256 * 2**20, 1024, step_runs=3)
-QUICK = Sweep((8, 32), (8, 32), 2, 1, 6, (4, 8), (1, 4), 32 * 2**20, 256)
-
-
-def machine_label() -> str:
-    """The CPU model and core count, e.g. "AMD EPYC, 2 cores (x86_64)": every figure says where it was measured."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            name = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, {os.cpu_count()} cores ({platform.machine()})"
+             256 * 2**20, step_runs=3)
+QUICK = Sweep((8, 32), (8, 32), 2, 1, 6, (4, 8), (1, 4), 32 * 2**20, profile_repeats=2)
 
 
 def text_ids(model, n: int) -> list[int]:
@@ -150,13 +137,14 @@ def measure_kv_bytes(model, sweep: Sweep, tick) -> dict:
 
 
 def measure_peaks(model, sweep: Sweep, tick) -> dict:
-    """This machine's copy bandwidth and GEMM FLOP/s, or the ones a caller measured once for a whole set of runs
-    ($MINITRANSFORMER_PEAKS, measure.machine_peaks): figures and transcripts made together quote one ridge."""
-    bandwidth, flops, _ = machine_peaks(lambda: (measure_copy_bandwidth(model.xp, sweep.copy_bytes, repeats=3),
-                                                 measure_gemm_flops(model.xp, sweep.gemm_n, repeats=3)))
+    """This machine's profile (read bandwidth, copy bandwidth, GEMM FLOP/s), or the one a caller measured once for
+    a whole set of runs ($MINITRANSFORMER_MACHINE_PROFILE, machine.machine_profile): figures and transcripts made
+    together quote one set of numbers. The floors and the memory roof divide by the read bandwidth."""
+    profile, _ = machine_profile(model.xp, repeats=sweep.profile_repeats, read_bytes=2 * sweep.copy_bytes,
+                                 copy_bytes=sweep.copy_bytes)
     tick()
     tick()
-    return {"bandwidth": bandwidth, "flops": flops}
+    return {"profile": profile, "bandwidth": profile.read_bandwidth, "flops": profile.gemm_peak}
 
 
 # ---------------------------------------------------------------------------------------------------- draw
