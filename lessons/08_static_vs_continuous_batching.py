@@ -33,7 +33,7 @@ from rich.table import Column, Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer import SamplingParams, load_model
 from minitransformer.core.errors import InputError, MiniTransformerError
-from minitransformer.lab.claims import Claim, find_numbers, report, table_with
+from minitransformer.lab.claims import Claim, find_numbers, report, table_with, winner_line
 from minitransformer.lab.machine import H200
 from minitransformer.lab.measure import Probe, interleaved
 from minitransformer.serving import Engine
@@ -225,6 +225,11 @@ def print_clock_table(configs, sched, timed, repeats):
                          "the lowest time, what a quiet machine gives; spread = max - min. prefill beside decodes: the "
                          "most prompt tokens one step prefilled while running requests waited in it for their next "
                          "token", highlight=False)
+    for key, label, scale, fmt in (("tok_s", "tok/s", 1, ".1f"), ("ttft50", "TTFT p50 s", 1, ".2f"),
+                                   ("itl50", "ITL p50 ms", 1e3, ".1f")):        # each row's winner, named by its cells
+        best = max if key == "tok_s" else min
+        values = {column_name(*c): float(f"{best(r[key] * scale for r in timed[c]):{fmt}}") for c in configs}
+        console.print(winner_line(label, key == "tok_s", values, fmt), highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------ claims
@@ -509,8 +514,15 @@ def bigger_answer(shown, sched, best, sizes, repeats, timings, mixed, M) -> str:
     else:
         parts.append("This run could not show a latency difference between the two sizes beyond its spread. The "
                      "usual trade-off is a longer queue with a small batch and slower tokens with a large one.")
-    if shown["bigger-throughput"]:
-        parts.append("The bigger batch did deliver more tokens per second.")
+    top = max(sizes, key=lambda m: best["continuous", m]["tok_s"])
+    if shown["bigger-throughput"] and top == b:
+        parts.append(f"The biggest batch delivered the most tokens per second of the sizes tried "
+                     f"({hi['tok_s']:.1f} tok/s).")
+    elif shown["bigger-throughput"]:
+        parts.append(f"{b} slots delivered more tokens per second than {a}, but the most came from {top} slots "
+                     f"({best['continuous', top]['tok_s']:.1f} tok/s, best run; see the 'best on tok/s' line): past "
+                     "it, each step's longer prefills and wider matmuls cost more than the extra rows bring. The "
+                     "optimum is a measurement on each machine, not the biggest batch that fits.")
     stall = timings[mixed].min / timings[str(M)].min if str(M) in timings else None
     if shown["bigger-itl-tail"] and shown.get("prefill-stalls") and shown["bigger-bigger-prefills"]:
         parts.append(f"The tail paid too: p99 ITL rose {lo['itl99'] * 1e3:.1f} -> {hi['itl99'] * 1e3:.1f} ms. A "

@@ -393,7 +393,7 @@ def main():
                   "(999 times in 1000); TV(q, p): what keeping every draft would give", table)
 
     if args.figure:
-        draw(args.figure, measured, model, args.tokens)
+        draw(args.figure, measured, predictions, model, args.tokens)
         console.print(f"figure written: {args.figure}")
 
     console.rule("[bold]4. What this run shows")
@@ -418,24 +418,36 @@ def time_generations(model, prompt, params, specs, ks, repeats) -> dict[str, tup
     return {name: (rs, Timing(tuple(r.metrics.tpot_s for r in rs))) for name, rs in results.items()}
 
 
-def draw(path, measured, model, tokens) -> None:
-    """Speedup (fastest runs) and acceptance against k, one line per (prompt, drafter)."""
+def draw(path, measured, predictions, model, tokens) -> None:
+    """Speedup (fastest runs) and acceptance against k, one colour per (prompt, drafter): the measured speedup as
+    dots, section 2b's prediction from acceptance and table 1 dashed beside it, the H200's prediction dotted: where
+    the dotted line is above 1 and the measured one below, the machine, not the method, made the difference."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
-    for name, drafter in dict.fromkeys((r[0], r[1]) for r in measured):
+    from matplotlib.ticker import MaxNLocator
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.2))
+    for i, (name, drafter) in enumerate(dict.fromkeys((r[0], r[1]) for r in measured)):
         mine = [r for r in measured if r[:2] == (name, drafter)]
-        ax1.plot([r[2] for r in mine], [r[3] for r in mine], "o-", label=f"{name}, {drafter}")
-        ax2.plot([r[2] for r in mine], [r[4] for r in mine], "o-", label=f"{name}, {drafter}")
+        ks, colour = [r[2] for r in mine], f"C{i}"
+        ax1.plot(ks, [r[3] for r in mine], "o-", color=colour, label=f"{name}, {drafter}: measured")
+        ax1.plot(ks, [predictions[name, drafter, k][3] for k in ks], "--", color=colour, alpha=0.7)
+        ax1.plot(ks, [predictions[name, drafter, k][4] for k in ks], ":", color=colour, alpha=0.9)
+        ax2.plot(ks, [r[4] for r in mine], "o-", color=colour, label=f"{name}, {drafter}")
+    ax1.plot([], [], "k--", alpha=0.7, label="predicted here (2b: acceptance, table 1's pass costs)")
+    ax1.plot([], [], "k:", label=f"predicted on an {H200.name} (roofline pass costs)")
     ax1.axhline(1.0, color="gray", lw=0.8)
     ax1.set(xlabel="k (drafted tokens per pass)", ylabel="speedup over plain decode (fastest runs)",
-            title="measured speedup")
+            title="speedup: measured, predicted here, predicted on an H200")
+    ax1.set_yscale("log")
+    ax1.legend(fontsize=7, loc="best")
     ax2.set(xlabel="k (drafted tokens per pass)", ylabel="accepted / checked", title="acceptance", ylim=(0, 1.05))
     ax2.legend(fontsize=8)
-    fig.suptitle(f"Speculative decoding: speedup and acceptance against k, one line per prompt and drafter\n"
-                 f"speedup = plain decode's time per token / speculative decoding's (fastest runs); above the grey "
-                 f"line speculation pays, below it it costs\n"
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))           # k is a count of drafts
+    fig.suptitle(f"Speculative decoding: speedup and acceptance against k, one colour per prompt and drafter\n"
+                 f"speedup = plain decode's time per token / speculative decoding's; above the grey line speculation "
+                 f"pays, below it it costs\n"
                  f"{model.path.name}, greedy, {tokens} new tokens; measured on {platform.machine()}, "
                  f"{os.cpu_count()} cores ({model.device})", fontsize=9.5)
     fig.tight_layout()
@@ -465,7 +477,7 @@ def answer(shown, measured, predictions, cost, step, mm, ks, repeats) -> None:
                         "Several rows go to a matrix-matrix routine that first copies the weights into blocks.")
     else:
         text.append(f"This run could not show what a {k_big + 1}-token pass costs against a 1-token step beyond its "
-                    "spread (table 1). Run it again on a quiet machine.")
+                    "spread (table 1); its claim line says whether the runs overlapped or the machine was busy.")
     if shown["spec-won"]:
         verdict = (f"won. {best[0].capitalize()} text with {best[1]} at k={best[2]} decoded {best[3]:.2f}x as fast "
                    "as plain decoding")

@@ -272,7 +272,19 @@ def main():
         f"the floor is {here} per token. float32 measured {steps['float32'].min * 1e3:.1f} ms. On an {H200.name} "
         f"({H200.bandwidth / 1e12:.1f} TB/s, published) it is {gpu} per token. A kernel that reads only the quantized "
         f"bytes, like part 3's, can approach that floor. At int4 the floor is {bf16 / sizes['int4']:.1f}x lower than "
-        "at bf16, as long as decode stays memory-bound.", highlight=False)
+        "at bf16, as long as decode stays memory-bound." + slower_here(shown, steps), highlight=False)
+
+
+def slower_here(shown: dict, steps: dict) -> str:
+    """One sentence on what differs between the machines, said only when this run showed a quantized step slower."""
+    slower = [name for name in ("int8 weights", "int4 weights") if shown[SPEED_KEYS[name]]
+              and steps[name].min > steps["float32"].min]
+    if not slower:
+        return ""
+    return (f" Here {' and '.join(slower)} decoded slower than float32, the opposite of that arithmetic. What differs "
+            "between the machines: a GPU kernel dequantizes in registers while it reads, so fewer bytes read are "
+            "less time; NumPy dequantizes in a pass of its own that writes float32 back to memory and reads it "
+            "again, so on this CPU the quantized step moves more bytes, not fewer.")
 
 
 def compare_model(model, models: dict, other, prompt_text_ids: list[int], repeats: int) -> None:

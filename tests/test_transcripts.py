@@ -108,7 +108,8 @@ def test_the_writer_puts_the_note_under_the_title_and_above_the_output(tmp_path)
     import datetime
     lesson = LESSONS[0]
     _, output = mt.read(mt.transcript_for(lesson))
-    written = mt.render(lesson, output, 12.0, "a machine", datetime.datetime(2026, 1, 1))
+    written = mt.render(lesson, output, 12.0, "a machine", datetime.datetime(2026, 1, 1),
+                        mt.MachineProfile.load(mt.PROFILE))
     title, note, fence = (written.index(f"# Lesson {lesson.stem[:2]} transcript"), written.index("**What to look at**"),
                           written.index(mt.FENCE + "text"))
     assert title < note < fence
@@ -261,6 +262,93 @@ def test_verify_names_the_claim_an_edited_number_contradicts(number):
     assert not any(key in p for p in mt.claim_problems(lesson, output))
     problems = mt.claim_problems(lesson, edit(output))
     assert any(f"claim {key}" in p for p in problems), problems
+
+
+# One planted contradiction per kind the verifier learned (issue 46), each in a real transcript: the committed
+# text passes, the planted one is refused with a problem that names the kind.
+def beyond_floor(out: str) -> str:
+    """The fastest decode step moved to 90% of its own floor."""
+    return edited(out, r"bound decode-step: measured [\d.]+ ms, floor ([\d.]+) ms",
+                  lambda m: f"bound decode-step: measured {float(m.group(1)) * 0.9:.2f} ms, floor {m.group(1)} ms")
+
+
+def part_above_whole(out: str) -> str:
+    """The queue's fall made larger than TTFT's, with no reason given."""
+    flat = mt.flat(out)
+    m = re.search(r"part ttft-cut: the queue p99's fall ([\d.]+) s of TTFT p99's fall ([\d.]+) s \(\d+%\)"
+                  r"(; more than the whole: [^(]+)?", flat)
+    assert m, "lesson 14's transcript has no part line"
+    return flat.replace(m.group(0), f"part ttft-cut: the queue p99's fall {float(m.group(2)) + 1:.2f} s of TTFT "
+                                    f"p99's fall {m.group(2)} s (150%)")
+
+
+def slope_flipped(out: str) -> str:
+    """Lesson 04's cached slope printed with the sign its endpoints do not have."""
+    return edited(out, r"(cache [\d.]+ -> [\d.]+ ms \(slope )([-+])",
+                  lambda m: m.group(1) + ("-" if m.group(2) == "+" else "+"))
+
+
+def refuted_as_unlucky(out: str) -> str:
+    """A refuted claim printed the old way: 'not shown ... close other programs and run again'."""
+    return edited(out, r"^claim (\S+): refuted: (.*?)\. (On this quiet run the numbers show the opposite|Its numbers "
+                       r"contradict it)[^\n]*",
+                  lambda m: f"claim {m.group(1)}: not shown: {m.group(2)}. This run could not show it: its numbers "
+                            "do not show it. Close other programs and run the lesson again.")
+
+
+def winner_beaten(out: str) -> str:
+    """The tok/s winner line naming the column with the lowest tok/s, at its own value."""
+    table = next(t for t in mt_tables(out) if any(row[0] == "tok/s" for row in t.rows))
+    row = next(row for row in table.rows if row[0] == "tok/s")
+    worst = min(range(1, len(row)), key=lambda i: float(row[i].split()[0]))
+    return edited(out, r"best on tok/s \(highest\): .*? \([\d.]+\)",
+                  lambda m: f"best on tok/s (highest): {table.columns[worst]} ({row[worst].split()[0]})")
+
+
+def mt_tables(out: str):
+    from minitransformer.lab.claims import tables
+    return tables(out)
+
+
+PLANTED = {"bound": ("07", beyond_floor, "is beyond its own floor"),
+           "part": ("14", part_above_whole, "is larger than its whole"),
+           "slope": ("04", slope_flipped, "has the wrong sign"),
+           "winner": ("08", winner_beaten, "beats it")}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_verify_refuses_each_planted_contradiction(kind):
+    number, plant, says = PLANTED[kind]
+    lesson = next(p for p in LESSONS if p.stem.startswith(number))
+    _, output = mt.read(mt.transcript_for(lesson))
+    assert not any(says in p for p in mt.claim_problems(lesson, output))
+    problems = mt.claim_problems(lesson, plant(output))
+    assert any(says in p for p in problems), problems
+
+
+def test_verify_refuses_a_refuted_claim_reported_as_a_run_to_repeat():
+    """A quiet run's contradicted claim printed as 'not shown, close other programs and run again' is refused,
+    whichever transcript holds one; and where none does, the same edit on a lesson of this kind's own making."""
+    for lesson in WRITTEN:
+        _, output = mt.read(mt.transcript_for(lesson))
+        if re.search(r"^claim \S+: refuted:", output, re.M):
+            problems = mt.claim_problems(lesson, refuted_as_unlucky(output))
+            assert any("the printed verdict is not what its numbers give" in p and "refuted" in p
+                       for p in problems), problems
+            return
+    pytest.fail("no committed transcript holds a refuted claim to plant the old wording into")
+
+
+def test_every_transcript_quotes_the_one_machine_profile():
+    """Each transcript's header repeats the profile of lessons/transcripts/machine.json, and a lesson that prints
+    the profile printed that one: one set of bandwidths and one ridge for every transcript of the run."""
+    line = mt.MachineProfile.load(mt.PROFILE).line()
+    for lesson in WRITTEN:
+        text = mt.transcript_for(lesson).read_text()
+        assert f"- {line} ([machine.json](machine.json))" in text, lesson.name
+        _, output = mt.read(mt.transcript_for(lesson))
+        printed = re.findall(r"machine profile \(.*?\(GEMM / read\)", mt.flat(output))
+        assert all(p == line for p in printed), (lesson.name, printed)
 
 
 def test_verify_refuses_a_transcript_recorded_on_a_busy_machine():

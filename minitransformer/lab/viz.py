@@ -15,7 +15,9 @@
                                      viz_parallel.py (one layer's split, from the shard plan)
 
 A run that measures the machine (the roofline and the ITL floor need it) writes the profile it used beside the
-figures, figures/machine.json (PROFILE_FILE): figures/README.md quotes its numbers, and a test holds it to them.
+figures, figures/machine.json (PROFILE_FILE), and every run that times something writes the numbers it drew,
+figures/measured.json (MEASURED_FILE): figures/README.md quotes its numbers from those two files, and
+tests/test_quoted_numbers.py holds the README to them.
 
 Measurements (measure_*, in viz_measure.py) come apart from the drawings (plot_*, here), so a reader can rerun one
 without the other;
@@ -30,7 +32,9 @@ counts, shapes, block tables) are drawn whatever the load.
 
 from __future__ import annotations
 
+import json
 import textwrap
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +78,7 @@ TIMED = ("ttft_vs_prompt_length.png", "itl_vs_context_length.png", "step_time_ca
          "batching_sweep.png", "serving_tradeoff.png", "request_flow.png", "request_timeline.png")
 DPI = 100
 PROFILE_FILE = "machine.json"
+MEASURED_FILE = "measured.json"
 
 
 def _figure(title: str, where: str):
@@ -208,6 +213,25 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
 
 # ---------------------------------------------------------------------------------------------------- all of it
 
+def jsonable(value: Any) -> Any:
+    """A measurement as JSON can hold it: dataclasses and objects as their fields, tuple keys as 'a, b', arrays as
+    lists, a MachineProfile as its own JSON."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {(", ".join(map(str, k)) if isinstance(k, tuple) else str(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
 # what each measured figure needs measured first; the concept diagrams run their own scenario
 NEEDS = {"ttft_vs_prompt_length.png": ("ttft",), "itl_vs_context_length.png": ("itl", "peaks"),
          "step_time_cache_vs_no_cache.png": ("steps",), "kv_cache_bytes.png": ("kv",),
@@ -310,8 +334,13 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
                 "draft_and_verify.png": lambda p: draw_draft_and_verify(model, p),
                 "tensor_parallel_layer.png": lambda p: draw_tensor_parallel_layer(c, figure_size(c), p, model_name)}
         written = []
-        if "peaks" in m and not (busy and not allow_busy):
-            m["peaks"]["profile"].save(out / PROFILE_FILE)     # the profile these figures quote, for their README
+        if timed and not (busy and not allow_busy):           # the numbers these figures draw, for their README
+            if "peaks" in m:
+                m["peaks"]["profile"].save(out / PROFILE_FILE)
+            run = {"measured on": machine, "model": model_name, "quietness": quiet.line() if quiet else None}
+            record = {key: {**run, "data": jsonable(value)} for key, value in m.items()}
+            old = json.loads((out / MEASURED_FILE).read_text()) if (out / MEASURED_FILE).is_file() else {}
+            (out / MEASURED_FILE).write_text(json.dumps({**old, **record}, indent=1) + "\n")   # --only: just its own
         for name in names:
             if busy and name in TIMED and not allow_busy:
                 progress.console.print(refusal(name, busy), markup=False, highlight=False, soft_wrap=True)

@@ -110,6 +110,22 @@ def notes_for(data: Tradeoff) -> tuple[dict, list[str]]:
     return knees, notes
 
 
+def place_labels(ax, pending: list[tuple[str, float, float, str]], gap: float = 11.0) -> None:
+    """Write each point's slot count beside it, moving a label up (then down) in steps of `gap` pixels until it
+    keeps `gap` pixels from every label placed before it: points of different rates often land on one another."""
+    ax.figure.canvas.draw()                                        # final limits and scales, for pixel positions
+    placed: list[tuple[float, float]] = []
+    for text, x, y, colour in pending:
+        px, py = ax.transData.transform((x, y))
+        for shift in (0, 1, -1, 2, -2, 3, -3, 4):
+            spot = (px + 6, py + 5 + shift * gap)
+            if all(abs(spot[0] - a) >= 2 * gap or abs(spot[1] - b) >= gap for a, b in placed):
+                break
+        placed.append(spot)
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(6, 5 + shift * gap * 72 / ax.figure.dpi),
+                    fontsize=8.5, color=colour)
+
+
 def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     """One line per rate through the fastest runs (x: output tokens/s, y: TTFT p99), labelled with max_num_seqs,
     the arrival bound dashed, the knee ringed; returns what was drawn, read back from the figure's own artists:
@@ -123,6 +139,7 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     labels: dict[float, list[str]] = {}
     bounds: dict[float, float] = {}
     rings: list[tuple[float, float]] = []
+    pending: list[tuple[str, float, float, str]] = []             # (slot count, x, y, colour): placed at the end
     ttft_all = [run["ttft99"] for done in data.runs.values() for run in done]
     for i, (rate, colour) in enumerate(zip(s.rates, ("tab:blue", "tab:orange", "tab:green", "tab:purple"))):
         others = [(run["tok_s"], run["ttft99"]) for m in s.slots for run in data.runs[rate, m]
@@ -133,11 +150,8 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
         line, = ax.plot([r["tok_s"] for r in best], [r["ttft99"] for r in best], "o-", color=colour,
                         label=f"{load_label(rate)}: fastest of {s.repeats} run{'s' * (s.repeats != 1)} per slot count")
         drawn[rate] = (list(line.get_xdata()), list(line.get_ydata()))
-        labels[rate] = []
-        for m, run in zip(s.slots, best):
-            text = ax.annotate(str(m), (run["tok_s"], run["ttft99"]), textcoords="offset points", xytext=(6, 5),
-                               fontsize=8.5, color=colour)
-            labels[rate].append(text.get_text())
+        labels[rate] = [str(m) for m in s.slots]
+        pending += [(str(m), run["tok_s"], run["ttft99"], colour) for m, run in zip(s.slots, best)]
         ceiling = ax.axvline(data.bound[rate], color=colour, ls="--", lw=1,
                              label=f"{load_label(rate)}: at most {data.bound[rate]:.1f} tok/s arrive")
         bounds[rate] = ceiling.get_xdata()[0]
@@ -157,6 +171,7 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     ax.set_xlabel("output tokens/s (all generated tokens / the run's wall time)")
     ax.set_ylabel("TTFT p99 over the run's requests (s)" + (", log scale" if log_y else ""))
     ax.set_xlim(left=0)
+    place_labels(ax, pending)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower right")
     ax.set_title(f"Serving under load: throughput vs TTFT p99; the number by each point is its max_num_seqs\n"
