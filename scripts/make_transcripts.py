@@ -24,8 +24,10 @@ again (--attempts); a lesson that stays busy, fails a claim or crashes keeps its
 run, and the script exits 1 naming which and why.
 
 --verify re-reads every committed transcript and decides each lesson's claims again from the numbers printed in it
-(the lesson's own claims() function), and checks that the run was quiet: an edited or stale number that no longer
-supports its verdict fails, naming the transcript, the claim and its numbers. It also checks docs/interview.md:
+(the lesson's own claims() function), checks its printed relations (claims.relation_problems: no value beyond its
+own bound, no part above its whole, no slope against its endpoints, no beaten winner), that it quotes the one
+machine profile of lessons/transcripts/machine.json, and that the run was quiet: an edited or stale number that no
+longer supports its verdict fails, naming the transcript, the claim and its numbers. It also checks docs/interview.md:
 every “quote” is in a transcript its paragraph links, and every claim a paragraph cites (claim `key`) was shown there.
 
 docs/interview.md quotes the transcripts in “curly quotes”; after the lessons ran, each quote takes its transcript's
@@ -377,13 +379,19 @@ def interview_problems(doc: Path = INTERVIEW) -> list[str]:
 
 def verify(chosen: list[Path]) -> list[str]:
     """Every problem of the committed transcripts of `chosen` and of docs/interview.md, each naming where."""
-    problems = []
+    problems = [] if PROFILE.is_file() else [f"{PROFILE.relative_to(ROOT)}: missing (the profile every transcript "
+                                              "quotes)"]
+    profile_line = MachineProfile.load(PROFILE).line() if PROFILE.is_file() else None
     for lesson in chosen:
         transcript = transcript_for(lesson)
         if not transcript.is_file():
             problems.append(f"{transcript.relative_to(ROOT)}: missing")
             continue
         problems += [f"{transcript.relative_to(ROOT)}: {p}" for p in claim_problems(lesson, read(transcript)[1])]
+        printed = set(re.findall(r"machine profile \(.*?\(GEMM / read\)", flat(transcript.read_text())))
+        if profile_line and printed != {profile_line}:
+            problems.append(f"{transcript.relative_to(ROOT)}: quotes the machine profile(s) {sorted(printed)}, not "
+                            f"{PROFILE.relative_to(ROOT)}'s: {profile_line}")
     if INTERVIEW.is_file():
         problems += [f"{INTERVIEW.relative_to(ROOT)}: {p}" for p in interview_problems()]
     return problems
