@@ -377,7 +377,7 @@ def main():
     if made > roofline:
         answer.append("That is above the roofline. The byte count assumes every activation goes to memory and back; "
                       "the small ones stay in the caches, so the step moved fewer bytes than counted. The weights "
-                      "alone cannot be read faster, which the bound line below holds the step to.")
+                      "alone cannot be read faster, which the bound line above holds the step to.")
     answer.append(f"Prefill of {longest} tokens reuses each weight {longest} times: {pre.intensity:.1f} FLOP/byte,")
     answer.append(f"more than {NEAR:.0f}x the ridge, compute-bound." if shown["prefill-compute-bound"] else
                   f"not {NEAR:.0f}x above the ridge, too near to call.")

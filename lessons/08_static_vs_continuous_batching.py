@@ -520,7 +520,7 @@ def bigger_answer(shown, sched, best, sizes, repeats, timings, mixed, M) -> str:
                      f"({hi['tok_s']:.1f} tok/s).")
     elif shown["bigger-throughput"]:
         parts.append(f"{b} slots delivered more tokens per second than {a}, but the most came from {top} slots "
-                     f"({best['continuous', top]['tok_s']:.1f} tok/s, best run; see the 'best on tok/s' line): past "
+                     f"({best['continuous', top]['tok_s']:.1f} tok/s, best run): past "
                      "it, each step's longer prefills and wider matmuls cost more than the extra rows bring. The "
                      "optimum is a measurement on each machine, not the biggest batch that fits.")
     stall = timings[mixed].min / timings[str(M)].min if str(M) in timings else None

@@ -379,7 +379,8 @@ def answer(shown: dict) -> None:
         text.append("The price of disaggregation is shipping the KV cache: exactly layers x 2 x KV heads x head_dim x "
                     "bytes per prompt token.")
     if shown["transfer-small"]:
-        text.append("Sending it took a small fraction of the time computing it took.")
+        text.append("Sending it took a small fraction of the time its prompt took from first schedule to first "
+                    "token.")
     if shown["nvlink-cheap"] and shown["rdma-costs-more"]:
         text.append("Across GPUs the link decides: over NVLink a Llama 3.1 8B prompt's KV moves in a small share of "
                     "its prefill, over RDMA between machines in a larger one. Disaggregation pays when prompts are "

@@ -333,7 +333,7 @@ def claim_problems(lesson: Path, output: str) -> list[str]:
     try:
         found = lesson_module(lesson).claims(output)
     except (ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
-        return problems + [f"its claims cannot be read from the output: {exc}"]
+        return problems + [f"its claims cannot be read from the output: {exc}"] + relation_problems(output)
     printed, text = printed_verdicts(output), flat(output)
     for claim in found:
         if claim.required and not claim.holds:
@@ -440,7 +440,10 @@ def main() -> int:
         profile = MachineProfile.load(PROFILE)
     else:
         profile = measure_profile(repeats=20)
-    profile.save(PROFILE)
+    if args.only and PROFILE.is_file() and MachineProfile.load(PROFILE) != profile:
+        ap.error(f"--only with a profile other than {PROFILE.relative_to(ROOT)}: the transcripts not rerun quote that "
+                 "one; rerun every lesson to change it")
+    profile.save(PROFILE)            # a lesson that fails below keeps its old transcript, which --verify then names
     say(f"for every lesson of this run: {profile.line()}")
     for lesson in chosen:
         for attempt in range(1, args.attempts + 1):

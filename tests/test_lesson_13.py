@@ -194,7 +194,7 @@ def test_bandwidth_floor_paragraph(lesson_output, config):
     flat = " ".join(lesson_output.split())
     f32 = check(lesson_output, r"smaller than float32 \((\d+) bytes\)")[0]
     sizes = {s: check(lesson_output, rf"check memory {s}: weights (\d+) bytes")[0] for s in ("int8", "int4")}
-    bandwidth, here_f32, here_i8, here_i4 = check(flat, rf"On this CPU, at a copy bandwidth of {NUMBER} GB/s, the "
+    bandwidth, here_f32, here_i8, here_i4 = check(flat, rf"On this CPU, at a read bandwidth of {NUMBER} GB/s, the "
                                                         rf"floor is float32 {NUMBER} ms, int8 {NUMBER} ms, int4 "
                                                         rf"{NUMBER} ms per token")
     for printed, size in ((here_f32, f32), (here_i8, sizes["int8"]), (here_i4, sizes["int4"])):
@@ -264,7 +264,7 @@ def test_answer_reports_greedy_agreement_and_states_speed_only_as_shown(lesson_o
                                                                              "same-greedy-int4", "same-greedy-kv8"))
     for name, key in (("int8 weights", "int8-speed"), ("int4 weights", "int4-speed"),
                       ("an int8 KV cache", "kv8-speed")):
-        could_not = f"could not show whether a step with {name} is faster or slower" in answer
+        could_not = f"Whether a step with {name} is faster or slower than float32's, this run cannot say" in answer
         stated = f"With {name} NumPy turned the fewer bytes" in answer or f"With {name} NumPy does not turn" in answer
         assert could_not != stated and stated == verdicts[key], (name, verdicts[key])
     assert "does not turn the fewer bytes into less time (the speeds" not in answer     # the old fixed sentence

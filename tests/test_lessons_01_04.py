@@ -201,10 +201,15 @@ def test_02_costs_and_bounds(lesson_02, real_model):
                 assert 0.4 < int(flops) / int(nbytes) < 0.6
 
 
-def test_02_peaks_come_from_one_measurement(lesson_02, real_model_path):
-    """With $MINITRANSFORMER_PEAKS set (make_transcripts.py measures once for every lesson), the lesson uses those
-    peaks and says so: one ridge point across the transcripts."""
-    env = dict(os.environ, MINITRANSFORMER_MODEL=str(real_model_path), MINITRANSFORMER_PEAKS="20e9,100e9")
+def test_02_peaks_come_from_one_measurement(lesson_02, real_model_path, tmp_path):
+    """With $MINITRANSFORMER_MACHINE_PROFILE set (make_transcripts.py measures once for every lesson), the lesson
+    uses that profile and says so: one ridge point across the transcripts."""
+    from minitransformer.lab.machine import PROFILE_ENV, MachineProfile
+    from minitransformer.lab.measure import Timing
+    profile = MachineProfile("Test CPU", "2026-12-05 17:00", 20 * 10**9, Timing((1.0, 1.2)), 10**9, Timing((0.1,)),
+                             100e9, Timing((1.0, 1.1)))                          # read 20 GB/s, GEMM 100 GFLOP/s
+    profile.save(tmp_path / "machine.json")
+    env = dict(os.environ, MINITRANSFORMER_MODEL=str(real_model_path), **{PROFILE_ENV: str(tmp_path / "machine.json")})
     result = subprocess.run([sys.executable, str(ROOT / "lessons" / "02_prefill_vs_decode.py"), "--prompt-tokens",
                              "16", "--new-tokens", "2", "--lengths", "8", "--steps", "1", "--repeats", "1",
                              "--batch", "2"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
@@ -212,6 +217,7 @@ def test_02_peaks_come_from_one_measurement(lesson_02, real_model_path):
     out = " ".join(result.stdout.split())
     assert "check peaks: bandwidth 20.00 GB/s, GEMM 100.00 GFLOP/s, ridge 5.00 FLOP/byte" in out
     assert "measured once for this set of runs by scripts/make_transcripts.py" in out
+    assert profile.line() in out
 
 
 def test_02_claims_follow_its_numbers(lesson_02):

@@ -383,15 +383,18 @@ def test_lesson_07_latency_metrics_and_levers(real_model_path, out07):
     fp32, stored = row(out, "ours, float32 in memory"), row(out, "ours as stored (Q4_1 file)")
     assert float(fp32[1].split()[0]) == pytest.approx(4 * params / 1e9, abs=5e-4)
     assert float(stored[1].split()[0]) == pytest.approx(real_model_path.stat().st_size / 1e9, abs=5e-4)
-    bandwidth, = numbers(out, rf"copy bandwidth \(measured now\): {NUMBER} GB/s")
+    bandwidth, = numbers(out, rf"read bandwidth \(measured now\): {NUMBER} GB/s")
     for name, size in (("1B float16", 2e9), ("7B float16", 14e9)):
         cells = row(out, name)
         assert float(cells[2]) == pytest.approx(size / (bandwidth * 1e9) * 1e3, rel=0.01)   # floor = bytes / bw
         assert float(cells[3]) == pytest.approx(bandwidth * 1e9 / size, rel=0.01, abs=0.06)
         assert float(cells[5]) == pytest.approx(size / 4.8e12 * 1e3, abs=6e-4)          # H200's datasheet 4.8 TB/s
     assert float(fp32[4]) == pytest.approx(float(row(out, "6")[5]), abs=0.05)             # measured = fastest TPOT
-    decode, floor = numbers(out, rf"check floor: decode {NUMBER} ms per token \(fastest\), floor {NUMBER} ms")
-    assert decode == float(fp32[4]) and floor == float(fp32[2])
+    decode, floor = numbers(out, rf"bound decode-step: measured {NUMBER} ms, floor {NUMBER} ms")
+    assert round(decode, 1) == float(fp32[4]) and round(floor, 1) == float(fp32[2])
+    gap, gap_floor = numbers(out, rf"bound fastest-gap: measured {NUMBER} ms, floor {NUMBER} ms")
+    fastest_gaps = table_with(out, "prompt tokens").numbers("ITL min")            # section 3's context table
+    assert gap_floor == floor and round(gap, 1) == min(fastest_gaps)
 
     prefill_row, decode_row = row(out, "prefill"), row(out, "decode")
     ridge, = numbers(out, rf"roofline bound \(ridge {NUMBER} FLOP/byte\)")
@@ -442,6 +445,7 @@ def test_lesson_07_claims_follow_its_numbers(out07):
              "stream-same-total": ("streamed", {4: "600.0"}, "first text min")}
     for key, (label, cells, after) in edits.items():
         assert not holds(lesson, set_cells(quiet_07(out07), label, cells, after=after))[key], key
-    decode = re.search(r"check floor: decode ([\d.]+) ms", out07).group(0)
-    floor = float(re.search(r"floor ([\d.]+) ms =", out07).group(1))
-    assert not holds(lesson, replace_once(out07, decode, f"check floor: decode {floor / 2:.1f} ms"))["above-floor"]
+    bound = re.search(r"bound fastest-gap: measured ([\d.]+) ms, floor ([\d.]+) ms", " ".join(out07.split()))
+    below = replace_once(out07, f"bound fastest-gap: measured {bound.group(1)} ms",
+                         f"bound fastest-gap: measured {float(bound.group(2)) / 2:.2f} ms")
+    assert not holds(lesson, below)["above-floor"]

@@ -128,7 +128,7 @@ def test_a_quiet_run_reports_a_refuted_claim_as_refuted_and_never_asks_for_anoth
     against = Claim("faster", "A is faster than B", False, "A 3.0 ms vs B 2.0 ms", refuted=True)
     assert verdict_line(against, quiet()).startswith("claim faster: refuted: A is faster than B (A 3.0 ms vs B ")
     assert "show the opposite" in verdict_line(against, quiet())
-    assert "inside the measured spread" in verdict_line(inside, quiet())
+    assert "do not show the opposite either" in verdict_line(inside, quiet())
     for line in (verdict_line(against, quiet()), verdict_line(inside, quiet())):
         assert "again" not in line and "Close other programs" not in line
     assert "run the lesson again" in verdict_line(against, quiet(others=0.5))        # a busy run decides nothing

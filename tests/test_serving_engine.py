@@ -344,7 +344,7 @@ def test_bench_serving_script_runs_and_checks_its_tokens(tiny_model_path):
     numbers = json.loads(out.stdout)
     assert numbers["engine_tokens_equal_batch1"] is True and numbers["requests"] == 3
     assert all(numbers[k] > 0
-               for k in ("continuous_tok_s", "batch1_tok_s", "copy_bandwidth_gb_s", "decode_step_s_median"))
+               for k in ("continuous_tok_s", "batch1_tok_s", "read_bandwidth_gb_s", "decode_step_s_median"))
     assert "llama_cpp_tok_s" not in numbers
 
 

@@ -71,8 +71,8 @@ def verdict_line(claim: Claim, quiet: Quietness | None) -> str:
     if claim.refuted:
         return (f"claim {claim.key}: refuted: {claim.statement} ({claim.evidence}). On this quiet run the numbers "
                 "show the opposite, beyond their spread.")
-    return (f"claim {claim.key}: not shown: {claim.statement} ({claim.evidence}). On this quiet run the difference "
-            "stayed inside the measured spread: no direction can be read from it.")
+    return (f"claim {claim.key}: not shown: {claim.statement} ({claim.evidence}). On this quiet run its numbers do "
+            "not show it, and do not show the opposite either: the evidence says how far they fell short.")
 
 
 def report(console, found: list[Claim], quiet: Quietness | None) -> dict[str, bool]:
@@ -223,7 +223,7 @@ def winner_line(metric: str, highest: bool, values: dict[str, float], fmt: str =
 
 _N = r"([-+]?\d[\d,]*(?:\.\d+)?)"
 BOUND = re.compile(rf"bound (\S+): measured {_N} (\S+), (floor|ceiling) {_N} \3(; beyond it: )?")
-PART = re.compile(rf"part (\S+): (.+?) {_N} (\S+) of (.+?) {_N} \4(?: \(\d+%\))?(; more than the whole: )?")
+PART = re.compile(rf"part (\S+): (.+?) {_N} (\S+) of (.+?) {_N} \4(?: \(-?\d+%\))?(; more than the whole: )?")
 SLOPE = re.compile(rf"{_N} -> {_N} [^\s(]+ \(slope {_N}")
 WINNER = re.compile(rf"best on (.+?) \((highest|lowest)\): (.+?) \({_N}\)")
 

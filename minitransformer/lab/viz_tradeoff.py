@@ -110,11 +110,12 @@ def notes_for(data: Tradeoff) -> tuple[dict, list[str]]:
     return knees, notes
 
 
-def place_labels(ax, pending: list[tuple[str, float, float, str]], gap: float = 11.0) -> None:
+def place_labels(ax, pending: list[tuple[str, float, float, str]], gap: float = 11.0) -> list:
     """Write each point's slot count beside it, moving a label up (then down) in steps of `gap` pixels until it
     keeps `gap` pixels from every label placed before it: points of different rates often land on one another."""
     ax.figure.canvas.draw()                                        # final limits and scales, for pixel positions
     placed: list[tuple[float, float]] = []
+    annotations = []
     for text, x, y, colour in pending:
         px, py = ax.transData.transform((x, y))
         for shift in (0, 1, -1, 2, -2, 3, -3, 4):
@@ -122,8 +123,9 @@ def place_labels(ax, pending: list[tuple[str, float, float, str]], gap: float = 
             if all(abs(spot[0] - a) >= 2 * gap or abs(spot[1] - b) >= gap for a, b in placed):
                 break
         placed.append(spot)
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(6, 5 + shift * gap * 72 / ax.figure.dpi),
-                    fontsize=8.5, color=colour)
+        annotations.append(ax.annotate(text, (x, y), textcoords="offset points", fontsize=8.5, color=colour,
+                                       xytext=(6, 5 + shift * gap * 72 / ax.figure.dpi)))
+    return annotations
 
 
 def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
@@ -136,7 +138,6 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     knees, notes = notes_for(data)
     fig, ax = plt.subplots(figsize=(9, 5.6))
     drawn: dict[float, tuple[list, list]] = {}
-    labels: dict[float, list[str]] = {}
     bounds: dict[float, float] = {}
     rings: list[tuple[float, float]] = []
     pending: list[tuple[str, float, float, str]] = []             # (slot count, x, y, colour): placed at the end
@@ -150,7 +151,6 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
         line, = ax.plot([r["tok_s"] for r in best], [r["ttft99"] for r in best], "o-", color=colour,
                         label=f"{load_label(rate)}: fastest of {s.repeats} run{'s' * (s.repeats != 1)} per slot count")
         drawn[rate] = (list(line.get_xdata()), list(line.get_ydata()))
-        labels[rate] = [str(m) for m in s.slots]
         pending += [(str(m), run["tok_s"], run["ttft99"], colour) for m, run in zip(s.slots, best)]
         ceiling = ax.axvline(data.bound[rate], color=colour, ls="--", lw=1,
                              label=f"{load_label(rate)}: at most {data.bound[rate]:.1f} tok/s arrive")
@@ -171,7 +171,8 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     ax.set_xlabel("output tokens/s (all generated tokens / the run's wall time)")
     ax.set_ylabel("TTFT p99 over the run's requests (s)" + (", log scale" if log_y else ""))
     ax.set_xlim(left=0)
-    place_labels(ax, pending)
+    annotations = iter(place_labels(ax, pending))                 # in the order pending lists them: rate by rate
+    labels = {rate: [next(annotations).get_text() for _ in s.slots] for rate in s.rates}
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower right")
     ax.set_title(f"Serving under load: throughput vs TTFT p99; the number by each point is its max_num_seqs\n"
