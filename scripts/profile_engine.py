@@ -132,8 +132,8 @@ def main(argv=None) -> int:
                   "cost), by stage:")
     console.print(table)
 
-    profile, _ = machine_profile()
-    bandwidth, gemm = profile.read_bandwidth, profile.gemm_peak
+    peaks, _ = machine_profile()
+    bandwidth, gemm = peaks.read_bandwidth, peaks.gemm_peak
     flops = matmul_flops(model, engine)
     decode_bytes = model.weight_bytes                     # the tied lm_head is the embedding, counted once
     console.print(f"\n[bold]3. Floors[/bold]: this machine's GEMM peak {gemm / 1e9:.1f} GFLOP/s, read bandwidth "
