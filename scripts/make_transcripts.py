@@ -6,6 +6,13 @@ readers who read before they run (docs/interview.md quotes its numbers from thes
     python scripts/make_transcripts.py --log FILE      # progress to FILE as well as to the terminal
     python scripts/make_transcripts.py --verify        # check every committed transcript against its lesson's claims
 
+Then, on the same quiet machine, everything else that quotes the machine, from the same profile:
+
+    export MINITRANSFORMER_MACHINE_PROFILE=lessons/transcripts/machine.json
+    minitransformer figures                                    # figures/*.png, machine.json, measured.json
+    python lessons/12_speculative_decoding.py --figure figures/speculative_speedup.png
+    minitransformer bench --repeats 3 --peers llama-batched-bench   # the README's "How fast it is" block
+
 Each transcript opens with the lesson's WHAT_TO_LOOK_AT (a constant beside its code, read from the source): which table
 or line to read first and what it decides. It states no direction a run might not show; the claim lines do that.
 
