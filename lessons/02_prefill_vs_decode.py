@@ -30,8 +30,9 @@ from minitransformer.core.decode import decode_step
 from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.prefill import prefill
 from minitransformer.lab.claims import Claim, bound_line, find_numbers, flat, report
-from minitransformer.lab.machine import H200, forward_cost, machine_profile, roofline_tokens_per_s
+from minitransformer.lab.machine import H200, forward_cost, roofline_tokens_per_s
 from minitransformer.lab.measure import Probe, Timing, interleaved
+from minitransformer.lab.peaks import machine_profile
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")

@@ -31,8 +31,9 @@ from minitransformer.core.metrics import now
 from minitransformer.core.prefill import prefill
 from minitransformer.core.sampling import make_generator, sample
 from minitransformer.lab.claims import NUMBER, Claim, bound_line, find_numbers, flat, report, table_with
-from minitransformer.lab.machine import H200, forward_cost, machine_profile
+from minitransformer.lab.machine import H200, forward_cost
 from minitransformer.lab.measure import Probe, Timing, interleaved, time_calls
+from minitransformer.lab.peaks import machine_profile
 
 REQUESTS = ["What is 2+2?", "Name three colors of the rainbow.", "Write one sentence about the sea."]
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "

@@ -30,8 +30,9 @@ from minitransformer.core.errors import MiniTransformerError
 from minitransformer.core.gguf_file import dequantize, open_gguf
 from minitransformer.kernels.quant import dequant_gemv
 from minitransformer.lab.claims import Claim, bound_line, find_numbers, flat, report, table_with
-from minitransformer.lab.machine import H200, machine_profile
+from minitransformer.lab.machine import H200
 from minitransformer.lab.measure import Probe, interleaved
+from minitransformer.lab.peaks import machine_profile
 from minitransformer.lab.quality import GREEDY_PROMPTS, corpus_ids, score_corpus, score_greedy
 from minitransformer.quantize import QuantizedLinear, expected_weight_bytes, quantize_int4, quantize_model, unpack_int4
 

@@ -40,8 +40,9 @@ from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.core.kv_cache import estimate_kv_bytes, estimate_kv_bytes_windowed
 from minitransformer.core.prefill import prefill
 from minitransformer.lab.claims import NUMBER, Claim, bound_line, find_numbers, flat, report, table_with
-from minitransformer.lab.machine import H200, machine_profile
+from minitransformer.lab.machine import H200
 from minitransformer.lab.measure import Probe, interleaved
+from minitransformer.lab.peaks import machine_profile
 from minitransformer.lab.viz_capacity import LLAMA_3_1_8B
 
 # What a reader of this lesson's transcript should read first (scripts/make_transcripts.py puts it on top):

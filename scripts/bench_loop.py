@@ -29,8 +29,9 @@ from rich.table import Table
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, generate, load_model
 from minitransformer.core.kv_cache import estimate_kv_bytes
-from minitransformer.lab.machine import machine_profile, roofline_tokens_per_s
+from minitransformer.lab.machine import roofline_tokens_per_s
 from minitransformer.lab.measure import Probe, Timing, interleaved, time_calls
+from minitransformer.lab.peaks import machine_profile
 from minitransformer.no_cache import RecomputeRunner
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "

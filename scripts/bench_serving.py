@@ -32,8 +32,8 @@ from minitransformer import SamplingParams, generate, load_model
 
 # The prompt mix and the engine run are shared with `minitransformer bench`.
 from minitransformer.bench.workloads import run_engine, serving_prompts as prompts
-from minitransformer.lab.machine import machine_profile
 from minitransformer.lab.measure import Probe, interleaved
+from minitransformer.lab.peaks import machine_profile
 
 
 def main() -> None:

@@ -61,8 +61,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from minitransformer.lab.claims import printed_verdicts, relation_problems, verdict_line
-from minitransformer.lab.machine import PROFILE_ENV, MachineProfile, measure_profile
 from minitransformer.lab.measure import QUIET_LINE, Quietness
+from minitransformer.lab.peaks import PROFILE_ENV, MachineProfile, measure_profile
 
 LESSONS = ROOT / "lessons"
 TRANSCRIPTS = LESSONS / "transcripts"
@@ -109,7 +109,7 @@ def machine() -> str:
     """Where the run happened: the CPU (as every figure names it), Python and NumPy versions, the model file."""
     import numpy
 
-    from minitransformer.lab.machine import machine_label
+    from minitransformer.lab.peaks import machine_label
     from minitransformer.models import find_default_model
     model = os.environ.get("MINITRANSFORMER_MODEL") or find_default_model()
     return (f"{machine_label()}, Python {platform.python_version()}, NumPy {numpy.__version__}; "

@@ -33,8 +33,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minitransformer import SamplingParams, load_model
 from minitransformer.bench.serve_workload import make_prompts
 from minitransformer.core.model import LAYER_MATRICES
-from minitransformer.lab.machine import machine_profile, time_matmul_rows
+from minitransformer.lab.machine import time_matmul_rows
 from minitransformer.lab.measure import Probe
+from minitransformer.lab.peaks import machine_profile
 from minitransformer.serving.engine import Engine
 
 # stage -> [(module path suffix, function name, "cum" | "own")]: a stage's seconds are the sum of these functions'

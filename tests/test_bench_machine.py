@@ -18,17 +18,10 @@ from minitransformer import KVCache, ModelConfig
 from minitransformer.core.decode import decode_step
 from minitransformer.core.gguf_file import open_gguf
 from minitransformer.core.prefill import prefill
-from minitransformer.lab import machine
-from minitransformer.lab.machine import (
-    PROFILE_ENV,
-    MachineProfile,
-    PhaseCost,
-    forward_cost,
-    machine_profile,
-    measure_profile,
-    roofline_tokens_per_s,
-)
+from minitransformer.lab import peaks
+from minitransformer.lab.machine import PhaseCost, forward_cost, roofline_tokens_per_s
 from minitransformer.lab.measure import Timing
+from minitransformer.lab.peaks import PROFILE_ENV, MachineProfile, machine_profile, measure_profile
 
 SMALL = {"read_bytes": 8 * 2**20, "copy_bytes": 4 * 2**20}
 
@@ -67,10 +60,10 @@ def test_a_profile_measured_once_is_read_back_by_every_run_that_is_handed_it(tmp
     profile.save(path)
     assert MachineProfile.load(path) == profile
     monkeypatch.setenv(PROFILE_ENV, str(path))
-    monkeypatch.setattr(machine, "measure_profile", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(peaks, "measure_profile", lambda *a, **k: pytest.fail("measured again"))
     assert machine_profile() == (profile, False)
     monkeypatch.delenv(PROFILE_ENV)
-    monkeypatch.setattr(machine, "measure_profile", lambda *a, **k: profile)
+    monkeypatch.setattr(peaks, "measure_profile", lambda *a, **k: profile)
     assert machine_profile() == (profile, True)
 
 
@@ -82,11 +75,11 @@ def test_each_call_counts_its_work(monkeypatch):
     profile = measure_profile(repeats=3, read_bytes=2**20, copy_bytes=2**16)
     assert profile.gemm_peak == 2 * 1024**3
     assert profile.read_bandwidth == 2**20 and profile.copy_bandwidth == 2 * 2**16
-    assert machine.gemm_call(n=64)[0] == 2 * 64**3
+    assert peaks.gemm_call(n=64)[0] == 2 * 64**3
 
 
 def test_the_read_stream_reads_each_byte_once_the_way_a_decode_step_reads_a_weight():
-    moved, call = machine.read_call(nbytes=4 * 2048 * 10)
+    moved, call = peaks.read_call(nbytes=4 * 2048 * 10)
     assert moved == 4 * 2048 * 10
     out = call()
     assert out.shape == (1, 2048) and float(out[0, 0]) == 10.0          # one row of 10 ones times (10, 2048) ones

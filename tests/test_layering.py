@@ -267,12 +267,14 @@ def test_importing_a_module_runs_its_packages():
 
 
 def test_a_circle_through_a_package_init_is_caught():
-    """lab.viz_measure -> bench.workloads would run bench/__init__; were bench/__init__ to import bench.run, which
-    imports lab.viz_measure for the machine's label, that would be a circle (it was one): the test must see it."""
+    """lab.viz_measure -> bench.workloads would run bench/__init__; were bench/__init__ to import bench.run, and
+    bench.run to import lab.viz_measure (it once did, for the machine's label), that would be a circle (it was one):
+    the test must see it. All three edges are planted: the real graph has none of them now."""
     graph = import_graph()
     graph["lab.viz_measure"] = with_packages("lab.viz_measure", graph["lab.viz_measure"] | {"bench.workloads"},
                                              set(all_modules()))
     graph["bench"] = graph["bench"] | {"bench.run"}
+    graph["bench.run"] = graph["bench.run"] | {"lab.viz_measure"}
     assert any({"bench", "bench.run", "lab.viz_measure"} <= set(group) for group in cycles(graph))
 
 

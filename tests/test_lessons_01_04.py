@@ -204,8 +204,8 @@ def test_02_costs_and_bounds(lesson_02, real_model):
 def test_02_peaks_come_from_one_measurement(lesson_02, real_model_path, tmp_path):
     """With $MINITRANSFORMER_MACHINE_PROFILE set (make_transcripts.py measures once for every lesson), the lesson
     uses that profile and says so: one ridge point across the transcripts."""
-    from minitransformer.lab.machine import PROFILE_ENV, MachineProfile
     from minitransformer.lab.measure import Timing
+    from minitransformer.lab.peaks import PROFILE_ENV, MachineProfile
     profile = MachineProfile("Test CPU", "2026-12-05 17:00", 20 * 10**9, Timing((1.0, 1.2)), 10**9, Timing((0.1,)),
                              100e9, Timing((1.0, 1.1)))                          # read 20 GB/s, GEMM 100 GFLOP/s
     profile.save(tmp_path / "machine.json")
@@ -235,8 +235,9 @@ def test_02_claims_follow_its_numbers(lesson_02):
     flops, nbytes = (float(x) for x in check(lesson_02, r"check cost: prefill 48: (\d+) FLOP, (\d+) bytes"))
     edits = {
         "first-token-slower": (r"ITL p50 [\d.]+-[\d.]+ ms", f"ITL p50 1.0-{ttft + 1:.1f} ms"),
-        "decode-memory-bound": (r"ridge [\d.]+ FLOP/byte", "ridge 0.60 FLOP/byte"),
-        "prefill-compute-bound": (r"ridge [\d.]+ FLOP/byte", f"ridge {flops / nbytes:.2f} FLOP/byte"),
+        "decode-memory-bound": (r"(GFLOP/s, )ridge [\d.]+ FLOP/byte", lambda m: m[1] + "ridge 0.60 FLOP/byte"),
+        "prefill-compute-bound": (r"(GFLOP/s, )ridge [\d.]+ FLOP/byte",           # the check line's, not the profile's
+                                  lambda m: m[1] + f"ridge {flops / nbytes:.2f} FLOP/byte"),
         "prefill-rate": (r"(check cost: prefill 48: \d+ FLOP, \d+ bytes, )[\d.]+-[\d.]+ s \(median [\d.]+\)",
                          lambda m: m[1] + "90.000000-90.000000 s (median 90.000000)"),
         "prefill-token-cheaper": (r"(check cost: decode 48: \d+ FLOP, \d+ bytes, )[\d.]+-",

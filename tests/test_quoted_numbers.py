@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from minitransformer.lab.machine import H200, IB_NDR, NVLINK4, PCIE5, MachineProfile
+from minitransformer.lab.machine import H200, IB_NDR, NVLINK4, PCIE5
+from minitransformer.lab.peaks import MachineProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSCRIPTS_PROFILE = ROOT / "lessons" / "transcripts" / "machine.json"

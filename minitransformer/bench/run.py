@@ -1,6 +1,6 @@
 """`minitransformer bench`: this machine's peaks, then every workload on us and on the installed peers.
 
-Order of work: the machine profile first (read and copy bandwidth, GEMM FLOP/s: machine.py), then each workload.
+Order of work: the machine profile first (read and copy bandwidth, GEMM FLOP/s: peaks.py), then each workload.
 Inside a workload the systems alternate, so a slow spell of this shared machine hits all of them alike: one warm-up
 call per system (dropped), then for repeat r = 1..R: ours, hf, llama-cpp-python, llama-batched-bench. The R kept
 runs of a system are a measure.Timing (a rate r counts as 1/r seconds per unit of work); its figure is the best run,
@@ -36,8 +36,9 @@ from dataclasses import asdict, dataclass, replace
 
 from ..core.errors import InputError
 from ..core.kv_cache import estimate_kv_bytes
-from ..lab.machine import forward_cost, machine_label, machine_profile
+from ..lab.machine import forward_cost
 from ..lab.measure import Probe, Timing
+from ..lab.peaks import machine_label, machine_profile
 from .workloads import Ours, prompt_ids, serving_prompts
 
 SCHEMA = 2                                # 2: figures are the best run, with "medians" and ratios' "beyond_noise"
@@ -171,7 +172,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
 
     peers: {name: {"available": bool, "reason": str | None}} for the JSON. peaks: {"read_bandwidth_bytes_s",
     "copy_bandwidth_bytes_s", "gemm_flops"} to skip measuring them (tests); otherwise the machine profile, from
-    $MINITRANSFORMER_MACHINE_PROFILE when a set of runs measured it once (machine.machine_profile)."""
+    $MINITRANSFORMER_MACHINE_PROFILE when a set of runs measured it once (peaks.machine_profile)."""
     s, cfg, tokenizer = settings, model.config, model.tokenizer
     check_settings(s, cfg.context_length)
     wb = model.weight_bytes

@@ -1,4 +1,4 @@
-"""This machine's profile and what one forward pass asks of it: the numbers behind the roofline and every floor.
+"""What one forward pass asks of a machine, and the roofline that bounds it: FLOPs, bytes and published peaks.
 
 A step of the model is limited either by arithmetic (FLOP/s) or by moving bytes through memory (bytes/s). Which one
 depends on its arithmetic intensity, FLOPs per byte moved: a prefill of P tokens multiplies every weight by P rows
@@ -6,116 +6,29 @@ depends on its arithmetic intensity, FLOPs per byte moved: a prefill of P tokens
 The machine's ridge point, peak FLOP/s / peak bytes/s, separates the two regimes (Williams, Waterman and Patterson,
 "Roofline: an insightful visual performance model", CACM 2009).
 
-    MachineProfile          the three figures every lesson, figure and benchmark quotes, each the best of several
-                            repeats with its median and spread, measured in one place (measure_profile) and handed
-                            to a set of runs as one JSON file ($MINITRANSFORMER_MACHINE_PROFILE, machine_profile)
-      read bandwidth        bytes per second of one row times a matrix far larger than the caches, (1, R) @ (R, C):
-                            a read-only stream, the way a decode step reads its weights. Floors use this one
-      copy bandwidth        bytes read + written per second by a large array copy (the STREAM "copy" convention):
-                            lower than the read stream, since every byte written is also a byte moved
-      GEMM peak             float32 n x n matmul FLOP/s (2 n^3 FLOPs per product)
-    measure_matmul_rows     one weight matrix times T rows, for small T: what a batch or a verify pass costs here
-                            (read_timing, copy_timing, gemm_timing and time_matmul_rows give the Timing behind each)
     forward_cost            FLOPs and bytes of one forward pass (prefill: new_tokens = P; decode: 1 at context S),
                             layer_cost.py's products of one layer added up over the pass
     roofline_tokens_per_s   the decode upper bound: read bandwidth / bytes read per token
-    H200                    a GPU's two peaks from its datasheet, for the same arithmetic on a machine we lack
+    measure_matmul_rows     one weight matrix times T rows, for small T: what a batch or a verify pass costs here
+                            (time_matmul_rows gives the Timing behind each)
+    H200, NVLINK4, ...      a GPU's peaks and links from their datasheets, for the same arithmetic on machines we lack
 
-Every timing goes through minitransformer/lab/measure.py: a warm-up call, then repeats; a peak is the fastest repeat
-(noise on a shared machine only adds time, so the fastest is the nearest to what the hardware does). A floor derived
-from the fastest read stream is one that a decode step cannot beat: both read the same bytes through the same BLAS
-routine, and the step does more besides (lesson 07 prints each step against it).
-
+This machine's own peaks (read and copy bandwidth, GEMM FLOP/s) are measured in peaks.py, once per set of runs.
 Lesson 02_prefill_vs_decode, scripts/bench_loop.py and the roofline figure use these; lessons 02, 07, 08, 12, 13 and
 17 put the H200's numbers next to this machine's measured ones.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy
-
-from ..core.backend import synchronize
 from ..core.config import ModelConfig
 from ..core.kv_cache import kv_bytes_per_token
 from ..core.model import layer_parameters
 from .layer_cost import layer_products
-from .measure import Timing, interleaved, time_calls
-
-
-def _sync(xp):
-    """measure.time_calls' `sync` for this array module: a GPU call returns before its work is done."""
-    return None if xp is numpy else (lambda: synchronize(xp))
-
-
-def read_call(xp=numpy, nbytes: int = 512 * 2**20) -> tuple[int, Callable[[], object]]:
-    """(bytes read per call, a call) of one row times an `nbytes` float32 matrix, (1, R) @ (R, 2048).
-
-    This is how a decode step reads its weights: x (1, D) @ w (D, O), each weight read once and used for one
-    multiply-add, through the same BLAS routine (which spreads the rows over all cores). The matrix is far larger
-    than any cache, so the rate is what main memory delivers to a read-only stream; the one-row result written back
-    is a few KB. A decode step cannot read its weights faster than this, which is why floors divide by it.
-    """
-    columns = 2048
-    rows = max(nbytes // (4 * columns), 1)
-    w = xp.ones((rows, columns), dtype=xp.float32)                       # (R, C): far larger than the caches
-    x = xp.ones((1, rows), dtype=xp.float32)                             # (1, R): one row, like a decode step
-    return int(w.nbytes), lambda: x @ w
-
-
-def copy_call(xp=numpy, nbytes: int = 256 * 2**20) -> tuple[int, Callable[[], object]]:
-    """(bytes moved per call, a call) copying an `nbytes` float32 array: read + write, 2 x nbytes.
-
-    On the CPU one thread cannot saturate memory, so the copy is split across all cores (numpy releases the GIL);
-    the array is much larger than any cache so the number is DRAM bandwidth.
-    """
-    src = xp.ones(max(nbytes // 4, 1), dtype=xp.float32)
-    dst = xp.empty_like(src)
-    if xp is not numpy:
-        return 2 * src.nbytes, lambda: xp.copyto(dst, src)
-    threads = os.cpu_count() or 1
-    bounds = numpy.linspace(0, src.size, threads + 1).astype(int)
-    slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    pool = ThreadPoolExecutor(threads)            # threads idle between calls; they end with the process
-
-    def copy() -> None:
-        list(pool.map(lambda s: numpy.copyto(dst[s], src[s]), slices))
-    return 2 * src.nbytes, copy
-
-
-def gemm_call(xp=numpy, n: int = 1024) -> tuple[float, Callable[[], object]]:
-    """(FLOPs per call, a call) of a float32 (n, n) @ (n, n): 2 n^3 FLOPs (a multiply and an add per term). This is
-    the compute peak a prefill can approach: its matmuls are large in all three sizes."""
-    rng = numpy.random.default_rng(0)
-    a = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
-    b = xp.asarray(rng.standard_normal((n, n), dtype=numpy.float32))
-    return 2.0 * n**3, lambda: a @ b
-
-
-def read_timing(xp=numpy, nbytes: int = 512 * 2**20, repeats: int = 5) -> tuple[int, Timing]:
-    """(bytes read per call, the Timing of `repeats` calls) of read_call."""
-    moved, call = read_call(xp, nbytes)
-    return moved, time_calls(call, repeats, sync=_sync(xp))
-
-
-def copy_timing(xp=numpy, nbytes: int = 256 * 2**20, repeats: int = 5) -> tuple[int, Timing]:
-    """(bytes moved per call, the Timing of `repeats` calls) of copy_call."""
-    moved, call = copy_call(xp, nbytes)
-    return moved, time_calls(call, repeats, sync=_sync(xp))
-
-
-def gemm_timing(xp=numpy, n: int = 1024, repeats: int = 3) -> tuple[float, Timing]:
-    """(FLOPs per call, the Timing of `repeats` calls) of gemm_call."""
-    flops, call = gemm_call(xp, n)
-    return flops, time_calls(call, repeats, sync=_sync(xp))
+from .measure import Timing, interleaved
+from .peaks import sync_for
 
 
 def time_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, Timing]:
@@ -132,124 +45,13 @@ def time_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, Timing]:
         return lambda: x @ w
 
     runs = {T: product(x) for T, x in inputs.items()}
-    return interleaved(runs, repeats, sync=_sync(xp))
+    return interleaved(runs, repeats, sync=sync_for(xp))
 
 
 def measure_matmul_rows(xp, w, rows, repeats: int = 20) -> dict[int, float]:
     """Seconds of the fastest x (T, D) @ w (D, O) for each T in rows (time_matmul_rows has the medians and spreads).
     """
     return {T: timing.min for T, timing in time_matmul_rows(xp, w, rows, repeats).items()}
-
-
-# ------------------------------------------------------------------------------------------------ the profile
-
-PROFILE_ENV = "MINITRANSFORMER_MACHINE_PROFILE"     # a profile's JSON file, measured once for a set of runs
-GB, GFLOP = 1e9, 1e9
-
-
-def machine_label() -> str:
-    """The CPU model and core count, e.g. "AMD EPYC, 2 cores (x86_64)": every figure says where it was measured."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            name = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, {os.cpu_count()} cores ({platform.machine()})"
-
-
-@dataclass(frozen=True)
-class MachineProfile:
-    """This machine measured once: a read stream, a copy and a matmul, each timed `repeats` times.
-
-    The figures a lesson quotes are the fastest repeat of each (what the hardware does when nothing else runs);
-    the median and spread say how far one moment of a shared machine is from that. Everything derived from the
-    profile (a floor, the ridge, a roofline) reads it from here, so one run of the lessons, the figures and the
-    benchmark quote one set of numbers, and tests/test_quoted_numbers.py holds the documents to them.
-    """
-    label: str                 # machine_label()
-    measured: str              # UTC time, 'YYYY-MM-DD HH:MM'
-    read_bytes: int            # bytes read per product of read_timing
-    read: Timing
-    copy_bytes: int            # bytes read + written per copy of copy_timing
-    copy: Timing
-    gemm_flops: float          # FLOPs per product of gemm_timing
-    gemm: Timing
-
-    @property
-    def read_bandwidth(self) -> float:
-        """bytes/s of the fastest read stream: the memory roof, and the rate every floor divides by."""
-        return self.read_bytes / self.read.min
-
-    @property
-    def copy_bandwidth(self) -> float:
-        """bytes/s (read + written) of the fastest copy: STREAM's convention, below the read stream."""
-        return self.copy_bytes / self.copy.min
-
-    @property
-    def gemm_peak(self) -> float:
-        """FLOP/s of the fastest float32 matmul: the compute roof."""
-        return self.gemm_flops / self.gemm.min
-
-    @property
-    def ridge(self) -> float:
-        """FLOP per byte where the two roofs meet: GEMM peak / read bandwidth."""
-        return self.gemm_peak / self.read_bandwidth
-
-    def floor_seconds(self, nbytes: float) -> float:
-        """The least time reading `nbytes` can take here: a step that reads them cannot be faster."""
-        return nbytes / self.read_bandwidth
-
-    def line(self) -> str:
-        """One line every run that uses the profile prints, and tests read back (PROFILE_LINE)."""
-        def rate(units: float, timing: Timing, scale: float) -> str:
-            return (f"{units / timing.min / scale:.1f} (median {units / timing.median / scale:.1f}, spread "
-                    f"{timing.relative_spread:.0%})")
-        return (f"machine profile ({self.label}, {self.measured} UTC, best of {len(self.read.samples)}): "
-                f"read {rate(self.read_bytes, self.read, GB)} GB/s; copy {rate(self.copy_bytes, self.copy, GB)} "
-                f"GB/s (read + write); GEMM {rate(self.gemm_flops, self.gemm, GFLOP)} GFLOP/s; ridge "
-                f"{self.ridge:.2f} FLOP/byte (GEMM / read)")
-
-    def to_json(self) -> dict:
-        return {"label": self.label, "measured": self.measured,
-                "read": {"bytes": self.read_bytes, "seconds": list(self.read.samples)},
-                "copy": {"bytes": self.copy_bytes, "seconds": list(self.copy.samples)},
-                "gemm": {"flops": self.gemm_flops, "seconds": list(self.gemm.samples)}}
-
-    @classmethod
-    def from_json(cls, data: dict) -> MachineProfile:
-        return cls(data["label"], data["measured"], int(data["read"]["bytes"]), Timing(tuple(data["read"]["seconds"])),
-                   int(data["copy"]["bytes"]), Timing(tuple(data["copy"]["seconds"])),
-                   float(data["gemm"]["flops"]), Timing(tuple(data["gemm"]["seconds"])))
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> MachineProfile:
-        return cls.from_json(json.loads(Path(path).read_text()))
-
-
-def measure_profile(xp=numpy, repeats: int = 10, read_bytes: int = 512 * 2**20,
-                    copy_bytes: int = 256 * 2**20) -> MachineProfile:
-    """Time the read stream, the copy and the matmul `repeats` times each, in turns (measure.interleaved), so a
-    busy moment of the machine slows all three alike instead of one of them."""
-    (read, read_call_), (copy, copy_call_), (flops, gemm_call_) = (read_call(xp, read_bytes),
-                                                                    copy_call(xp, copy_bytes), gemm_call(xp))
-    timings = interleaved({"read": read_call_, "copy": copy_call_, "gemm": gemm_call_}, repeats, sync=_sync(xp))
-    when = datetime.datetime.now(datetime.timezone.utc)
-    return MachineProfile(machine_label(), f"{when:%Y-%m-%d %H:%M}", read, timings["read"], copy, timings["copy"],
-                          flops, timings["gemm"])
-
-
-def machine_profile(xp=numpy, repeats: int = 10, **sizes) -> tuple[MachineProfile, bool]:
-    """(the profile, measured_here): read from $MINITRANSFORMER_MACHINE_PROFILE when a caller measured it once for
-    a set of runs (make_transcripts.py, so every transcript, figure and README table quotes the same numbers),
-    else measured now."""
-    given = os.environ.get(PROFILE_ENV)
-    if given:
-        return MachineProfile.load(Path(given)), False
-    return measure_profile(xp, repeats, **sizes), True
 
 
 @dataclass

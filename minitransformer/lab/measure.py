@@ -8,7 +8,7 @@ Every lesson, figure, notebook and benchmark times through this module, so they 
     Probe         is the machine quiet? Other programs' share of the CPUs during the run (read from the kernel's
                   counters, minus our own CPU time), the load average, and a fixed calibration (one matmul of the
                   default model's shape) timed at the start and at the end: on a quiet machine the two agree
-                  (machine.py's MachineProfile, this machine's bandwidths and GEMM peak, is timed with these)
+                  (peaks.py's MachineProfile, this machine's bandwidths and GEMM peak, is timed with these)
 
 Why the minimum: noise on a shared machine only ever adds time (another program takes the core, a cache is
 evicted), so the fastest of several repeats is the closest to what the code costs on a quiet machine; the median

@@ -32,9 +32,7 @@ counts, shapes, block tables) are drawn whatever the load.
 
 from __future__ import annotations
 
-import json
 import textwrap
-from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +43,9 @@ from ..core.errors import InputError
 from ..core.generate import generate
 from ..core.kv_cache import estimate_kv_bytes
 from ..core.sampling_params import SamplingParams
-from .machine import forward_cost, machine_label
+from .machine import forward_cost
 from .measure import Probe, Quietness
+from .peaks import MachineProfile, machine_label
 from .viz_attention import draw_query_vs_cache
 from .viz_batching import BATCHES, QUICK_BATCHES, draw_batching_sweep, measure_batch_sweep
 from .viz_capacity import draw_users_that_fit
@@ -60,6 +59,7 @@ from .viz_measure import (
     measure_kv_bytes,
     measure_peaks,
     measure_ttft,
+    save_measurements,
     text_ids,
 )
 from .viz_parallel import draw_tensor_parallel_layer, figure_size
@@ -189,9 +189,10 @@ def plot_kv_bytes(data: dict, config, model_name: str, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int, where: str, path: Path) -> None:
+def plot_roofline(ttft: dict, itl: dict, peaks: MachineProfile, config, weight_bytes: int, where: str,
+                  path: Path) -> None:
     fig, ax = _figure("Roofline of this machine: prefill vs decode (float32, batch 1)", where)
-    bandwidth, peak = peaks["bandwidth"], peaks["flops"]
+    bandwidth, peak = peaks.read_bandwidth, peaks.gemm_peak
     prefill = [forward_cost(config, n, weight_bytes=weight_bytes) for n in ttft["tokens"]]
     decode = [forward_cost(config, 1, n, weight_bytes=weight_bytes) for n in itl["tokens"]]
     points = [c.intensity for c in prefill + decode]
@@ -213,24 +214,6 @@ def plot_roofline(ttft: dict, itl: dict, peaks: dict, config, weight_bytes: int,
 
 # ---------------------------------------------------------------------------------------------------- all of it
 
-def jsonable(value: Any) -> Any:
-    """A measurement as JSON can hold it: dataclasses and objects as their fields, tuple keys as 'a, b', arrays as
-    lists, a MachineProfile as its own JSON."""
-    if hasattr(value, "to_json"):
-        return value.to_json()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, dict):
-        return {(", ".join(map(str, k)) if isinstance(k, tuple) else str(k)): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)
 
 # what each measured figure needs measured first; the concept diagrams run their own scenario
 NEEDS = {"ttft_vs_prompt_length.png": ("ttft",), "itl_vs_context_length.png": ("itl", "peaks"),
@@ -317,7 +300,7 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         where = plain + ("\n" + busy_title(busy) if busy and allow_busy else "")            # for the timed ones
         flow_where = f"measured on {machine}" + ("\n" + busy_title(busy) if busy and allow_busy else "")
         draw = {"ttft_vs_prompt_length.png": lambda p: plot_ttft(m["ttft"], where, p),
-                "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"]["bandwidth"], where, p),
+                "itl_vs_context_length.png": lambda p: plot_itl(m["itl"], model, m["peaks"].read_bandwidth, where, p),
                 "step_time_cache_vs_no_cache.png": lambda p: plot_cache_vs_no_cache(m["steps"], where, p),
                 "kv_cache_bytes.png": lambda p: plot_kv_bytes(m["kv"], c, model_name, p),
                 "roofline.png": lambda p: plot_roofline(m["ttft"], m["itl"], m["peaks"], c, model.weight_bytes,
@@ -336,11 +319,9 @@ def make_figures(out: str | Path = "figures", quick: bool = False, model_path=No
         written = []
         if timed and not (busy and not allow_busy):           # the numbers these figures draw, for their README
             if "peaks" in m:
-                m["peaks"]["profile"].save(out / PROFILE_FILE)
-            run = {"measured on": machine, "model": model_name, "quietness": quiet.line() if quiet else None}
-            record = {key: {**run, "data": jsonable(value)} for key, value in m.items()}
-            old = json.loads((out / MEASURED_FILE).read_text()) if (out / MEASURED_FILE).is_file() else {}
-            (out / MEASURED_FILE).write_text(json.dumps({**old, **record}, indent=1) + "\n")   # --only: just its own
+                m["peaks"].save(out / PROFILE_FILE)
+            save_measurements(out / MEASURED_FILE, m, {"measured on": machine, "model": model_name,
+                                                       "quietness": quiet.line() if quiet else None})
         for name in names:
             if busy and name in TIMED and not allow_busy:
                 progress.console.print(refusal(name, busy), markup=False, highlight=False, soft_wrap=True)

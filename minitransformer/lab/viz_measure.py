@@ -10,7 +10,9 @@ whole sweep with a measure.Probe and refuses to draw a timed figure from a busy 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +23,8 @@ from ..core.kv_cache import KVCache
 from ..core.prefill import prefill
 from ..core.sampling_params import SamplingParams
 from ..no_cache import RecomputeRunner
-from .machine import machine_profile
 from .measure import Timing, interleaved, time_calls
+from .peaks import MachineProfile, machine_profile
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable metal type changed how "
         "books were made, how much they cost, and who could read them. ")
@@ -136,15 +138,45 @@ def measure_kv_bytes(model, sweep: Sweep, tick) -> dict:
     return {"measured": measured}
 
 
-def measure_peaks(model, sweep: Sweep, tick) -> dict:
+def measure_peaks(model, sweep: Sweep, tick) -> MachineProfile:
     """This machine's profile (read bandwidth, copy bandwidth, GEMM FLOP/s), or the one a caller measured once for
-    a whole set of runs ($MINITRANSFORMER_MACHINE_PROFILE, machine.machine_profile): figures and transcripts made
+    a whole set of runs ($MINITRANSFORMER_MACHINE_PROFILE, peaks.machine_profile): figures and transcripts made
     together quote one set of numbers. The floors and the memory roof divide by the read bandwidth."""
     profile, _ = machine_profile(model.xp, repeats=sweep.profile_repeats, read_bytes=2 * sweep.copy_bytes,
                                  copy_bytes=sweep.copy_bytes)
     tick()
     tick()
-    return {"profile": profile, "bandwidth": profile.read_bandwidth, "flops": profile.gemm_peak}
+    return profile
 
 
 # ---------------------------------------------------------------------------------------------------- draw
+
+
+# ---------------------------------------------------------------------------------------------------- record
+
+def save_measurements(path: Path, measured: dict[str, Any], run: dict[str, Any]) -> None:
+    """Write every measurement of this run to `path` as JSON, each with `run` (machine, model, quietness): the
+    numbers the figures draw, which figures/README.md quotes. A partial run (--only) replaces only its own."""
+    record = {key: {**run, "data": jsonable(value)} for key, value in measured.items()}
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**old, **record}, indent=1) + "\n")
+
+
+def jsonable(value: Any) -> Any:
+    """A measurement as JSON can hold it: dataclasses and objects as their fields, tuple keys as 'a, b', arrays as
+    lists, a MachineProfile as its own JSON."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {(", ".join(map(str, k)) if isinstance(k, tuple) else str(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
