@@ -82,6 +82,18 @@ def test_probe_sees_a_quiet_or_busy_machine_as_a_share_between_0_and_1():
     assert result.others is None or 0.0 <= result.others <= 1.0
 
 
+def test_the_probe_times_its_calibration_in_a_new_process_not_in_the_run_it_watches(monkeypatch):
+    """The run's own matmuls speed up its next small one (its process's state, not the machine's), which read as a
+    drift no other program caused: each end times the calibration in a new process, and this one never runs it."""
+    monkeypatch.setattr(measure, "calibration_seconds", lambda *a, **k: pytest.fail("timed in the watched process"))
+    seen = []
+    real_run = measure.subprocess.run
+    monkeypatch.setattr(measure.subprocess, "run", lambda argv, **kw: seen.append(argv) or real_run(argv, **kw))
+    result = Probe().finish()
+    assert len(seen) == 2 and all(argv[0] == sys.executable for argv in seen)
+    assert result.calibration_before > 0 and result.calibration_after > 0
+
+
 def rendered(width=60) -> str:
     console = Console(file=io.StringIO(), width=width, color_system=None)
     table = Table("step", "cache ms", "a long column name that wraps")
