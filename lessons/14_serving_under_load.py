@@ -1,6 +1,6 @@
 """Lesson 14: serving under load: requests arrive over time, and a bigger batch trades one latency for another.
 
-    python lessons/14_serving_under_load.py [--requests 16] [--rates 2,8] [--max-num-seqs 1,4,16]
+    python lessons/14_serving_under_load.py [--requests 16] [--rates auto] [--max-num-seqs 1,4,16]
                                            [--max-tokens 24] [--max-prompt 160] [--num-blocks N] [--repeats 3]
                                            [--figure PATH]
 
@@ -31,6 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -44,6 +45,7 @@ from minitransformer.lab.engine_load import (
     arrival_offsets,
     fastest_service,
     load_label,
+    serve_arrivals,
     spread_of,
     sweep,
     workload,
@@ -62,6 +64,7 @@ WHAT_TO_LOOK_AT = (
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 AGREE = 1.5           # a run's tok/s within this factor of what its requests' median service time implies
 QUEUEING = 0.8        # "almost all of it queueing": the queue p99 drop is at least 80% of the TTFT p99 drop
+LIGHT, HEAVY = 0.5, 3.0   # --rates auto: the light and heavy arrival rates as fractions of what this machine serves
 
 
 # ------------------------------------------------------------------------------------------------ the claims
@@ -156,6 +159,22 @@ def draw(path: Path, runs: dict, rates, sizes) -> None:
     fig.savefig(path, dpi=80)
 
 
+def rates_for_this_machine(model, requests, slots: int, num_blocks=None) -> tuple[float, float, float, float]:
+    """--rates auto: the two arrival rates from what this machine serves. With every request arriving at once,
+    `slots` slots deliver the most tokens per second it can (after an untimed warm-up); over the tokens a request
+    asks for, that is the most requests per second it keeps up with. Light load is LIGHT of it (the slots keep up:
+    claim light-at-bound), heavy load HEAVY times it (requests queue for slots). Fixed rates would be different loads
+    on different machines: 2 requests/s was light on a 2-core machine that served about 3 per second, and beyond
+    what a slower one served (26 of the 46 tok/s its arrivals allowed). -> (tok/s, requests/s, light, heavy)."""
+    serve_arrivals(model, requests[:2], np.zeros(2), slots, num_blocks)                 # first-call costs, untimed
+    results, _, wall, _ = serve_arrivals(model, requests, np.zeros(len(requests)), slots, num_blocks)
+    tokens = sum(len(r.token_ids) for r in results.values())
+    tok_s = tokens / wall
+    per_second = tok_s / (tokens / len(requests))                  # requests/s: tok/s over tokens per request
+    two_digits = lambda x: float(f"{x:.2g}")                        # a rate a reader can type back
+    return tok_s, per_second, two_digits(LIGHT * per_second), two_digits(HEAVY * per_second)
+
+
 def parse_list(text: str, name: str, kind=float) -> list:
     try:
         values = [kind(x) for x in text.split(",")]
@@ -177,7 +196,9 @@ def headers(*names: str) -> list[str]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=16, help="requests per run (at least 2)")
-    ap.add_argument("--rates", default="2,8", help="arrival rates to try, requests per second (default 2,8)")
+    ap.add_argument("--rates", default="auto",
+                    help="arrival rates to try, requests per second, e.g. 2,8 (default auto: half and three times "
+                         "what this machine serves with the most slots, measured first)")
     ap.add_argument("--max-num-seqs", default="1,4,16", help="batch slots to try (default 1,4,16)")
     ap.add_argument("--max-tokens", type=int, default=24, help="tokens each request generates (default 24)")
     ap.add_argument("--max-prompt", type=int, default=160, help="longest prompt in tokens (16 to 400; default 160)")
@@ -197,13 +218,21 @@ def main():
                          f"{args.max_tokens}")
     if not 16 <= args.max_prompt <= 400:
         raise InputError(f"--max-prompt must be in [16, 400], got {args.max_prompt}")
-    rates = sorted(parse_list(args.rates, "--rates"))
+    auto = args.rates == "auto"
+    rates = [] if auto else sorted(parse_list(args.rates, "--rates"))
     sizes = sorted(parse_list(args.max_num_seqs, "--max-num-seqs", int))
-    if len(sizes) < 2 or len(rates) < 2:
+    if len(sizes) < 2 or (len(rates) < 2 and not auto):
         raise InputError("give at least two --rates and two --max-num-seqs: the lesson compares them")
     model = load_model()
     probe = Probe()                                                      # is the machine quiet during this run?
     requests = workload(model.tokenizer, args.requests, args.max_prompt, args.max_tokens, args.seed)
+    if auto:
+        tok_s, per_second, light, heavy = rates_for_this_machine(model, requests, sizes[-1], args.num_blocks)
+        rates = [light, heavy]
+        console.print(f"rates: with all {args.requests} requests at once, {sizes[-1]} slots served {tok_s:.1f} tok/s "
+                      f"on this machine, {per_second:.2f} requests/s of {args.max_tokens} tokens. Light load: "
+                      f"{light:g} requests/s ({LIGHT:.0%} of that); heavy load: {heavy:g} requests/s ({HEAVY:g}x). "
+                      "--rates sets them yourself.", highlight=False)
     offsets = {rate: arrival_offsets(args.requests, rate, args.seed) for rate in rates}
 
     console.rule(f"[bold]1. {args.requests} requests (prompts 16-{args.max_prompt} tokens, {args.max_tokens} new "
