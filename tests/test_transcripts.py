@@ -292,7 +292,7 @@ def part_above_whole(out: str) -> str:
 def slope_flipped(out: str) -> str:
     """Lesson 04's no-cache slope (steps that grow by design, unlike the flat cached ones) printed with the sign its
     endpoints do not have."""
-    return edited(out, r"(no cache [\d.]+ -> [\d.]+ ms\s+\(slope )([-+])",
+    return edited(out, r"(no cache [\d.]+\s+->\s+[\d.]+\s+ms\s+\(slope )([-+])",     # rich may wrap anywhere
                   lambda m: m.group(1) + ("-" if m.group(2) == "+" else "+"))
 
 
