@@ -89,6 +89,18 @@ def test_machine_peaks_come_from_the_environment_when_a_run_measured_them_once(m
     assert machine_peaks(lambda: (1.0, 2.0)) == (1.0, 2.0, True)
 
 
+def test_the_probe_times_its_calibration_in_a_new_process_not_in_the_run_it_watches(monkeypatch):
+    """The run's own matmuls speed up its next small one (its process's state, not the machine's), which read as a
+    drift no other program caused: each end times the calibration in a new process, and this one never runs it."""
+    monkeypatch.setattr(measure, "calibration_seconds", lambda *a, **k: pytest.fail("timed in the watched process"))
+    seen = []
+    real_run = measure.subprocess.run
+    monkeypatch.setattr(measure.subprocess, "run", lambda argv, **kw: seen.append(argv) or real_run(argv, **kw))
+    result = Probe().finish()
+    assert len(seen) == 2 and all(argv[0] == sys.executable for argv in seen)
+    assert result.calibration_before > 0 and result.calibration_after > 0
+
+
 # ------------------------------------------------------------------------------------------------ claims
 
 def rendered(width=60) -> str:

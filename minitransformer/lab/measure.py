@@ -7,7 +7,8 @@ Every lesson, figure, notebook and benchmark times through this module, so they 
     in_turns      the same, keeping each run's result, after one untimed round whose results give the step counts
     Probe         is the machine quiet? Other programs' share of the CPUs during the run (read from the kernel's
                   counters, minus our own CPU time), the load average, and a fixed calibration (one matmul of the
-                  default model's shape) timed at the start and at the end: on a quiet machine the two agree
+                  default model's shape) timed in a new process at the start and at the end: on a quiet machine the
+                  two agree
     machine_peaks this machine's copy bandwidth and GEMM FLOP/s, measured once and reused by every lesson of a run
 
 Why the minimum: noise on a shared machine only ever adds time (another program takes the core, a cache is
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import numpy
@@ -207,15 +211,32 @@ _CALIBRATION: list[numpy.ndarray] = []     # allocated once per process: the sam
 
 def calibration_seconds(repeats: int = 40) -> float:
     """Fastest of `repeats` runs of one fixed matmul of the default model's shape: 64 tokens through the fused
-    gate/up projection, (64, 576) @ (576, 3072), ~1 ms. The same product on the same arrays, timed at a run's start
-    and end, must agree on a quiet machine; when it does not, something else took the cores in between. (The arrays
-    are kept for the process: fresh ones land on other pages, which alone moves the time by several percent.)"""
+    gate/up projection, (64, 576) @ (576, 3072), ~1 ms. Timed at a run's start and end (in a new process each time:
+    fresh_calibration_seconds), it must agree on a quiet machine; when it does not, something else took the cores in
+    between. (The arrays are kept for the process: fresh ones land on other pages, which alone moves the time by
+    several percent between two calls in one process.)"""
     if not _CALIBRATION:
         rng = numpy.random.default_rng(0)
         _CALIBRATION.extend([rng.standard_normal((64, 576), dtype=numpy.float32),       # (64, D)
                              rng.standard_normal((576, 3072), dtype=numpy.float32)])    # (D, 2F)
     x, w_gate_up = _CALIBRATION
     return time_calls(lambda: x @ w_gate_up, repeats=repeats, warmup=3).min
+
+
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from minitransformer.lab.measure import calibration_seconds; "
+          "print(min(calibration_seconds(), calibration_seconds()))")
+
+
+def fresh_calibration_seconds() -> float:
+    """calibration_seconds() timed in a new Python process, the better of two: the machine's speed, not this
+    process's. A process that has just run large matmuls times the same small one faster than it did before them:
+    on a 2-core EPYC guest, 3.5-3.7 ms right after a few seconds of prefill-sized products against 5.8-11 ms in a
+    fresh process at the same moment, so a lesson's own work made its calibration drift by -40% to -53% with no
+    other program running. A new process at each end of a run starts from the same state both times."""
+    package_parent = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _CHILD, package_parent], capture_output=True, text=True,
+                          check=True, timeout=120)
+    return float(done.stdout.split()[-1])
 
 
 QUIET_LINE = re.compile(r"quietness: load average (?P<load>[\d.]+) at the start; other programs used "
@@ -276,15 +297,15 @@ class Quietness:
 
 
 class Probe:
-    """Watches one run: start it before the timed work, finish() after. Costs ~0.1 s at each end."""
+    """Watches one run: start it before the timed work, finish() after. Costs a new process at each end (~1 s on a
+    2-core guest)."""
 
     def __init__(self, process_groups: Iterable[int] = (), pids: Iterable[int] = ()) -> None:
         """process_groups, pids: other processes whose CPU is this run's own work, not another program's (the servers
         a benchmark started, by process group; a server it found on this machine, by pid)."""
         self.process_groups, self.pids = tuple(process_groups), tuple(pids)
         self.load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        self.calibration_before = min(calibration_seconds(), calibration_seconds())   # right after a model load the
-        # first one is often slow (the allocator and the page cache settling): the better of two at each end
+        self.calibration_before = fresh_calibration_seconds()     # before the CPU counters: its CPU is not the run's
         self._ticks = _machine_ticks()
         self._own = _own_cpu_seconds(self.process_groups, self.pids)
 
@@ -297,7 +318,7 @@ class Probe:
             others = max(0.0, busy - (own - self._own)) / capacity
         return Quietness(load=self.load, others=others, cores=os.cpu_count() or 1,
                          calibration_before=self.calibration_before,
-                         calibration_after=min(calibration_seconds(), calibration_seconds()))
+                         calibration_after=fresh_calibration_seconds())      # after the counters, likewise
 
 
 # ------------------------------------------------------------------------------------------------ peaks
