@@ -2,8 +2,8 @@
 
     python lessons/16_disaggregated_serving.py [--rounds 3] [--chats 20] [--chat-rate 2] [--chat-tokens 24]
                                                [--long-prompts 4] [--long-words 900] [--chunk 128]
-                                               [--tenants 3] [--tenant-requests 6] [--router-rounds 2]
-                                               [--figure figures/disaggregated_itl.png]
+                                               [--tenants 3] [--tenant-requests 6] [--tenant-rate auto]
+                                               [--router-rounds 2] [--figure figures/disaggregated_itl.png]
 
 A long prompt's prefill is one big forward. When the engine runs it in the same step as the other requests' decode
 tokens, every one of those decodes waits for the whole prefill: a chat that was getting a token every tenth of a
@@ -28,7 +28,10 @@ Part 4 is the other way past one server: whole replicas behind a router (`serve 
 gateway, the `router` extra). Several tenants each send their own long system prompt with short questions; each
 replica has its own prefix cache, so where the router sends a tenant's next request decides whether its system
 prompt is found there or prefilled again. Round robin against cache aware, each on fresh replicas, in turns
-(minitransformer/bench/router_workload.py): the prefix-cache hit rate off the replicas' /metrics, and TTFT.
+(minitransformer/bench/router_workload.py): the prefix-cache hit rate off the replicas' /metrics, and TTFT. The
+tenants send at a light load for this machine (--tenant-rate auto): a fraction of the uncached requests per second it
+prefills, timed first. Near capacity every request queues under either policy, and which one is ahead is decided by
+queueing, not by the caches.
 
 Every server runs on this machine's cores: the colocated ones with every core for their matmuls, the disaggregated
 one with one core per process. The claims (claims() below) are decided from the printed numbers
@@ -44,6 +47,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +57,14 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # run from a checkout without installing
 from minitransformer.bench.interference import Traffic, arrivals, run_round, summarize, transfer_totals, warm_up_plan
 from minitransformer.bench.managed_server import ManagedServer, Termination, free_port
-from minitransformer.bench.router_workload import TENANTS, TenantWorkload, run_policy
+from minitransformer.bench.router_workload import (
+    AUTO_LOAD,
+    TENANTS,
+    TenantWorkload,
+    rate_for_this_machine,
+    run_policy,
+    uncached_seconds,
+)
 from minitransformer.bench.serve import BenchServeError
 from minitransformer.core.config import ModelConfig
 from minitransformer.core.errors import InputError, MiniTransformerError
@@ -261,9 +272,18 @@ def part_projection() -> None:
 def part_router(args) -> None:
     """Round robin and cache aware on the same tenants, each on fresh replicas, in turns over --router-rounds."""
     workload = TenantWorkload(tenants=args.tenants, rounds=args.tenant_requests, system_words=args.system_words,
-                              rate=args.tenant_rate, max_tokens=args.tenant_tokens)
+                              rate=1.0, max_tokens=args.tenant_tokens)
     options = ["--max-num-seqs", "4", "--num-blocks", "256", "--log-level", "warning",
                *(["--model", args.model] if args.model else [])]
+    if args.tenant_rate == "auto":         # a light load on this machine, whatever its speed (router_workload.py)
+        uncached = uncached_seconds(workload, options)
+        workload = replace(workload, rate=rate_for_this_machine(uncached))
+        console.print(f"check tenant rate: a tenant request whose system prompt no replica had seen took "
+                      f"{uncached:.2f} s to its first token, alone on fresh replicas (each tenant's first, one at a "
+                      f"time): this machine prefills about {1 / uncached:.2f} of them a second, and the tenants send "
+                      f"{workload.rate:g}/s, {AUTO_LOAD:g} of that (--tenant-rate auto)", highlight=False)
+    else:
+        workload = replace(workload, rate=args.tenant_rate)
     runs: dict[str, list[dict]] = {name: [] for name in POLICIES}
     for r in range(args.router_rounds):
         for name in (POLICIES if r % 2 == 0 else POLICIES[::-1]):
@@ -304,7 +324,9 @@ def main():
     ap.add_argument("--tenants", type=int, default=3, help="tenants behind the router (1-5; default 3)")
     ap.add_argument("--tenant-requests", type=int, default=6, help="requests per tenant (default 6)")
     ap.add_argument("--system-words", type=int, default=300, help="words of each tenant's system prompt (default 300)")
-    ap.add_argument("--tenant-rate", type=float, default=0.5, help="the tenants' requests per second (default 0.5)")
+    ap.add_argument("--tenant-rate", default="auto",
+                    help=f"the tenants' requests per second (default auto: {AUTO_LOAD:g} of the uncached requests per "
+                         "second this machine prefills, timed first)")
     ap.add_argument("--tenant-tokens", type=int, default=8, help="tokens each tenant request generates (default 8)")
     ap.add_argument("--router-rounds", type=int, default=2,
                     help="runs of the tenants per router policy, in turns, each on fresh replicas (>= 2; default 2)")
@@ -325,8 +347,13 @@ def main():
     for name in ("tenant_requests", "system_words", "tenant_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not 0 < args.tenant_rate < float("inf"):
-        raise InputError(f"--tenant-rate must be > 0, got {args.tenant_rate}")
+    if args.tenant_rate != "auto":
+        try:
+            args.tenant_rate = float(args.tenant_rate)
+        except ValueError:
+            raise InputError(f"--tenant-rate must be 'auto' or a number > 0, got {args.tenant_rate!r}") from None
+        if not 0 < args.tenant_rate < float("inf"):
+            raise InputError(f"--tenant-rate must be > 0, got {args.tenant_rate}")
     if not 16 <= args.chunk < NO_CHUNK_TOKENS:
         raise InputError(f"--chunk must be in [16, {NO_CHUNK_TOKENS}), got {args.chunk}")
     from minitransformer.cli.replicas import find_smg

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from lesson_runs import small_run
-from minitransformer.lab.claims import printed_verdicts, table_with
+from minitransformer.bench.router_workload import AUTO_LOAD, rate_for_this_machine
+from minitransformer.lab.claims import NUMBER, printed_verdicts, table_with
 from minitransformer.lab.measure import Quietness
 from printed_output import edit_cell
 from test_lessons_08_10 import ROOT, load_lesson
@@ -88,6 +90,30 @@ def test_claims_and_the_answer_follow_the_printed_numbers(lesson_16):
     assert ("it lowered the ITL p99 too" in answer) == verdicts["disaggregation-cuts-itl"]
     assert ("exactly layers x 2 x KV heads" in answer) == verdicts["kv-bytes"]
     assert ("found more of the prompts cached than round robin" in answer) == verdicts["cache-aware-hits"]
+
+
+@needs_mpi
+def test_the_auto_tenant_rate_is_a_light_load_from_the_timed_uncached_request(lesson_16):
+    """--tenant-rate auto (the small run's too): the printed uncached TTFT gives the rate the tenants were sent at,
+    AUTO_LOAD of 1 / it to two digits, and table 4's title names that rate."""
+    output = flat(lesson_16.output)
+    seconds, per_second, rate, load = (float(x) for x in re.search(
+        rf"took ({NUMBER}) s to its first token, alone on fresh replicas .*? prefills about ({NUMBER}) of them a "
+        rf"second, and the tenants send ({NUMBER})/s, ({NUMBER}) of that", output).groups())
+    assert seconds > 0 and per_second == pytest.approx(1 / seconds, rel=0.01, abs=0.006)
+    assert load == AUTO_LOAD and rate == rate_for_this_machine(seconds)
+    assert f"own + a question, {rate:g}/s," in output
+
+
+def test_the_rate_is_the_load_over_the_uncached_seconds_to_two_digits():
+    assert rate_for_this_machine(2.0) == 0.15 and rate_for_this_machine(0.6) == 0.5
+    assert rate_for_this_machine(0.123, load=1.0) == 8.1
+
+
+@pytest.mark.parametrize("flags, message", [(["--tenant-rate", "fast"], "--tenant-rate must be 'auto' or a number"),
+                                            (["--tenant-rate", "0"], "--tenant-rate must be > 0")])
+def test_a_bad_tenant_rate_is_one_line_and_exit_2(real_model_path, flags, message):
+    test_bad_flags_are_one_line_and_exit_2(real_model_path, flags, message)
 
 
 @needs_mpi

@@ -45,8 +45,7 @@ SMALL = {
            "--repeats", "2"],
     "15": ["--tokens", "3", "--repeats", "2", "--prefill-rows", "16"],
     "16": ["--rounds", "2", "--chats", "2", "--chat-rate", "4", "--chat-tokens", "4", "--long-prompts", "1",
-           "--long-words", "120", "--tenant-requests", "2", "--system-words", "40", "--tenant-rate", "2",
-           "--tenant-tokens", "2"],
+           "--long-words", "120", "--tenant-requests", "2", "--system-words", "40", "--tenant-tokens", "2"],
     "17": ["--prompt-tokens", "16", "--repeats", "2", "--tokens", "2"],
 }
 LESSONS = mt.lessons()

@@ -4,6 +4,8 @@
     prefix_counters     a replica's prefix-cache counters, read from its /metrics (vLLM's names)
     hit_rates           before/after counters -> the hit rate of each replica and of all of them
     run_policy          fresh replicas + smg with one policy (`serve --replicas N`), the workload, the numbers
+    uncached_seconds    what one tenant request costs this machine when its system prompt is cached nowhere
+    rate_for_this_machine   the arrival rate AUTO_LOAD of what that cost allows (lesson 16's --tenant-rate auto)
     compare_policies    run_policy for each policy on the same workload -> plain numbers
 
 Why a router needs to know about caches: each replica keeps its own prefix cache. A tenant's requests all begin with
@@ -24,7 +26,7 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
@@ -38,6 +40,14 @@ TENANTS = ("Acme Logistics", "Borealis Bank", "Cobalt Health", "Dune Travel", "E
 QUESTIONS = ("What should I read first?", "Summarize the main idea in one sentence.", "Who is this text for?",
              "Name one thing the text describes.", "What is the tone of the text?", "Give me a title for it.")
 COUNTERS = (PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES)
+# --tenant-rate auto: the tenants send at this fraction of the uncached requests per second this machine prefills.
+# A light load, where a request finds its replica idle and its TTFT is the prefill it needs: cache aware then saves
+# each tenant's repeated system prompt. Near capacity requests queue, and cache aware's uneven split (3 tenants on 2
+# replicas: one replica gets two of them) can cost more in queueing than its hits save. A fixed 0.5 requests/s was
+# about 0.3 of capacity where lesson 02 measured 1.53 ms of prefill per prompt token (~420 tokens a request: ~0.64 s,
+# and cache aware's TTFT mean was 352 against round robin's 527 ms), and all of it where lesson 02 measured 4.79 ms
+# (TTFT means of 2.5-2.7 s under either policy, neither ahead).
+AUTO_LOAD = 0.3
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class TenantWorkload:
     rate: float = 0.5                # requests per second (Poisson arrivals, bench/serve_workload.py)
     max_tokens: int = 8
     seed: int = 0
+    max_concurrency: int | None = None   # requests in flight at most (None: as they arrive); 1: one at a time
 
 
 def tenant_prompts(w: TenantWorkload) -> list[tuple[int, str]]:
@@ -99,7 +110,8 @@ async def _measure(router_url: str, urls: list[str], w: TenantWorkload) -> dict:
     import httpx
 
     settings = ServeSettings(rates=(w.rate,), num_prompts=w.tenants * w.rounds, endpoint="completions",
-                             max_tokens=w.max_tokens, temperature=0.0, ignore_eos=True, seed=w.seed)
+                             max_tokens=w.max_tokens, temperature=0.0, ignore_eos=True, seed=w.seed,
+                             max_concurrency=w.max_concurrency)
     requests = tenant_prompts(w)
     # loopback only: no proxy from the environment; every request on a connection of its own (bench/serve.py)
     limits = httpx.Limits(max_keepalive_connections=0)
@@ -157,6 +169,24 @@ def run_policy(policy: str, w: TenantWorkload, serve_options: list[str], replica
         if len(urls) != replicas:
             raise RuntimeError(f"expected {replicas} replica URLs on the startup line: {router.log_tail()}")
         return {"policy": policy, **asyncio.run(_measure(router.url, urls, w))}
+
+
+def uncached_seconds(w: TenantWorkload, serve_options: list[str], replicas: int = 2) -> float:
+    """Seconds from sending to the first token of a tenant request whose system prompt no replica has seen, on
+    otherwise idle replicas: each tenant's first request, one at a time, through round robin on fresh replicas, the
+    mean of their TTFTs. The replicas share this machine's cores, so however many there are, the machine prefills
+    about one such request in that time: 1 / it is the uncached requests per second it keeps up with."""
+    alone = replace(w, rounds=1, rate=float("inf"), max_concurrency=1)
+    run = run_policy("round_robin", alone, serve_options, replicas)
+    if run["failed"] or run["ttft_mean_ms"] is None:
+        raise RuntimeError(f"timing an uncached tenant request failed: {run['errors']}")
+    return run["ttft_mean_ms"] / 1e3
+
+
+def rate_for_this_machine(uncached_s: float, load: float = AUTO_LOAD) -> float:
+    """Requests per second at `load` of the 1 / uncached_s this machine prefills, to two significant digits (a rate
+    a reader can type back as --tenant-rate)."""
+    return float(f"{load / uncached_s:.2g}")
 
 
 def compare_policies(w: TenantWorkload = TenantWorkload(), serve_options: list[str] | None = None,
