@@ -279,13 +279,23 @@ def wildcard(quote: str) -> re.Pattern:
 
 def best_match(quote: str, text: str) -> str | None:
     """The transcript's text the quote now stands for: of the places its words appear, the one keeping most of its
-    numbers, an earlier one first ('prefill │ 64 │ 774.2' stays the row for 64, not the first prefill row)."""
+    numbers, an earlier one first ('prefill │ 64 │ 774.2' stays the row for 64, not the first prefill row), then the
+    one whose numbers are written as the quote's (a row label in two tables: 'no chunking │ 79 (82, 11)' is the
+    whole-ms ITL row, not the TTFT row in seconds that comes first, 'no chunking │ 12.01 (17.14, 7.71)')."""
     numbers = re.findall(QUOTED_NUMBER, quote)
     hits = list(wildcard(quote).finditer(text))
     if not hits:
         return None
     kept = [[a == b for a, b in zip(m.groups(), numbers)] for m in hits]
-    return hits[max(range(len(hits)), key=lambda i: (sum(kept[i]), kept[i]))].group(0)   # ties: the earlier number
+    alike = [sum(written_as(a) == written_as(b) for a, b in zip(m.groups(), numbers)) for m in hits]
+    best = max(range(len(hits)), key=lambda i: (sum(kept[i]), alike[i], kept[i]))    # ties: the earlier number
+    return hits[best].group(0)
+
+
+def written_as(number: str) -> tuple[int, bool]:
+    """How a number is written: its digits after the point, and whether it groups thousands ('1,603' vs '1603')."""
+    whole, _, decimals = number.partition(".")
+    return len(decimals), "," in whole
 
 
 def rewrap(written: str, new: str) -> str:

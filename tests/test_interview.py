@@ -136,3 +136,14 @@ def test_refresh_keeps_a_quoted_row_on_its_own_label():
     assert mt.best_match("prefill took 1 ms at 16 tokens,", "prefill took 138 ms at 16 tokens, then") == \
         "prefill took 138 ms at 16 tokens,"
 
+
+def test_refresh_keeps_a_quoted_row_in_the_table_whose_numbers_it_writes_alike():
+    """Lesson 16 has a row 'no chunking' in its TTFT table (seconds, two decimals) and then in its ITL table (whole
+    ms): a quote of the ITL row stays in the ITL table, though neither keeps one of its numbers."""
+    text = ("│ no chunking │ 12.01 (17.14, 7.71) │ 23.13 (24.60, 2.16) │ 15.80 (17.41, 4.80) │ "
+            "│ no chunking │ 172 (193, 53) │ 6299 (7354, 10358) │ 0 │")
+    assert mt.best_match("no chunking │ 79 (82, 11) │ 2160 (2356, 258)", text) == \
+        "no chunking │ 172 (193, 53) │ 6299 (7354, 10358)"
+    assert mt.best_match("no chunking │ 2.05 (4.62, 4.94)", text) == "no chunking │ 12.01 (17.14, 7.71)"
+    assert mt.written_as("1,603.5") == (1, True) and mt.written_as("1603") == (0, False)
+
