@@ -272,7 +272,7 @@ def part_projection() -> None:
 def part_router(args) -> None:
     """Round robin and cache aware on the same tenants, each on fresh replicas, in turns over --router-rounds."""
     workload = TenantWorkload(tenants=args.tenants, rounds=args.tenant_requests, system_words=args.system_words,
-                              rate=1.0, max_tokens=args.tenant_tokens)
+                              max_tokens=args.tenant_tokens)                  # its rate: --tenant-rate, set below
     options = ["--max-num-seqs", "4", "--num-blocks", "256", "--log-level", "warning",
                *(["--model", args.model] if args.model else [])]
     if args.tenant_rate == "auto":         # a light load on this machine, whatever its speed (router_workload.py)

@@ -146,4 +146,3 @@ def test_refresh_keeps_a_quoted_row_in_the_table_whose_numbers_it_writes_alike()
         "no chunking │ 172 (193, 53) │ 6299 (7354, 10358)"
     assert mt.best_match("no chunking │ 2.05 (4.62, 4.94)", text) == "no chunking │ 12.01 (17.14, 7.71)"
     assert mt.written_as("1,603.5") == (1, True) and mt.written_as("1603") == (0, False)
-
