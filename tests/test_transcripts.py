@@ -164,6 +164,25 @@ def test_outline_reads_headings_columns_and_labels_with_numbers_masked():
     assert "".join(shape["labels"][0]) == "greedytemperature#top-p#withalabellongenoughtowrapinanarrowcolumn"
 
 
+def test_a_lettered_table_title_is_the_same_heading_centered_or_flush_left():
+    """Lesson 16's '1b. Inter-token latency: ...' table title starts flush left when it is wider than its table and
+    centered when not; which one depends on the numbers in the table (the transcript's were centered, a small run's
+    flush left: a heading one had and the other did not)."""
+    def titled(cells: list[str]) -> str:
+        console = Console(file=io.StringIO(), width=mt.WIDTH, color_system=None)
+        table = Table("configuration", "chat ITL p99 ms", title="1b. Inter-token latency: 20 chats of 24 words at "
+                      "2/s (24 tokens each) and 4 prompts of 900 words, 3 rounds: best (median, spread)")
+        table.add_row("no chunking", *cells)
+        console.print(table)
+        return console.file.getvalue()
+
+    renders = [titled(["9" * n]) for n in range(1, 90)]                 # tables of every width up to the page's
+    flush = [r for r in renders if r.startswith("1b.")]
+    centered = [r for r in renders if r.startswith(" ")]
+    assert flush and centered                                         # both happen, as the cells' widths decide
+    assert {tuple(mt.outline(r)["headings"]) for r in renders} == {("#b.Inter-tokenlatency:#",)}
+
+
 def test_other_numbers_fewer_rows_and_other_wrapping_are_no_difference():
     transcript = mt.outline(printed("3. Sweep over 16 tokens", COLUMNS, ROWS))
     rows = [["temperature 1.5", "1000", "5.0", "x"], [ROWS[2][0], "7", "1.25", "a much longer cell " * 6]]
