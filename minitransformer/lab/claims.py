@@ -221,7 +221,7 @@ def winner_line(metric: str, highest: bool, values: dict[str, float], fmt: str =
     return f"best on {metric} ({'highest' if highest else 'lowest'}): {name} ({values[name]:{fmt}})"
 
 
-_N = r"([-+]?\d[\d,]*(?:\.\d+)?)"
+_N = f"({NUMBER})"                                         # a printed number, captured
 BOUND = re.compile(rf"bound (\S+): measured {_N} (\S+), (floor|ceiling) {_N} \3(; beyond it: )?")
 PART = re.compile(rf"part (\S+): (.+?) {_N} (\S+) of (.+?) {_N} \4(?: \(-?\d+%\))?(; more than the whole: )?")
 SLOPE = re.compile(rf"{_N} -> {_N} [^\s(]+ \(slope {_N}")
@@ -252,8 +252,7 @@ def relation_problems(text: str) -> list[str]:
     """What the printed relations of `text` (a lesson's output) contradict, each naming the line: a value beyond its
     own bound without a reason, a part larger than its whole without one, a slope whose sign is not its endpoints',
     a winner that a printed cell beats. [] when every relation agrees with its numbers."""
-    problems, plain = [], flat(text)
-    number = lambda s: float(s.replace(",", ""))
+    problems, plain, number = [], flat(text), to_float
     for m in BOUND.finditer(plain):
         measured, bound, explained = number(m[2]), number(m[5]), bool(m[6])
         beyond = measured < bound if m[4] == "floor" else measured > bound

@@ -66,11 +66,21 @@ def copy_call(xp=numpy, nbytes: int = 256 * 2**20) -> tuple[int, Callable[[], ob
     threads = os.cpu_count() or 1
     bounds = numpy.linspace(0, src.size, threads + 1).astype(int)
     slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    pool = ThreadPoolExecutor(threads)            # threads idle between calls; they end with the process
 
     def copy() -> None:
-        list(pool.map(lambda s: numpy.copyto(dst[s], src[s]), slices))
+        list(_copy_pool().map(lambda s: numpy.copyto(dst[s], src[s]), slices))
     return 2 * src.nbytes, copy
+
+
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    """One pool of a thread per core for every copy_call of the process: the copies of every profile measured share
+    it, instead of each leaving its own idle threads behind."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1))
+    return _POOL[0]
 
 
 def gemm_call(xp=numpy, n: int = 1024) -> tuple[float, Callable[[], object]]:
