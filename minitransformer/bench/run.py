@@ -192,7 +192,7 @@ def run_bench(model, systems, settings: Settings = DEFAULT, peers: dict | None =
     probe = Probe()                           # is the machine quiet? (~0.2 s here and at the end)
     tick = stage("machine profile (read, copy, GEMM)")
     if peaks is None:
-        profile, _ = machine_profile(read_bytes=2 * s.copy_bytes, copy_bytes=s.copy_bytes)
+        profile, _ = machine_profile(copy_bytes=s.copy_bytes)
         peaks = {"read_bandwidth_bytes_s": profile.read_bandwidth, "copy_bandwidth_bytes_s": profile.copy_bandwidth,
                  "gemm_flops": profile.gemm_peak, "profile": profile.to_json(), "profile_line": profile.line()}
     tick()

@@ -181,10 +181,12 @@ class MachineProfile:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
-def measure_profile(xp=numpy, repeats: int = 10, read_bytes: int = 512 * 2**20,
-                    copy_bytes: int = 256 * 2**20) -> MachineProfile:
+def measure_profile(xp=numpy, repeats: int = 10, copy_bytes: int = 256 * 2**20,
+                    read_bytes: int | None = None) -> MachineProfile:
     """Time the read stream, the copy and the matmul `repeats` times each, in turns (measure.interleaved), so a
-    busy moment of the machine slows all three alike instead of one of them."""
+    busy moment of the machine slows all three alike instead of one of them. The read stream is twice the copy's
+    array unless given: the copy touches its bytes twice (read + write), so both move about as many."""
+    read_bytes = 2 * copy_bytes if read_bytes is None else read_bytes
     (read, read_call_), (copy, copy_call_), (flops, gemm_call_) = (read_call(xp, read_bytes),
                                                                     copy_call(xp, copy_bytes), gemm_call(xp))
     timings = interleaved({"read": read_call_, "copy": copy_call_, "gemm": gemm_call_}, repeats, sync=sync_for(xp))

@@ -142,8 +142,7 @@ def measure_peaks(model, sweep: Sweep, tick) -> MachineProfile:
     """This machine's profile (read bandwidth, copy bandwidth, GEMM FLOP/s), or the one a caller measured once for
     a whole set of runs ($MINITRANSFORMER_MACHINE_PROFILE, peaks.machine_profile): figures and transcripts made
     together quote one set of numbers. The floors and the memory roof divide by the read bandwidth."""
-    profile, _ = machine_profile(model.xp, repeats=sweep.profile_repeats, read_bytes=2 * sweep.copy_bytes,
-                                 copy_bytes=sweep.copy_bytes)
+    profile, _ = machine_profile(model.xp, repeats=sweep.profile_repeats, copy_bytes=sweep.copy_bytes)
     tick()
     tick()
     return profile
