@@ -19,7 +19,7 @@ or line to read first and what it decides. It states no direction a run might no
 A lesson prints with rich; piped, it prints plain text, and COLUMNS=120 fixes the width, so the transcript is what a
 reader of a 120-column terminal sees, without colour codes. Lessons run one at a time: their timings are part of
 what they teach and two at once would share the cores. This machine's profile (read and copy bandwidth, GEMM
-FLOP/s: minitransformer/lab/machine.py) is measured once at the start, written to lessons/transcripts/machine.json
+FLOP/s: minitransformer/lab/peaks.py) is measured once at the start, written to lessons/transcripts/machine.json
 and handed to every lesson, so all transcripts quote one set of bandwidths, one ridge point and the floors derived
 from them; each transcript's header repeats the profile's line. `minitransformer figures` and `minitransformer
 bench` read the same file when $MINITRANSFORMER_MACHINE_PROFILE names it, so the figures and the README's tables
