@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from minitransformer.bench.report import FOOTNOTES
 from minitransformer.lab.machine import H200, IB_NDR, NVLINK4, PCIE5
 from minitransformer.lab.peaks import MachineProfile
 
@@ -129,6 +130,15 @@ def test_the_readme_bench_block_quotes_the_profile_it_ran_with():
     assert row, "the bench table has no decode batch 1 row"
     ceiling = re.search(r"against our ceiling of (\d+)\)", text)
     assert ceiling and ceiling.group(1) == f"{float(row.group(2)):.0f}"
+
+
+def test_the_readme_bench_definitions_are_the_reports_own():
+    """The README's Definitions under its bench table are bench.md's footnotes word for word: a copy typed once
+    went stale (it divided the roofline by the copy bandwidth after the code had moved to the read bandwidth)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<details><summary>Definitions</summary>\n\n(.*?)\n</details>", text, re.S)
+    assert block, "the README's bench table has no Definitions block"
+    assert block.group(1) == FOOTNOTES
 
 
 FLOOR = re.compile(r"(floor|ceiling)s?(?: \w+){0,3}? (?:of |is |at |= |from )?~?(\d[\d,]*(?:\.\d+)?)"
