@@ -31,7 +31,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -41,11 +40,13 @@ from minitransformer.core.errors import InputError, MiniTransformerError
 from minitransformer.lab.claims import Claim, find_numbers, part_line, report, table_with
 from minitransformer.lab.engine_load import (
     AT_BOUND,
+    HEAVY,
+    LIGHT,
     arrival_bound,
     arrival_offsets,
     fastest_service,
     load_label,
-    serve_arrivals,
+    rates_for_this_machine,
     spread_of,
     sweep,
     workload,
@@ -64,7 +65,6 @@ WHAT_TO_LOOK_AT = (
 console = Console(width=None if sys.stdout.isatty() else 120, record=True)   # piped: 120 columns; record: claims()
 AGREE = 1.5           # a run's tok/s within this factor of what its requests' median service time implies
 QUEUEING = 0.8        # "almost all of it queueing": the queue p99 drop is at least 80% of the TTFT p99 drop
-LIGHT, HEAVY = 0.5, 3.0   # --rates auto: the light and heavy arrival rates as fractions of what this machine serves
 
 
 # ------------------------------------------------------------------------------------------------ the claims
@@ -157,22 +157,6 @@ def draw(path: Path, runs: dict, rates, sizes) -> None:
     fig.suptitle("Serving under load: best run per configuration, bars over all its runs (minitransformer lesson 14)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-
-
-def rates_for_this_machine(model, requests, slots: int, num_blocks=None) -> tuple[float, float, float, float]:
-    """--rates auto: the two arrival rates from what this machine serves. With every request arriving at once,
-    `slots` slots deliver the most tokens per second it can (after an untimed warm-up); over the tokens a request
-    asks for, that is the most requests per second it keeps up with. Light load is LIGHT of it (the slots keep up:
-    claim light-at-bound), heavy load HEAVY times it (requests queue for slots). Fixed rates would be different loads
-    on different machines: 2 requests/s was light on a 2-core machine that served about 3 per second, and beyond
-    what a slower one served (26 of the 46 tok/s its arrivals allowed). -> (tok/s, requests/s, light, heavy)."""
-    serve_arrivals(model, requests[:2], np.zeros(2), slots, num_blocks)                 # first-call costs, untimed
-    results, _, wall, _ = serve_arrivals(model, requests, np.zeros(len(requests)), slots, num_blocks)
-    tokens = sum(len(r.token_ids) for r in results.values())
-    tok_s = tokens / wall
-    per_second = tok_s / (tokens / len(requests))                  # requests/s: tok/s over tokens per request
-    two_digits = lambda x: float(f"{x:.2g}")                        # a rate a reader can type back
-    return tok_s, per_second, two_digits(LIGHT * per_second), two_digits(HEAVY * per_second)
 
 
 def parse_list(text: str, name: str, kind=float) -> list:

@@ -160,6 +160,26 @@ def test_serving_tradeoff_points_are_the_runs_own_numbers(real_model, tmp_path):
     assert len(drawn["rings"]) == sum(m is not None for m in drawn["knees"].values())
 
 
+def test_serving_tradeoff_takes_lesson_14s_auto_rates_from_this_machine(real_model, tmp_path):
+    """The figure's rates are lesson 14's --rates auto (rates None): measured first, the light one LIGHT and the
+    heavy one HEAVY times the requests/s the most slots served with every request at once, to two digits; the title
+    names that yardstick. Fixed rates of 2 and 8 were past a slow machine's capacity, and its figure had no knee."""
+    from minitransformer.lab import engine_load, viz_tradeoff as vt
+
+    assert vt.LOAD_SWEEP.rates is None
+    settings = vt.LoadSweep(rates=None, slots=(1, 2), requests=3, max_tokens=3, max_prompt=24, repeats=1)
+    data = vt.measure_tradeoff(real_model, settings)
+    assert data.served is not None
+    tok_s, per_second = data.served
+    assert per_second == pytest.approx(tok_s / settings.max_tokens)          # 3 tokens per request (ignore_eos)
+    assert data.rates == (float(f"{engine_load.LIGHT * per_second:.2g}"),
+                          float(f"{engine_load.HEAVY * per_second:.2g}"))
+    assert set(data.runs) == {(rate, m) for rate in data.rates for m in settings.slots}
+    assert settings.runs == len(data.runs) * settings.repeats               # the progress bar's count
+    drawn = vt.draw_serving_tradeoff(data, "test run", tmp_path / "serving_tradeoff.png")
+    assert f"the {per_second:.2f} requests/s that 2 slots served on this machine" in drawn["title"]
+
+
 def test_the_knee_is_the_fewest_slots_at_what_arrives():
     from minitransformer.lab.viz_tradeoff import knee
 

@@ -178,9 +178,9 @@ def test_auto_rates_are_fractions_of_what_this_machine_serves(real_model):
     """--rates auto (the default): every request at once gives this machine's tokens per second with the most slots;
     the light rate is LIGHT of the requests/s that makes, the heavy one HEAVY times it, each to two digits. A fixed
     2 requests/s was light on one machine and beyond a slower one's capacity."""
-    lesson = load_lesson(L14)
     requests = engine_load.workload(real_model.tokenizer, 4, 32, 4, 0)
-    tok_s, per_second, light, heavy = lesson.rates_for_this_machine(real_model, requests, 4)
+    tok_s, per_second, light, heavy = engine_load.rates_for_this_machine(real_model, requests, 4)
     assert tok_s > 0 and per_second == pytest.approx(tok_s / 4)          # 4 tokens per request (ignore_eos)
-    assert light == float(f"{lesson.LIGHT * per_second:.2g}") and heavy == float(f"{lesson.HEAVY * per_second:.2g}")
+    assert light == float(f"{engine_load.LIGHT * per_second:.2g}")
+    assert heavy == float(f"{engine_load.HEAVY * per_second:.2g}")
     assert 0 < light < per_second < heavy

@@ -9,6 +9,7 @@ figure serving_tradeoff.png both run this one loop).
     summarize        one run -> throughput, the waits' percentiles over its requests, the KV memory it held, and the
                      throughput its own median request implies (replay_wall)
     sweep            every (rate, max_num_seqs) configuration `repeats` times, in turns (measure.interleaved)
+    rates_for_this_machine  a light and a heavy arrival rate from what this machine serves (--rates auto)
     arrival_bound    the most output tokens/s a rate's arrivals allow: nothing can finish before it has arrived
 
 `minitransformer serve`'s engine thread runs the same loop between HTTP requests, and `minitransformer bench serve`
@@ -35,6 +36,7 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the
         "there before him. ") * 6
 AT_BOUND = 0.80       # "limited by the arrivals": at least 80% of the most the arrivals allow (that bound serves the
                       # last request alone at the fastest service any request got: no run can quite reach it)
+LIGHT, HEAVY = 0.5, 3.0   # --rates auto: the light and heavy arrival rates as fractions of what this machine serves
 
 
 def poisson_gaps(rate: float, n: int, seed: int) -> np.ndarray:
@@ -89,6 +91,23 @@ def serve_arrivals(model, requests, offsets, max_num_seqs: int,
         else:
             time.sleep(max(0.0, offsets[pending[0]] - (now() - start)))
     return results, engine, now() - start, peak_blocks
+
+
+def rates_for_this_machine(model, requests, slots: int, num_blocks=None) -> tuple[float, float, float, float]:
+    """--rates auto (lesson 14, serving_tradeoff.png): the two arrival rates from what this machine serves. With
+    every request arriving at once, `slots` slots deliver the most tokens per second it can (after an untimed
+    warm-up); over the tokens a request asks for, that is the most requests per second it keeps up with. Light load
+    is LIGHT of it (the slots keep up: lesson 14's claim light-at-bound), heavy load HEAVY times it (requests queue
+    for slots). Fixed rates would be different loads on different machines: 2 requests/s was light on a 2-core
+    machine that served about 3 per second, and beyond what a slower one served (26 of the 46 tok/s its arrivals
+    allowed). -> (tok/s, requests/s, light, heavy)."""
+    serve_arrivals(model, requests[:2], np.zeros(2), slots, num_blocks)                 # first-call costs, untimed
+    results, _, wall, _ = serve_arrivals(model, requests, np.zeros(len(requests)), slots, num_blocks)
+    tokens = sum(len(r.token_ids) for r in results.values())
+    tok_s = tokens / wall
+    per_second = tok_s / (tokens / len(requests))                  # requests/s: tok/s over tokens per request
+    two_digits = lambda x: float(f"{x:.2g}")                        # a rate a reader can type back
+    return tok_s, per_second, two_digits(LIGHT * per_second), two_digits(HEAVY * per_second)
 
 
 def replay_wall(offsets, service: float, slots: int) -> float:

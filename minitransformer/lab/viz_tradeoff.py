@@ -8,6 +8,10 @@ arrival rate.
                            the other runs are the faint dots. A dashed line at the most tokens/s the rate's arrivals
                            allow (engine_load.arrival_bound): no number of slots can go past it.
 
+The two rates are lesson 14's --rates auto: half and three times the requests per second this machine serves with the
+most slots, measured first. Fixed rates were a different load on each machine: 2 and 8 requests/s were both past what
+a slow 2-core machine served, and its figure had no knee.
+
 What to look at: while requests queue for a slot, each slot more serves more of them at once, so a point moves right
 (throughput) and down (TTFT p99 is mostly queueing). Once a rate's throughput reaches what its arrivals allow, the
 slots are no longer the limit: more of them buy little throughput, and cost memory and a slower step. The ring
@@ -17,19 +21,30 @@ the run has one, and a note says when the most slots cost TTFT p99 against it be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from .engine_load import AT_BOUND, arrival_bound, arrival_offsets, load_label, sweep, workload
+from .engine_load import (
+    AT_BOUND,
+    HEAVY,
+    LIGHT,
+    arrival_bound,
+    arrival_offsets,
+    load_label,
+    rates_for_this_machine,
+    sweep,
+    workload,
+)
 from .viz_concepts import pyplot
 
 
 @dataclass(frozen=True)
 class LoadSweep:
-    """What the figure runs: lesson 14's workload (its defaults) over `rates` x `slots`."""
-    rates: tuple[float, ...]
+    """What the figure runs: lesson 14's workload (its defaults) over `rates` x `slots`. rates None: lesson 14's
+    --rates auto, a light and a heavy rate from what this machine serves with the most slots (measured first)."""
+    rates: tuple[float, ...] | None
     slots: tuple[int, ...]           # max_num_seqs values
     requests: int
     max_tokens: int
@@ -39,11 +54,11 @@ class LoadSweep:
 
     @property
     def runs(self) -> int:
-        return len(self.rates) * len(self.slots) * self.repeats
+        return len(self.rates or (LIGHT, HEAVY)) * len(self.slots) * self.repeats
 
 
-LOAD_SWEEP = LoadSweep(rates=(2.0, 8.0), slots=(1, 2, 4, 8, 16), requests=16, max_tokens=24, max_prompt=160,
-                       repeats=2)                    # 20 runs of 16 requests: 3 minutes on 2 quiet cores
+LOAD_SWEEP = LoadSweep(rates=None, slots=(1, 2, 4, 8, 16), requests=16, max_tokens=24, max_prompt=160,
+                       repeats=2)                    # 20 runs of 16 requests
 QUICK_LOAD_SWEEP = LoadSweep(rates=(4.0, 16.0), slots=(1, 4), requests=4, max_tokens=4, max_prompt=32, repeats=1)
 LOG_SPAN = 10                    # TTFT p99 drawn on a log axis when its largest is at least this many times its least
 
@@ -54,6 +69,14 @@ class Tradeoff:
     sweep: LoadSweep
     runs: dict[tuple[float, int], list[dict]]       # (rate, max_num_seqs) -> one summary per run
     bound: dict[float, float]                       # rate -> most output tokens/s its arrivals allow
+    served: tuple[float, float] | None = None       # rates auto: (tok/s, requests/s) the most slots served with
+                                                    # every request at once, the rates' yardstick
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """The arrival rates that ran (auto ones measured: measure_tradeoff fills them in)."""
+        assert self.sweep.rates is not None, "measure_tradeoff replaces rates None with the measured rates"
+        return self.sweep.rates
 
     def fastest(self, rate: float, slots: int) -> dict:
         """The configuration's run with the highest throughput: noise only slows a run down, so it is the closest
@@ -63,11 +86,17 @@ class Tradeoff:
 
 def measure_tradeoff(model, settings: LoadSweep = LOAD_SWEEP, tick=lambda: None) -> Tradeoff:
     """Run lesson 14's workload at every rate and slot count of `settings` (engine_load.sweep: in turns, after an
-    untimed warm-up); tick after each run."""
+    untimed warm-up); tick after each run. Rates None: first measure what this machine serves and take lesson 14's
+    light and heavy rates from it."""
     requests = workload(model.tokenizer, settings.requests, settings.max_prompt, settings.max_tokens, settings.seed)
-    offsets = {rate: arrival_offsets(settings.requests, rate, settings.seed) for rate in settings.rates}
+    served, rates = None, settings.rates
+    if rates is None:
+        tok_s, per_second, light, heavy = rates_for_this_machine(model, requests, max(settings.slots))
+        served, rates = (tok_s, per_second), (light, heavy)
+    offsets = {rate: arrival_offsets(settings.requests, rate, settings.seed) for rate in rates}
     runs = sweep(model, requests, offsets, settings.slots, settings.repeats, tick=tick)
-    return Tradeoff(settings, runs, {rate: arrival_bound(runs, offsets, rate) for rate in settings.rates})
+    return Tradeoff(replace(settings, rates=rates), runs, {rate: arrival_bound(runs, offsets, rate) for rate in rates},
+                    served)
 
 
 def knee(slots, tok_s, bound: float, at: float = AT_BOUND) -> int | None:
@@ -91,7 +120,7 @@ def ttft_cost(knee_ttft: list[float], most_ttft: list[float]) -> bool:
 def notes_for(data: Tradeoff) -> tuple[dict, list[str]]:
     """Each rate's knee (or None) and the notes the figure prints, decided from the run's numbers alone."""
     s, knees, notes = data.sweep, {}, []
-    for rate in s.rates:
+    for rate in data.rates:
         fastest = [data.fastest(rate, m)["tok_s"] for m in s.slots]
         knees[rate] = here = knee(s.slots, fastest, data.bound[rate])
         label = load_label(rate)
@@ -142,7 +171,7 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     rings: list[tuple[float, float]] = []
     pending: list[tuple[str, float, float, str]] = []             # (slot count, x, y, colour): placed at the end
     ttft_all = [run["ttft99"] for done in data.runs.values() for run in done]
-    for i, (rate, colour) in enumerate(zip(s.rates, ("tab:blue", "tab:orange", "tab:green", "tab:purple"))):
+    for i, (rate, colour) in enumerate(zip(data.rates, ("tab:blue", "tab:orange", "tab:green", "tab:purple"))):
         others = [(run["tok_s"], run["ttft99"]) for m in s.slots for run in data.runs[rate, m]
                   if run is not data.fastest(rate, m)]
         if others:
@@ -172,14 +201,18 @@ def draw_serving_tradeoff(data: Tradeoff, where: str, path) -> dict:
     ax.set_ylabel("TTFT p99 over the run's requests (s)" + (", log scale" if log_y else ""))
     ax.set_xlim(left=0)
     annotations = iter(place_labels(ax, pending))                 # in the order pending lists them: rate by rate
-    labels = {rate: [next(annotations).get_text() for _ in s.slots] for rate in s.rates}
+    labels = {rate: [next(annotations).get_text() for _ in s.slots] for rate in data.rates}
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower right")
-    ax.set_title(f"Serving under load: throughput vs TTFT p99; the number by each point is its max_num_seqs\n"
-                 f"{s.requests} requests of lesson 14 ({s.max_tokens} tokens each, prompts 16-{s.max_prompt}), "
-                 f"Poisson arrivals, ringed: where the arrivals became the limit\n{where}", fontsize=9.5)
+    yardstick = "" if data.served is None else (
+        f"the rates: {LIGHT:g}x and {HEAVY:g}x the {data.served[1]:.2f} requests/s that {max(s.slots)} slots served on "
+        "this machine with every request at once\n")
+    title = ax.set_title(f"Serving under load: throughput vs TTFT p99; the number by each point is its max_num_seqs\n"
+                         f"{s.requests} requests of lesson 14 ({s.max_tokens} tokens each, prompts 16-{s.max_prompt}), "
+                         f"Poisson arrivals, ringed: where the arrivals became the limit\n{yardstick}{where}",
+                         fontsize=9.5)
     fig.tight_layout()
     fig.savefig(Path(path), dpi=100)
     plt.close(fig)
     return {"points": drawn, "labels": labels, "bounds": bounds, "rings": rings, "knees": knees, "notes": notes,
-            "log_y": log_y}
+            "log_y": log_y, "title": title.get_text()}
