@@ -6,10 +6,12 @@ figure serving_tradeoff.png both run this one loop).
     arrival_offsets  when each request arrives, in seconds after the start (bench/serve_workload.py's Poisson gaps)
     serve_arrivals   the server's engine loop in real time: add each request when its time has come, step while
                      there is work, sleep until the next arrival otherwise
+    rates_for_this_machine
+                     --rates auto: a light and a heavy arrival rate from what this machine serves, all requests
+                     at once
     summarize        one run -> throughput, the waits' percentiles over its requests, the KV memory it held, and the
                      throughput its own median request implies (replay_wall)
     sweep            every (rate, max_num_seqs) configuration `repeats` times, in turns (measure.interleaved)
-    rates_for_this_machine  a light and a heavy arrival rate from what this machine serves (--rates auto)
     arrival_bound    the most output tokens/s a rate's arrivals allow: nothing can finish before it has arrived
 
 `minitransformer serve`'s engine thread runs the same loop between HTTP requests, and `minitransformer bench serve`
