@@ -252,23 +252,23 @@ def relation_problems(text: str) -> list[str]:
     """What the printed relations of `text` (a lesson's output) contradict, each naming the line: a value beyond its
     own bound without a reason, a part larger than its whole without one, a slope whose sign is not its endpoints',
     a winner that a printed cell beats. [] when every relation agrees with its numbers."""
-    problems, plain, number = [], flat(text), to_float
+    problems, plain = [], flat(text)
     for m in BOUND.finditer(plain):
-        measured, bound, explained = number(m[2]), number(m[5]), bool(m[6])
+        measured, bound, explained = to_float(m[2]), to_float(m[5]), bool(m[6])
         beyond = measured < bound if m[4] == "floor" else measured > bound
         if beyond and not explained:
             problems.append(f"bound {m[1]}: measured {m[2]} {m[3]} is beyond its own {m[4]} of {m[5]} {m[3]}, and "
                             "the line does not say why")
     for m in PART.finditer(plain):
-        if number(m[3]) > number(m[6]) and not m[7]:
+        if to_float(m[3]) > to_float(m[6]) and not m[7]:
             problems.append(f"part {m[1]}: {m[2]} {m[3]} {m[4]} is larger than its whole, {m[5]} {m[6]} {m[4]}, "
                             "and the line does not say why")
     for m in SLOPE.finditer(plain):
-        first, last, slope = number(m[1]), number(m[2]), number(m[3])
+        first, last, slope = to_float(m[1]), to_float(m[2]), to_float(m[3])
         if (last - first) * slope < 0:              # equal printed ends: any slope rounds to them
             problems.append(f"'{m[0]}': a slope of {m[3]} between {m[1]} and {m[2]} has the wrong sign")
     for m in WINNER.finditer(plain):
-        metric, highest, name, value = m[1], m[2] == "highest", m[3], number(m[4])
+        metric, highest, name, value = m[1], m[2] == "highest", m[3], to_float(m[4])
         contenders = _contenders(text, metric)
         if contenders is None:
             problems.append(f"'{m[0]}': no printed table has a row or column named {metric!r}")

@@ -19,6 +19,7 @@ every timing goes through measure.py. machine.py turns the profile into a roofli
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -72,15 +73,11 @@ def copy_call(xp=numpy, nbytes: int = 256 * 2**20) -> tuple[int, Callable[[], ob
     return 2 * src.nbytes, copy
 
 
-_POOL: list[ThreadPoolExecutor] = []
-
-
+@functools.cache
 def _copy_pool() -> ThreadPoolExecutor:
     """One pool of a thread per core for every copy_call of the process: the copies of every profile measured share
     it, instead of each leaving its own idle threads behind."""
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1))
-    return _POOL[0]
+    return ThreadPoolExecutor(os.cpu_count() or 1)
 
 
 def gemm_call(xp=numpy, n: int = 1024) -> tuple[float, Callable[[], object]]:
