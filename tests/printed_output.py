@@ -52,3 +52,11 @@ def timing_cells_agree(fastest: float, median: float, spread: float, decimals: i
     inequality can be off by two half-units (fastest and median), the second by three (all three cells)."""
     half = 0.5 * 10.0 ** -decimals * (1 + 1e-9)              # the 1e-9: a half-unit printed exactly, in binary
     return fastest <= median + 2 * half and median <= fastest + spread + 3 * half
+
+
+def printed_alike(fine: float, fine_decimals: int, coarse: float, coarse_decimals: int) -> bool:
+    """Whether two printed cells can be one value rounded twice: to `fine_decimals` places in one place and to
+    `coarse_decimals` in another. Rounding the finer print again is not enough: 32.5503 prints as 32.55 and 32.6,
+    and round(32.55, 1) is 32.5 (32.55 is 32.5499... in binary). Each print is off by at most its half-unit."""
+    half = 0.5 * (10.0 ** -fine_decimals + 10.0 ** -coarse_decimals) * (1 + 1e-9)
+    return abs(fine - coarse) <= half

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from minitransformer.lab.claims import printed_verdicts, table_with
-from printed_output import set_cells, timing_cells_agree
+from printed_output import printed_alike, set_cells, timing_cells_agree
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(-?[0-9][0-9,]*\.?[0-9]*(?:e[+-]\d+)?)"
@@ -391,10 +391,10 @@ def test_lesson_07_latency_metrics_and_levers(real_model_path, out07):
         assert float(cells[5]) == pytest.approx(size / 4.8e12 * 1e3, abs=6e-4)          # H200's datasheet 4.8 TB/s
     assert float(fp32[4]) == pytest.approx(float(row(out, "6")[5]), abs=0.05)             # measured = fastest TPOT
     decode, floor = numbers(out, rf"bound decode-step: measured {NUMBER} ms, floor {NUMBER} ms")
-    assert round(decode, 1) == float(fp32[4]) and round(floor, 1) == float(fp32[2])
+    assert printed_alike(decode, 2, float(fp32[4]), 1) and printed_alike(floor, 2, float(fp32[2]), 1)
     gap, gap_floor = numbers(out, rf"bound fastest-gap: measured {NUMBER} ms, floor {NUMBER} ms")
     fastest_gaps = table_with(out, "prompt tokens").numbers("ITL min")            # section 3's context table
-    assert gap_floor == floor and round(gap, 1) == min(fastest_gaps)
+    assert gap_floor == floor and printed_alike(gap, 2, min(fastest_gaps), 1)
 
     prefill_row, decode_row = row(out, "prefill"), row(out, "decode")
     ridge, = numbers(out, rf"roofline bound \(ridge {NUMBER} FLOP/byte\)")
