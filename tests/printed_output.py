@@ -3,6 +3,8 @@ change one cell and check that the claim it supports flips (what `make_transcrip
 
 from __future__ import annotations
 
+import math
+
 from minitransformer.lab.claims import tables
 
 
@@ -54,9 +56,36 @@ def timing_cells_agree(fastest: float, median: float, spread: float, decimals: i
     return fastest <= median + 2 * half and median <= fastest + spread + 3 * half
 
 
+def half_unit(decimals: int) -> float:
+    """How far a number printed to `decimals` places can be from the value it was printed from (the 1e-9: a
+    half-unit printed exactly, in binary)."""
+    return 0.5 * 10.0 ** -decimals * (1 + 1e-9)
+
+
+def half_unit_e(printed: float, mantissa_decimals: int) -> float:
+    """The same for a number printed in e-notation ('1.2e-06' has 1 mantissa decimal: off by up to 0.05e-06)."""
+    if printed == 0:                                         # '0.0e+00' is only ever printed from 0
+        return 0.0
+    return 0.5 * 10.0 ** (math.floor(math.log10(abs(printed))) - mantissa_decimals) * (1 + 1e-9)
+
+
+def rounds_from(printed: float, decimals: int) -> tuple[float, float]:
+    """The values a number printed to `decimals` places can have been printed from."""
+    return printed - half_unit(decimals), printed + half_unit(decimals)
+
+
 def printed_alike(fine: float, fine_decimals: int, coarse: float, coarse_decimals: int) -> bool:
     """Whether two printed cells can be one value rounded twice: to `fine_decimals` places in one place and to
     `coarse_decimals` in another. Rounding the finer print again is not enough: 32.5503 prints as 32.55 and 32.6,
     and round(32.55, 1) is 32.5 (32.55 is 32.5499... in binary). Each print is off by at most its half-unit."""
-    half = 0.5 * (10.0 ** -fine_decimals + 10.0 ** -coarse_decimals) * (1 + 1e-9)
-    return abs(fine - coarse) <= half
+    return abs(fine - coarse) <= half_unit(fine_decimals) + half_unit(coarse_decimals)
+
+
+def quotient_agrees(printed: float, decimals: int, numerator: tuple[float, float],
+                    denominator: tuple[float, float]) -> bool:
+    """Whether a printed quotient (`decimals` places) can be numerator / denominator, each given as the (low, high)
+    range it lies in (`rounds_from` for a printed number, (x, x) for an exact one; both positive). A lesson divides
+    its unrounded numbers, so the printed ratio of two printed numbers can miss their quotient by more than its own
+    rounding: 500.5186 / 40.8531 prints 12.3, while 500.5 / 40.9 is 12.24."""
+    low, high = numerator[0] / denominator[1], numerator[1] / denominator[0]
+    return low - half_unit(decimals) <= printed <= high + half_unit(decimals)

@@ -100,8 +100,11 @@ def test_the_auto_tenant_rate_is_a_light_load_from_the_timed_uncached_request(le
     seconds, per_second, rate, load = (float(x) for x in re.search(
         rf"took ({NUMBER}) s to its first token, alone on fresh replicas .*? prefills about ({NUMBER}) of them a "
         rf"second, and the tenants send ({NUMBER})/s, ({NUMBER}) of that", output).groups())
-    assert seconds > 0 and per_second == pytest.approx(1 / seconds, rel=0.01, abs=0.006)
-    assert load == AUTO_LOAD and rate == rate_for_this_machine(seconds)
+    # The lesson prints the seconds to 2 decimals but computes from the unrounded value: the printed numbers must
+    # come from some time the printed seconds round from, [seconds - 0.005, seconds + 0.005] (both fall as it grows).
+    slowest, fastest = seconds + 0.005, seconds - 0.005
+    assert fastest > 0 and 1 / slowest - 0.005 <= per_second <= 1 / fastest + 0.005
+    assert load == AUTO_LOAD and rate_for_this_machine(slowest) <= rate <= rate_for_this_machine(fastest)
     assert f"own + a question, {rate:g}/s," in output
 
 
