@@ -144,8 +144,8 @@ def test_the_timing_line_reports_min_median_spread_of_turns(lesson_output):
               rf"spread {NUMBER}\)")
     assert "5 runs each in turns after a warm-up" in flat
     assert runner <= r_median and array <= a_median
-    assert timing_cells_agree(runner, r_median, r_spread, decimals=1) and timing_cells_agree(array, a_median, a_spread,
-                                                                                           decimals=1)
+    assert timing_cells_agree(runner, r_median, r_spread, decimals=1)
+    assert timing_cells_agree(array, a_median, a_spread, decimals=1)
 
 
 def edited(out: str, pattern: str, replacement: str) -> str:
