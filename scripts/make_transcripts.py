@@ -183,10 +183,10 @@ def outline(output: str) -> dict:
     """What must not change between a transcript and a fresh run of its lesson, read from the plain-text output:
 
     headings  every rule's title ('──── 1. The loop ────'), and the first words of a numbered paragraph that starts
-              the output or follows a rule or a table ('2. greedy, 32 new'), or of any line numbered like '2b.', a
-              letter a-h (no wrapped sentence starts so; one may start '1x. So', a ratio ending a sentence), centered
-              or not: a table title so numbered starts flush left when it is wider than its table and centered when
-              not, which the numbers in the table decide, in order
+              the output or follows a rule or a table ('2. greedy, 32 new'), or of any line numbered like '2b.'
+              with a letter a-h (no wrapped sentence starts so, though one may start '1x. So': a ratio ending a
+              sentence), centered or not: a table title so numbered starts flush left when it is wider than its
+              table and centered when not, which the numbers in the table decide, in order
     tables    every table's column names (the rows between ┏ and ┡, wrapped cells joined), in order; a table printed
               several times in a row counts once, since how many times can depend on the settings. Not its title:
               wrapped to the table's width, it cannot be told apart from the text above it

@@ -52,7 +52,7 @@ def timing_cells_agree(fastest: float, median: float, spread: float, decimals: i
     """Whether a printed (fastest, median, spread) triple can come from one Timing: fastest <= median <= fastest +
     spread before rounding. Each cell is rounded to `decimals` places, so each may be off by half a unit: the first
     inequality can be off by two half-units (fastest and median), the second by three (all three cells)."""
-    half = 0.5 * 10.0 ** -decimals * (1 + 1e-9)              # the 1e-9: a half-unit printed exactly, in binary
+    half = half_unit(decimals)
     return fastest <= median + 2 * half and median <= fastest + spread + 3 * half
 
 

@@ -164,6 +164,14 @@ def test_outline_reads_headings_columns_and_labels_with_numbers_masked():
     assert "".join(shape["labels"][0]) == "greedytemperature#top-p#withalabellongenoughtowrapinanarrowcolumn"
 
 
+def test_a_wrapped_line_that_starts_with_a_ratio_is_not_a_heading():
+    """Lesson 08's answer says 'about 1x. So ...' and 'not 4x. On ...'; where rich wraps the paragraph depends on the
+    run's numbers, and a line may start there. It is a sentence, not a lettered heading like '2b.'."""
+    text = "The printed step took 1.02x the one-row step, so batching was\n1x. So the tokens per second rose.\n"
+    assert mt.outline(text)["headings"] == []
+    assert mt.outline("2b. Decode steps\n")["headings"] == ["#b.Decodesteps"]
+
+
 def test_a_lettered_table_title_is_the_same_heading_centered_or_flush_left():
     """Lesson 16's '1b. Inter-token latency: ...' table title starts flush left when it is wider than its table and
     centered when not; which one depends on the numbers in the table (the transcript's were centered, a small run's
@@ -426,11 +434,3 @@ def test_lesson_04_on_a_busy_machine_withholds_its_timing_verdicts(real_model_pa
     text = " ".join(out.split())
     assert ": busy" in text and "claim same-tokens: shown" in text            # tokens need no quiet machine
     assert "claim recompute-grows: not shown" in text and "the machine was busy" in text
-
-
-def test_a_wrapped_line_that_starts_with_a_ratio_is_not_a_heading():
-    """Lesson 08's answer says 'about 1x. So ...' and 'not 4x. On ...'; where rich wraps the paragraph depends on the
-    run's numbers, and a line may start there. It is a sentence, not a lettered heading like '2b.'."""
-    text = "The printed step took 1.02x the one-row step, so batching was\n1x. So the tokens per second rose.\n"
-    assert mt.outline(text)["headings"] == []
-    assert mt.outline("2b. Decode steps\n")["headings"] == ["#b.Decodesteps"]
